@@ -1,0 +1,40 @@
+"""Exceptions raised by reachlimit.
+
+Both refusals share one base class so that a caller can catch "the limiter said no" in one
+clause; only the Flask layer turns them into HTTP responses.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ReachLimitError", "Busy", "Cancelled"]
+
+
+class ReachLimitError(Exception):
+    """Base class of every exception reachlimit raises on purpose."""
+
+
+class Busy(ReachLimitError):
+    """The cold limiter refused the request.
+
+    ``reason`` is ``"queue_full"`` (refused at once: every queue place was taken) or
+    ``"timeout"`` (admitted to the queue, but no slot came free within the wait).
+    ``retry_after`` is the whole number of seconds a client should wait before trying again.
+    """
+
+    QUEUE_FULL = "queue_full"
+    TIMEOUT = "timeout"
+
+    def __init__(self, reason: str, retry_after: int) -> None:
+        super().__init__(reason, retry_after)
+        self.reason = reason
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"busy ({self.reason}); retry after {self.retry_after} s"
+
+
+class Cancelled(ReachLimitError):
+    """The caller's cancel object was set before or while it waited."""
+
+    def __str__(self) -> str:
+        return "cancelled while waiting"

@@ -1,0 +1,326 @@
+"""The cold limiter: bounded concurrent builds, a bounded FIFO queue, a bounded wait.
+
+design:
+
+    acquire(cancel)
+      cancel already set ............................ raise Cancelled        (nothing changes)
+      lock held:
+        free slot and nobody waiting ................ take it, return Grant  (fast path)
+        gate.put_nowait() fails ..................... raise Busy(queue_full) (refusal path)
+        else append a waiter record, fix one deadline, wait on the record's Condition
+      the wait ends in exactly one way, decided under the lock:
+        promoted (a releaser handed us its slot) .... return Grant
+        deadline passed ............................. raise Busy(timeout)
+        cancel set .................................. raise Cancelled
+                                                     (a slot handed over at that same instant
+                                                      is passed on, never dropped)
+
+One ``threading.Lock`` guards every field. Each waiter owns a ``threading.Condition`` built on
+that lock; it is notified when, and only when, a releaser hands that waiter a slot. A freed slot
+goes straight to the oldest waiter (``_waiters[0]``), so ``_active`` does not drop and a newcomer
+on the fast path can never overtake a waiter: strict FIFO, no barging.
+
+The admission gate is a ``queue.Queue(maxsize=queue)``. It is only ever touched under our lock
+and only with ``put_nowait``/``get_nowait``, so "holds a gate place" and "is in ``_waiters``" are
+the same statement at every instant the lock is free. Whoever takes a waiter out of
+``_waiters`` returns its gate place: the releaser on promotion, the waiter itself on timeout,
+cancellation or an error during the wait. ``queue=0`` builds no gate at all, because
+``queue.Queue(maxsize=0)`` would be unbounded.
+
+The fast path and the refusal path never read the clock and allocate nothing but the grant or
+the exception they return.
+"""
+
+from __future__ import annotations
+
+import queue as _queue
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Protocol
+
+from ._errors import Busy, Cancelled
+
+__all__ = ["ColdLimiter", "Grant", "LimiterStats", "CancelToken"]
+
+
+class CancelToken(Protocol):
+    """Anything with ``is_set()``: a ``threading.Event``, or a socket watcher."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterStats:
+    """A consistent snapshot of a :class:`ColdLimiter`, taken under its lock."""
+
+    active: int
+    queued: int
+    peak_active: int
+    peak_queued: int
+    acquired: int
+    rejected_full: int
+    rejected_timeout: int
+    cancelled: int
+    capacity_active: int
+    capacity_queue: int
+    wait: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Grant:
+    """One build slot, held until released.
+
+    Leaving the ``with`` block releases it, also when the body raises. ``release()`` releases
+    it early; a second ``release()`` is a programming error and raises ``RuntimeError``
+    without creating capacity. Leaving the block after an explicit ``release()`` does nothing.
+    """
+
+    __slots__ = ("_limiter", "_held")
+
+    def __init__(self, limiter: ColdLimiter) -> None:
+        self._limiter = limiter
+        self._held = True  # guarded by limiter._lock once the grant is handed out
+
+    @property
+    def held(self) -> bool:
+        """Racy read: whether this grant still holds its slot."""
+        return self._held
+
+    def release(self) -> None:
+        """Give the slot back: to the oldest waiter if any, else to the free pool."""
+        self._limiter._release(self, strict=True)
+
+    def __enter__(self) -> Grant:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._limiter._release(self, strict=False)
+
+
+class _Waiter:
+    """A queued leader. ``granted`` is guarded by the limiter's lock."""
+
+    __slots__ = ("cond", "granted")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.cond = threading.Condition(lock)
+        self.granted = False
+
+
+class ColdLimiter:
+    """At most ``active`` builds at once; at most ``queue`` leaders waiting, each at most
+    ``wait`` seconds, promoted first-in first-out.
+
+    ``retry_after`` is the whole number of seconds put on every :class:`Busy`. ``clock`` is
+    a monotonic clock in seconds, read only by callers that really wait.
+    """
+
+    #: Longest single wait when a cancel object must be watched: a cancel object has no way
+    #: to wake us, so we look at it this often. 50 ms keeps the "place back within 100 ms of
+    #: the client leaving" promise with room to spare.
+    CANCEL_POLL_INTERVAL = 0.05
+
+    def __init__(
+        self,
+        active: int = 2,
+        queue: int = 8,
+        wait: float = 3.0,
+        retry_after: int = 2,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(active, bool) or not isinstance(active, int) or active < 1:
+            raise ValueError("active >= 1")
+        if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+            raise ValueError("queue >= 0")
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
+            raise ValueError("wait > 0")
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
+            raise ValueError("retry_after >= 1")
+        self._capacity = active
+        self._queue_capacity = queue
+        self._wait = float(wait)
+        self._retry_after = retry_after
+        self._clock = clock
+        self._lock = threading.Lock()
+        # The admission gate; None for queue=0 (maxsize=0 would mean "unbounded").
+        # Touched only under _lock, only with put_nowait/get_nowait.
+        self._gate: _queue.Queue[None] | None = _queue.Queue(maxsize=queue) if queue else None
+        # Everything below is guarded by _lock.
+        self._active = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._peak_active = 0
+        self._peak_queued = 0
+        self._acquired = 0
+        self._rejected_full = 0
+        self._rejected_timeout = 0
+        self._cancelled = 0
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def capacity_active(self) -> int:
+        return self._capacity
+
+    @property
+    def capacity_queue(self) -> int:
+        return self._queue_capacity
+
+    @property
+    def wait(self) -> float:
+        return self._wait
+
+    @property
+    def retry_after(self) -> int:
+        return self._retry_after
+
+    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+        """Take a build slot, waiting in the queue if needed; return the :class:`Grant`.
+
+        Raises ``Cancelled`` if ``cancel`` is set before or while waiting, ``Busy("queue_full")``
+        at once when every queue place is taken, ``Busy("timeout")`` when the wait ends without
+        a slot. On every raise the limiter is left exactly as if the call never happened
+        (but for its counters).
+        """
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        with self._lock:
+            if self._active < self._capacity and not self._waiters:
+                self._active += 1
+                self._acquired += 1
+                if self._active > self._peak_active:
+                    self._peak_active = self._active
+                return Grant(self)
+            if not self._admit():
+                self._rejected_full += 1
+                refused = True
+            else:
+                refused = False
+                waiter = _Waiter(self._lock)
+                self._waiters.append(waiter)
+                if len(self._waiters) > self._peak_queued:
+                    self._peak_queued = len(self._waiters)
+        if refused:
+            raise Busy(Busy.QUEUE_FULL, self._retry_after)
+        return self._wait_for_slot(waiter, cancel)
+
+    def stats(self) -> LimiterStats:
+        with self._lock:
+            return LimiterStats(
+                active=self._active,
+                queued=len(self._waiters),
+                peak_active=self._peak_active,
+                peak_queued=self._peak_queued,
+                acquired=self._acquired,
+                rejected_full=self._rejected_full,
+                rejected_timeout=self._rejected_timeout,
+                cancelled=self._cancelled,
+                capacity_active=self._capacity,
+                capacity_queue=self._queue_capacity,
+                wait=self._wait,
+            )
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"<ColdLimiter active={s.active}/{s.capacity_active} "
+            f"queued={s.queued}/{s.capacity_queue} wait={s.wait}>"
+        )
+
+    # -- the gate: every gate operation lives here, under _lock -----------------------------
+
+    def _admit(self) -> bool:
+        """Try to take a gate place without blocking. Called with _lock held."""
+        if self._gate is None:
+            return False
+        try:
+            self._gate.put_nowait(None)
+        except _queue.Full:
+            return False
+        return True
+
+    def _leave_queue(self, waiter: _Waiter) -> None:
+        """Take a waiter that was not promoted out of the queue and return its gate place.
+        Called with _lock held, by the waiter itself (timeout, cancellation, error)."""
+        self._waiters.remove(waiter)
+        self._return_gate_place()
+
+    def _return_gate_place(self) -> None:
+        assert self._gate is not None
+        self._gate.get_nowait()
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _hand_off_or_free(self) -> None:
+        """A slot is free: give it to the oldest waiter, else back to the pool.
+        Called with _lock held."""
+        if self._waiters:
+            waiter = self._waiters.popleft()
+            self._return_gate_place()
+            waiter.granted = True  # _active is unchanged: the slot changes hands
+            waiter.cond.notify()
+        else:
+            self._active -= 1
+
+    def _release(self, grant: Grant, *, strict: bool) -> None:
+        with self._lock:
+            if not grant._held:
+                if strict:
+                    raise RuntimeError("grant released twice")
+                return
+            grant._held = False
+            self._hand_off_or_free()
+
+    def _wait_for_slot(self, waiter: _Waiter, cancel: CancelToken | None) -> Grant:
+        """Wait as a queued leader until promoted, timed out or cancelled.
+
+        Runs in the requesting thread, with _lock not held on entry. ``cancel.is_set()`` and
+        the clock are called outside the lock."""
+        deadline = self._clock() + self._wait
+        outcome: type[Busy] | type[Cancelled] | None = None
+        try:
+            while True:
+                # Checked first on every turn, so a cancel that arrives together with the
+                # promotion wins: its client is gone, and _give_up passes the slot on.
+                if cancel is not None and cancel.is_set():
+                    outcome = Cancelled
+                    break
+                remaining = deadline - self._clock()
+                with self._lock:
+                    if waiter.granted:
+                        break
+                    if remaining <= 0:
+                        outcome = Busy
+                        break
+                    if cancel is not None and remaining > self.CANCEL_POLL_INTERVAL:
+                        remaining = self.CANCEL_POLL_INTERVAL
+                    waiter.cond.wait(remaining)
+        except BaseException:
+            # An exception thrown into cond.wait() or out of cancel.is_set() or the clock.
+            with self._lock:
+                self._give_up(waiter)
+            raise
+        with self._lock:
+            if outcome is None:
+                self._acquired += 1
+                return Grant(self)
+            self._give_up(waiter)
+            if outcome is Busy:
+                self._rejected_timeout += 1
+            else:
+                self._cancelled += 1
+        if outcome is Busy:
+            raise Busy(Busy.TIMEOUT, self._retry_after)
+        raise Cancelled()
+
+    def _give_up(self, waiter: _Waiter) -> None:
+        """The waiter leaves without keeping a slot. Called with _lock held."""
+        if waiter.granted:
+            # Promoted at the instant we gave up: pass the slot on, never drop it.
+            self._hand_off_or_free()
+        else:
+            self._leave_queue(waiter)

@@ -1,0 +1,168 @@
+"""ColdPath: the five layers of admission for one expensive endpoint.
+
+design:
+
+    get(key, build, cancel)
+      1. warm:     cache.get(key) hit ...................... return it; the limiter is untouched
+      2. flight:   SingleFlight.do(key) .................... followers wait for the leader and
+                                                             share its value, error or refusal
+      3. recheck:  the leader looks at the cache again ..... another leader may just have filled it
+      4. limiter:  ColdLimiter.acquire(cancel) ............. Busy / Cancelled raised from here
+      5. build:    build() with no lock held; the slot is released, then a real value is cached
+                   (never None, never NOT_FOUND, never an error or a refusal)
+
+A leader that is cancelled (its client left while it queued) does not fail its followers: it
+returns a private marker through the flight, its followers see it and go round again, and the
+first of them to get back into the flight becomes the new leader.
+
+``_lock`` guards only the four counters; no cache, build or limiter call is made under it.
+The cache and the limiter are duck-typed so a shared (say, Redis-backed) pair can replace them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Hashable, Protocol
+
+from ._cache import TTLCache
+from ._errors import Cancelled
+from ._flight import SingleFlight
+from ._limiter import CancelToken, ColdLimiter, Grant, LimiterStats
+
+__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
+
+
+class _NotFound:
+    """The type of :data:`NOT_FOUND`."""
+
+    _instance: _NotFound | None = None
+
+    def __new__(cls) -> _NotFound:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "reachlimit.NOT_FOUND"
+
+    def __reduce__(self) -> str:
+        return "NOT_FOUND"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: What a build returns for "there is nothing under this key": passed through, never cached.
+NOT_FOUND: Any = _NotFound()
+
+
+class Cache(Protocol):
+    """What ColdPath needs of a warm cache. ``get`` returns ``None`` for a miss."""
+
+    def get(self, key: Any) -> Any: ...
+
+    def set(self, key: Any, value: Any) -> None: ...
+
+
+class Limiter(Protocol):
+    """What ColdPath needs of a cold limiter."""
+
+    def acquire(self, cancel: CancelToken | None = None) -> Grant: ...
+
+    def stats(self) -> LimiterStats: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ColdPathStats(LimiterStats):
+    """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
+    and followers ``coalesced`` onto another request's build."""
+
+    hits: int = 0
+    misses: int = 0
+    builds: int = 0
+    coalesced: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _LeaderCancelled:
+    """Returned through the flight by a leader whose own client left."""
+
+
+_LEADER_CANCELLED: Any = _LeaderCancelled()
+
+
+class ColdPath:
+    """Warm-cache bypass, singleflight, cache recheck, cold limiter, build and publish."""
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        cache: Cache | None = None,
+        flight: SingleFlight[Any] | None = None,
+    ) -> None:
+        self.limiter = limiter
+        self.cache: Cache = cache if cache is not None else TTLCache()
+        self.flight: SingleFlight[Any] = flight if flight is not None else SingleFlight()
+        self._lock = threading.Lock()
+        self._hits = 0  # guarded by _lock
+        self._misses = 0  # guarded by _lock
+        self._builds = 0  # guarded by _lock
+        self._coalesced = 0  # guarded by _lock
+
+    def get(
+        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> Any:
+        """Return the value for ``key``: from the cache, from a concurrent caller's build,
+        or from ``build()`` run under the limiter.
+
+        Raises ``Busy`` (refused; followers of a refused leader get the same ``Busy``),
+        ``Cancelled`` (``cancel`` was set), or whatever ``build`` raised.
+        """
+        value = self.cache.get(key)
+        if value is not None:
+            with self._lock:
+                self._hits += 1
+            return value
+        with self._lock:
+            self._misses += 1
+        while True:
+            value, shared = self.flight.do(key, lambda: self._lead(key, build, cancel), cancel)
+            if value is not _LEADER_CANCELLED:
+                if shared:
+                    with self._lock:
+                        self._coalesced += 1
+                return value
+            if not shared or (cancel is not None and cancel.is_set()):
+                raise Cancelled()
+            # Our leader's client left; go round and let one of us lead.
+
+    def stats(self) -> ColdPathStats:
+        figures = self.limiter.stats().as_dict()
+        with self._lock:
+            return ColdPathStats(
+                **figures,
+                hits=self._hits,
+                misses=self._misses,
+                builds=self._builds,
+                coalesced=self._coalesced,
+            )
+
+    def _lead(self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None) -> Any:
+        """Layers 3 to 5, run by the leader only (inside the flight, no lock held)."""
+        value = self.cache.get(key)
+        if value is not None:
+            return value
+        try:
+            grant = self.limiter.acquire(cancel)
+        except Cancelled:
+            return _LEADER_CANCELLED
+        with grant:
+            with self._lock:
+                self._builds += 1
+            value = build()
+        if value is not None and value is not NOT_FOUND:
+            self.cache.set(key, value)
+        return value
