@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 __all__ = ["TTLCache"]
 

@@ -19,7 +19,8 @@ is set, so they never need the lock.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 from ._errors import Cancelled
 from ._limiter import CancelToken, ColdLimiter

@@ -37,8 +37,9 @@ import queue as _queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ._errors import Busy, Cancelled
 

@@ -22,13 +22,14 @@ The cache and the limiter are duck-typed so a shared (say, Redis-backed) pair ca
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Protocol
 
 from ._cache import TTLCache
 from ._errors import Cancelled
 from ._flight import SingleFlight
-from ._limiter import CancelToken, ColdLimiter, Grant, LimiterStats
+from ._limiter import CancelToken, Grant, LimiterStats
 
 __all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
 
