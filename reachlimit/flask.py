@@ -7,7 +7,7 @@ design:
       cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
       ColdPath.get(key, build, cancel)
         value ........................ returned to the view
-        Busy ......................... 429 (or 503) JSON, Retry-After: 2   raised as an HTTPException
+        Busy ......................... HTTPException: 429 (or 503) JSON, Retry-After: 2
         Cancelled .................... 499, logged; nobody is left to read it
         anything build raised ........ propagates unchanged to the app's own handlers
 
