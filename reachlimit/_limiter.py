@@ -33,6 +33,7 @@ the exception they return.
 
 from __future__ import annotations
 
+import math
 import queue as _queue
 import threading
 import time
@@ -138,7 +139,11 @@ class ColdLimiter:
             raise ValueError("active >= 1")
         if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
             raise ValueError("queue >= 0")
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
+        if (
+            isinstance(wait, bool)
+            or not isinstance(wait, (int, float))
+            or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
+        ):
             raise ValueError("wait > 0")
         if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
             raise ValueError("retry_after >= 1")
