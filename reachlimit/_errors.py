@@ -24,10 +24,17 @@ class Busy(ReachLimitError):
     QUEUE_FULL = "queue_full"
     TIMEOUT = "timeout"
 
-    def __init__(self, reason: str, retry_after: int) -> None:
-        super().__init__(reason, retry_after)
-        self.reason = reason
-        self.retry_after = retry_after
+    # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap
+    # (a Python __init__ would more than double the cost of raising).
+    args: tuple[str, int]
+
+    @property
+    def reason(self) -> str:
+        return self.args[0]
+
+    @property
+    def retry_after(self) -> int:
+        return self.args[1]
 
     def __str__(self) -> str:
         return f"busy ({self.reason}); retry after {self.retry_after} s"
