@@ -285,9 +285,9 @@ class ColdLimiter:
 
         Runs in the requesting thread, with _lock not held on entry. ``cancel.is_set()`` and
         the clock are called outside the lock."""
-        deadline = self._clock() + self._wait
         outcome: type[Busy] | type[Cancelled] | None = None
         try:
+            deadline = self._clock() + self._wait
             while True:
                 # Checked first on every turn, so a cancel that arrives together with the
                 # promotion wins: its client is gone, and _give_up passes the slot on.

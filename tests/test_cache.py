@@ -1,0 +1,182 @@
+"""Tests of TTLCache, the default warm cache (SPEC §3). Time moves only through a FakeClock."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reachlimit import TTLCache
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"maxsize": 0}, "maxsize >= 1"),
+        ({"maxsize": -3}, "maxsize >= 1"),
+        ({"maxsize": True}, "maxsize >= 1"),
+        ({"maxsize": 2.0}, "maxsize >= 1"),
+        ({"ttl": 0}, "ttl > 0"),
+        ({"ttl": -1.0}, "ttl > 0"),
+        ({"ttl": True}, "ttl > 0"),
+        ({"ttl": "300"}, "ttl > 0"),
+        ({"ttl": float("nan")}, "ttl > 0"),
+    ],
+)
+def test_invalid_arguments_raise_value_error_with_exact_message(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        TTLCache(**kwargs)
+    assert str(info.value) == message
+
+
+def test_defaults_are_five_minutes_and_256_entries() -> None:
+    cache: TTLCache[Any] = TTLCache()
+    assert (cache.maxsize, cache.ttl) == (256, 300.0)
+
+
+def test_hit_and_miss(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=4, ttl=10, clock=fake_clock)
+    assert cache.get("a") is None
+    cache.set("a", "A")
+    assert cache.get("a") == "A"
+    assert cache.get("b") is None
+    assert len(cache) == 1
+
+
+def test_entry_expires_after_ttl(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=4, ttl=10, clock=fake_clock)
+    cache.set("a", "A")
+    fake_clock.advance(9.999)
+    assert cache.get("a") == "A"
+    fake_clock.advance(0.001)  # exactly ttl after the set: expired
+    assert cache.get("a") is None
+    assert len(cache) == 0  # an expired entry found by get is dropped
+
+
+def test_reset_refreshes_the_ttl(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=4, ttl=10, clock=fake_clock)
+    cache.set("a", "A1")
+    fake_clock.advance(6)
+    cache.set("a", "A2")
+    fake_clock.advance(6)
+    assert cache.get("a") == "A2"
+
+
+def test_full_cache_drops_only_the_oldest_never_wipes(fake_clock: Any) -> None:
+    cache: TTLCache[int] = TTLCache(maxsize=5, ttl=100, clock=fake_clock)
+    for i in range(5):
+        cache.set(i, i)
+        fake_clock.advance(1)
+    cache.set(5, 5)
+    assert len(cache) == 5
+    assert cache.get(0) is None
+    assert [cache.get(i) for i in range(1, 6)] == [1, 2, 3, 4, 5]
+
+
+def test_full_cache_evicts_expired_entries_first(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=4, ttl=10, clock=fake_clock)
+    cache.set("old1", "x")
+    cache.set("old2", "x")
+    fake_clock.advance(5)
+    cache.set("young1", "y")
+    cache.set("young2", "y")
+    fake_clock.advance(6)  # old1, old2 expired; young1, young2 live for 4 s more
+    cache.set("new", "n")
+    assert len(cache) == 3  # both expired entries went, no live entry did
+    assert [cache.get(k) for k in ("young1", "young2", "new")] == ["y", "y", "n"]
+    assert cache.get("old1") is None and cache.get("old2") is None
+
+
+def test_reset_moves_the_key_to_the_back(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=3, ttl=100, clock=fake_clock)
+    for key in "abc":
+        cache.set(key, key.upper())
+    cache.set("a", "A2")  # a is now the youngest
+    cache.set("d", "D")  # so b, not a, is the oldest and goes
+    assert cache.get("b") is None
+    assert [cache.get(k) for k in "acd"] == ["A2", "C", "D"]
+    assert len(cache) == 3
+
+
+def test_reset_of_a_present_key_in_a_full_cache_evicts_nothing(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(maxsize=2, ttl=100, clock=fake_clock)
+    cache.set("a", "A")
+    cache.set("b", "B")
+    cache.set("b", "B2")
+    assert (cache.get("a"), cache.get("b"), len(cache)) == ("A", "B2", 2)
+
+
+def test_clear(fake_clock: Any) -> None:
+    cache: TTLCache[int] = TTLCache(maxsize=3, ttl=100, clock=fake_clock)
+    cache.set("a", 1)
+    cache.clear()
+    assert (len(cache), cache.get("a")) == (0, None)
+
+
+def test_concurrent_use_keeps_the_bound(threads: Any) -> None:
+    cache: TTLCache[int] = TTLCache(maxsize=16, ttl=100)
+    start = threading.Barrier(8, timeout=5.0)
+
+    def worker(n: int) -> None:
+        start.wait()
+        for i in range(500):
+            cache.set((n, i), i)
+            value = cache.get((n, i))
+            assert value in (None, i)  # None only if another writer evicted it since
+            assert len(cache) <= 16
+
+    for n in range(8):
+        threads.start(worker, n, name=f"writer-{n}")
+    threads.join_all(timeout=20.0)
+    assert len(cache) == 16
+
+
+# A reference model: same TTL for all, insertion-ordered, expired-first then oldest.
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), st.integers(0, 7), st.integers()),
+        st.tuples(st.just("get"), st.integers(0, 7), st.just(0)),
+        st.tuples(st.just("tick"), st.integers(0, 6), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(maxsize=st.integers(1, 5), ops=operations)
+def test_matches_a_reference_model(maxsize: int, ops: list[tuple[str, int, int]]) -> None:
+    now = [0.0]
+    ttl = 10.0
+    cache: TTLCache[int] = TTLCache(maxsize=maxsize, ttl=ttl, clock=lambda: now[0])
+    model: dict[int, tuple[float, int]] = {}  # key -> (expires, value), insertion-ordered
+    for op, key, value in ops:
+        if op == "tick":
+            now[0] += key
+        elif op == "get":
+            entry = model.get(key)
+            expected = None
+            if entry is not None:
+                if entry[0] <= now[0]:
+                    del model[key]
+                else:
+                    expected = entry[1]
+            assert cache.get(key) == expected
+        else:
+            model.pop(key, None)
+            if len(model) >= maxsize:
+                for k in [k for k, (exp, _) in model.items() if exp <= now[0]]:
+                    del model[k]
+                if len(model) >= maxsize:
+                    del model[next(iter(model))]
+            model[key] = (now[0] + ttl, value)
+            cache.set(key, value)
+            assert len(cache._data) <= maxsize  # never over the bound
+        live = {k: v for k, (exp, v) in model.items() if exp > now[0]}
+        assert {k: v for k, (exp, v) in cache._data.items() if exp > now[0]} == live

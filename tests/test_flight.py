@@ -1,0 +1,221 @@
+"""Tests of SingleFlight (SPEC §3): one call per in-flight key, its outcome shared."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from reachlimit import Cancelled, SingleFlight
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Outcome:
+    """What one ``flight.do`` call running in a thread returned or raised."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.shared: bool | None = None
+        self.error: BaseException | None = None
+
+
+def start_do(
+    threads: Any,
+    flight: SingleFlight[Any],
+    key: Any,
+    fn: Callable[[], Any],
+    cancel: Any = None,
+    name: str = "caller",
+) -> Outcome:
+    outcome = Outcome()
+
+    def run() -> None:
+        try:
+            outcome.value, outcome.shared = flight.do(key, fn, cancel)
+        except BaseException as exc:
+            outcome.error = exc
+        finally:
+            outcome.done.set()
+
+    threads.start(run, name=name)
+    return outcome
+
+
+def followers_of(flight: SingleFlight[Any], key: Any) -> int:
+    """White box: how many followers have joined the key's in-flight call."""
+    with flight._lock:
+        call = flight._calls.get(key)
+        return -1 if call is None else call.followers
+
+
+class HeldCall:
+    """A ``fn`` for the leader that blocks until ``finish`` is set; counts its runs."""
+
+    def __init__(self, result: Any = "value", error: BaseException | None = None) -> None:
+        self.started = threading.Event()
+        self.finish = threading.Event()
+        self.result = result
+        self.error = error
+        self.runs = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.runs += 1
+        self.started.set()
+        assert self.finish.wait(5.0), "the test never let the leader finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_single_caller_runs_fn_and_is_not_shared() -> None:
+    flight: SingleFlight[int] = SingleFlight()
+    assert flight.do("k", lambda: 42) == (42, False)
+    assert flight.in_flight() == 0
+
+
+@pytest.mark.parametrize("followers", [1, 7])
+def test_concurrent_callers_share_one_call(threads: Any, wait_until: Any, followers: int) -> None:
+    flight: SingleFlight[Any] = SingleFlight()
+    result = object()
+    fn = HeldCall(result)
+    leader = start_do(threads, flight, "key", fn, name="leader")
+    assert fn.started.wait(5.0)
+    # All followers arrive at once while the leader is held inside fn.
+    barrier = threading.Barrier(followers, timeout=5.0)
+
+    def follower_fn() -> Any:
+        raise AssertionError("a follower ran fn")
+
+    outcomes = []
+    for i in range(followers):
+        outcome = Outcome()
+        outcomes.append(outcome)
+
+        def run(o: Outcome = outcome) -> None:
+            barrier.wait()
+            try:
+                o.value, o.shared = flight.do("key", follower_fn)
+            except BaseException as exc:
+                o.error = exc
+            finally:
+                o.done.set()
+
+        threads.start(run, name=f"follower-{i}")
+    wait_until(lambda: followers_of(flight, "key") == followers, message="followers joined")
+    assert not any(o.done.is_set() for o in outcomes)  # really waiting on the leader
+    assert not leader.done.is_set()
+    fn.finish.set()
+    threads.join_all()
+    assert fn.runs == 1
+    assert (leader.value, leader.shared, leader.error) == (result, False, None)
+    for o in outcomes:
+        assert o.error is None
+        assert o.value is result and o.shared is True
+    assert flight.in_flight() == 0
+
+
+def test_exception_is_shared_by_leader_and_followers(threads: Any, wait_until: Any) -> None:
+    flight: SingleFlight[Any] = SingleFlight()
+    error = LookupError("database down")
+    fn = HeldCall(error=error)
+    leader = start_do(threads, flight, "key", fn, name="leader")
+    assert fn.started.wait(5.0)
+    followers = [start_do(threads, flight, "key", fn, name=f"f{i}") for i in range(3)]
+    wait_until(lambda: followers_of(flight, "key") == 3)
+    fn.finish.set()
+    threads.join_all()
+    assert fn.runs == 1
+    assert leader.error is error
+    assert all(f.error is error for f in followers)
+    assert flight.in_flight() == 0
+
+
+def test_key_is_forgotten_after_the_call() -> None:
+    flight: SingleFlight[int] = SingleFlight()
+    runs = []
+
+    def fn() -> int:
+        runs.append(1)
+        return len(runs)
+
+    assert flight.do("k", fn) == (1, False)
+    assert flight.do("k", fn) == (2, False)  # a later call runs fn again
+    with pytest.raises(ZeroDivisionError):
+        flight.do("k", lambda: 1 // 0)
+    assert flight.in_flight() == 0  # forgotten after an error too
+    assert flight.do("k", fn) == (3, False)
+
+
+def test_distinct_keys_do_not_share(threads: Any) -> None:
+    flight: SingleFlight[Any] = SingleFlight()
+    a, b = HeldCall("a"), HeldCall("b")
+    first = start_do(threads, flight, "a", a)
+    second = start_do(threads, flight, "b", b)
+    assert a.started.wait(5.0) and b.started.wait(5.0)  # both ran at once
+    assert flight.in_flight() == 2
+    a.finish.set()
+    b.finish.set()
+    threads.join_all()
+    assert (first.value, first.shared, second.value, second.shared) == ("a", False, "b", False)
+
+
+def test_key_deleted_only_if_still_this_calls() -> None:
+    """If the key was re-registered by another call while ``fn`` ran, the leader's cleanup
+    must leave the newer registration alone."""
+    flight: SingleFlight[Any] = SingleFlight()
+    newer = object()
+
+    def fn() -> str:
+        with flight._lock:
+            flight._calls["k"] = newer  # type: ignore[assignment]
+        return "done"
+
+    assert flight.do("k", fn) == ("done", False)
+    assert flight._calls.get("k") is newer
+
+
+def test_follower_cancel_raises_cancelled_while_leader_continues(
+    threads: Any, wait_until: Any
+) -> None:
+    flight: SingleFlight[Any] = SingleFlight()
+    fn = HeldCall("value")
+    leader = start_do(threads, flight, "key", fn, name="leader")
+    assert fn.started.wait(5.0)
+    cancel = threading.Event()
+    quitter = start_do(threads, flight, "key", fn, cancel=cancel, name="quitter")
+    stayer = start_do(threads, flight, "key", fn, cancel=threading.Event(), name="stayer")
+    wait_until(lambda: followers_of(flight, "key") == 2)
+    assert not quitter.done.is_set()
+    cancel.set()
+    assert quitter.done.wait(5.0)
+    assert isinstance(quitter.error, Cancelled)
+    assert not leader.done.is_set() and not stayer.done.is_set()
+    assert flight.in_flight() == 1  # the call is still running
+    fn.finish.set()
+    threads.join_all()
+    assert fn.runs == 1
+    assert (leader.value, leader.shared) == ("value", False)
+    assert (stayer.value, stayer.shared, stayer.error) == ("value", True, None)
+
+
+def test_base_exception_from_fn_is_shared_and_key_forgotten(threads: Any, wait_until: Any) -> None:
+    class Abort(BaseException):
+        pass
+
+    flight: SingleFlight[Any] = SingleFlight()
+    abort = Abort()
+    fn = HeldCall(error=abort)
+    leader = start_do(threads, flight, "key", fn)
+    assert fn.started.wait(5.0)
+    follower = start_do(threads, flight, "key", fn)
+    wait_until(lambda: followers_of(flight, "key") == 1)
+    fn.finish.set()
+    threads.join_all()
+    assert leader.error is abort and follower.error is abort
+    assert flight.in_flight() == 0

@@ -1,0 +1,583 @@
+"""Tests of ColdPath (SPEC §1, §3; acceptance scenarios 1, 5, 6, 7 and 9 at library level).
+
+A "build" here is a counted callable standing in for the database scan: a scenario that
+promises "no database work" is checked by the build log staying unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from reachlimit import (
+    NOT_FOUND,
+    Busy,
+    Cancelled,
+    ColdLimiter,
+    ColdPath,
+    ColdPathStats,
+    TTLCache,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+LIMITER_FIELDS = {
+    "active",
+    "queued",
+    "peak_active",
+    "peak_queued",
+    "acquired",
+    "rejected_full",
+    "rejected_timeout",
+    "cancelled",
+    "capacity_active",
+    "capacity_queue",
+    "wait",
+}
+PATH_FIELDS = {"hits", "misses", "builds", "coalesced"}
+
+_DEFAULT = object()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+class BuildLog:
+    """Makes build callables and records every build that really ran, in order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.keys: list[Any] = []
+        self._started: dict[Any, threading.Event] = {}
+
+    def started(self, key: Any) -> threading.Event:
+        with self._lock:
+            return self._started.setdefault(key, threading.Event())
+
+    def count(self, key: Any = _DEFAULT) -> int:
+        with self._lock:
+            return len(self.keys) if key is _DEFAULT else self.keys.count(key)
+
+    def build(
+        self,
+        key: Any,
+        value: Any = _DEFAULT,
+        *,
+        hold: threading.Event | None = None,
+        error: BaseException | None = None,
+    ) -> Callable[[], Any]:
+        def run() -> Any:
+            with self._lock:
+                self.keys.append(key)
+            self.started(key).set()
+            if hold is not None:
+                assert hold.wait(5.0), f"build {key!r} was never let go"
+            if error is not None:
+                raise error
+            return f"report:{key}" if value is _DEFAULT else value
+
+        return run
+
+
+class Outcome:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def wait_done(self, timeout: float = 5.0) -> None:
+        assert self.done.wait(timeout), f"{self.name}: get() did not return in {timeout} s"
+
+
+def start_get(
+    threads: Any,
+    path: ColdPath,
+    key: Any,
+    build: Callable[[], Any],
+    cancel: Any = None,
+    name: str = "request",
+) -> Outcome:
+    outcome = Outcome(name)
+
+    def run() -> None:
+        try:
+            outcome.value = path.get(key, build, cancel)
+        except BaseException as exc:
+            outcome.error = exc
+        finally:
+            outcome.done.set()
+
+    threads.start(run, name=name)
+    return outcome
+
+
+def followers_of(path: ColdPath, key: Any) -> int:
+    """White box: followers that joined the key's in-flight call (-1: none in flight)."""
+    flight = path.flight
+    with flight._lock:
+        call = flight._calls.get(key)
+        return -1 if call is None else call.followers
+
+
+class SpyLimiter:
+    """A duck-typed limiter (not a ColdLimiter) that counts acquire() calls and can hold each
+    call at its entry until ``proceed`` is set."""
+
+    def __init__(self, inner: ColdLimiter, gated: bool = False) -> None:
+        self.inner = inner
+        self.acquire_calls = 0
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        if not gated:
+            self.proceed.set()
+
+    def acquire(self, cancel: Any = None) -> Any:
+        self.acquire_calls += 1
+        self.entered.set()
+        assert self.proceed.wait(5.0), "SpyLimiter never told to proceed"
+        return self.inner.acquire(cancel)
+
+    def stats(self) -> Any:
+        return self.inner.stats()
+
+
+class DictCache:
+    """A duck-typed cache: a plain dict behind get/set, recording each call."""
+
+    def __init__(self) -> None:
+        self.data: dict[Any, Any] = {}
+        self.calls: list[tuple[str, Any]] = []
+
+    def get(self, key: Any) -> Any:
+        self.calls.append(("get", key))
+        return self.data.get(key)
+
+    def set(self, key: Any, value: Any) -> None:
+        self.calls.append(("set", key))
+        self.data[key] = value
+
+
+def limiter_diff(before: Any, after: Any) -> dict[str, tuple[Any, Any]]:
+    b, a = before.as_dict(), after.as_dict()
+    return {k: (b[k], a[k]) for k in b if b[k] != a[k]}
+
+
+# -- composition, stats -----------------------------------------------------------------------
+
+
+def test_default_cache_is_a_five_minute_256_entry_ttl_cache() -> None:
+    path = ColdPath(ColdLimiter())
+    assert isinstance(path.cache, TTLCache)
+    assert (path.cache.maxsize, path.cache.ttl) == (256, 300.0)
+
+
+def test_cold_then_warm() -> None:
+    lim = ColdLimiter()
+    path = ColdPath(lim)
+    log = BuildLog()
+    assert path.get("k", log.build("k")) == "report:k"
+    assert path.get("k", log.build("k")) == "report:k"
+    assert log.count() == 1
+    s = path.stats()
+    assert (s.hits, s.misses, s.builds, s.coalesced, s.acquired, s.active) == (1, 1, 1, 0, 1, 0)
+
+
+def test_stats_has_path_and_limiter_figures_and_is_frozen() -> None:
+    path = ColdPath(ColdLimiter(active=3, queue=5, wait=2.0))
+    path.get("k", lambda: "v")
+    s = path.stats()
+    assert isinstance(s, ColdPathStats)
+    d = s.as_dict()
+    assert (LIMITER_FIELDS | PATH_FIELDS) <= set(d)
+    assert (d["capacity_active"], d["capacity_queue"], d["wait"]) == (3, 5, 2.0)
+    assert (d["misses"], d["builds"], d["acquired"]) == (1, 1, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.hits = 5  # type: ignore[misc]
+
+
+def test_build_runs_with_no_lock_held_and_the_slot_is_released_before_publishing() -> None:
+    lim = ColdLimiter()
+    active_when_cached: list[int] = []
+
+    class RecordingCache(DictCache):
+        def set(self, key: Any, value: Any) -> None:
+            active_when_cached.append(lim.stats().active)
+            super().set(key, value)
+
+    path = ColdPath(lim, cache=RecordingCache())
+
+    def build() -> str:
+        assert not lim._lock.locked()
+        assert not path._lock.locked()
+        assert not path.flight._lock.locked()
+        assert lim.stats().active == 1
+        return "v"
+
+    assert path.get("k", build) == "v"
+    assert active_when_cached == [0]
+
+
+def test_custom_duck_typed_cache_is_used() -> None:
+    cache = DictCache()
+    path = ColdPath(ColdLimiter(), cache=cache)
+    log = BuildLog()
+    assert path.get("k", log.build("k")) == "report:k"
+    assert cache.data == {"k": "report:k"}
+    assert path.get("k", log.build("k")) == "report:k"
+    assert log.count() == 1
+    # warm miss, leader's recheck, publish; then one warm hit
+    assert cache.calls == [("get", "k"), ("get", "k"), ("set", "k"), ("get", "k")]
+
+
+def test_cache_recheck_leader_finds_the_value_and_builds_nothing() -> None:
+    class FilledMeanwhile(DictCache):
+        """Misses on the first get (the warm check), hits on the second (the recheck): as if
+        another leader published the value in between."""
+
+        def get(self, key: Any) -> Any:
+            super().get(key)
+            return None if len(self.calls) == 1 else "published by another leader"
+
+    spy = SpyLimiter(ColdLimiter())
+    path = ColdPath(spy, cache=FilledMeanwhile())
+    log = BuildLog()
+    assert path.get("k", log.build("k")) == "published by another leader"
+    assert log.count() == 0
+    assert spy.acquire_calls == 0  # the limiter was never asked
+    s = path.stats()
+    assert (s.misses, s.builds, s.acquired) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("result", [NOT_FOUND, None], ids=["NOT_FOUND", "None"])
+def test_not_found_and_none_pass_through_and_are_not_cached(result: Any) -> None:
+    cache = DictCache()
+    path = ColdPath(ColdLimiter(), cache=cache)
+    log = BuildLog()
+    assert path.get("k", log.build("k", result)) is result
+    assert "k" not in cache.data
+    assert path.get("k", log.build("k", result)) is result
+    assert log.count("k") == 2  # built again: nothing was cached
+    assert path.stats().active == 0
+
+
+def test_not_found_is_falsy_singleton_with_a_readable_repr() -> None:
+    import pickle
+
+    assert not NOT_FOUND
+    assert repr(NOT_FOUND) == "reachlimit.NOT_FOUND"
+    assert type(NOT_FOUND)() is NOT_FOUND
+    assert pickle.loads(pickle.dumps(NOT_FOUND)) is NOT_FOUND
+
+
+def test_cancel_already_set_raises_cancelled_and_builds_nothing() -> None:
+    lim = ColdLimiter()
+    path = ColdPath(lim)
+    log = BuildLog()
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        path.get("k", log.build("k"), cancel)
+    assert log.count() == 0
+    assert path.cache.get("k") is None
+    s = path.stats()
+    assert (s.active, s.queued, s.acquired, s.builds) == (0, 0, 0, 0)
+    assert path.flight.in_flight() == 0
+
+
+# -- scenario 1 -------------------------------------------------------------------------------
+
+
+def test_scenario1_eleventh_leader_refused_at_once_no_deadline_no_build(
+    threads: Any, wait_until: Any, fake_clock: Any
+) -> None:
+    lim = ColdLimiter(active=2, queue=8, clock=fake_clock)
+    path = ColdPath(lim)
+    log = BuildLog()
+    release_builds = threading.Event()
+    requests = []
+    for i in range(2):
+        key = f"k{i}"
+        requests.append(
+            start_get(threads, path, key, log.build(key, hold=release_builds), name=key)
+        )
+        assert log.started(key).wait(5.0)
+    for i in range(2, 10):
+        key = f"k{i}"
+        requests.append(start_get(threads, path, key, log.build(key), name=key))
+        wait_until(lambda i=i: lim.stats().queued == i - 1, message=f"{key} queued")
+    assert log.keys == ["k0", "k1"]  # queued leaders run no build
+    assert not any(r.done.is_set() for r in requests)
+    before = path.stats()
+    for n in range(1, 4):
+        with pytest.raises(Busy) as info:
+            path.get("k10", log.build("k10"))
+        assert (info.value.reason, info.value.retry_after) == ("queue_full", 2)
+        assert fake_clock.calls_from_this_thread() == 0  # no deadline was created
+        assert log.keys == ["k0", "k1"]  # no build ran
+        assert limiter_diff(before, path.stats()) == {
+            "rejected_full": (0, n),
+            "misses": (before.misses, before.misses + n),
+        }
+    assert path.cache.get("k10") is None
+    release_builds.set()
+    threads.join_all()
+    assert [r.value for r in requests] == [f"report:k{i}" for i in range(10)]
+    assert sorted(log.keys) == sorted(f"k{i}" for i in range(10))  # each built exactly once
+    s = path.stats()
+    assert (s.active, s.queued, s.builds, s.acquired, s.peak_active, s.peak_queued) == (
+        0,
+        0,
+        10,
+        10,
+        2,
+        8,
+    )
+
+
+# -- scenario 5 -------------------------------------------------------------------------------
+
+
+def test_scenario5_warm_hits_succeed_while_the_limiter_is_saturated(
+    start_acquire: Any, wait_until: Any, threads: Any
+) -> None:
+    lim = ColdLimiter(active=2, queue=8)
+    spy = SpyLimiter(lim)
+    path = ColdPath(spy)
+    path.cache.set("warm", "cached report")
+    holders = [lim.acquire(), lim.acquire()]
+    cancels = [threading.Event() for _ in range(8)]
+    for i, cancel in enumerate(cancels):
+        start_acquire(lim, cancel)
+        wait_until(lambda i=i: lim.stats().queued == i + 1)
+    with pytest.raises(Busy):  # saturated: a cold request is refused
+        path.get("cold", lambda: "never built")
+    assert spy.acquire_calls == 1
+    before = lim.stats()
+
+    def must_not_build() -> str:
+        raise AssertionError("a warm request ran a build")
+
+    for _ in range(20):
+        assert path.get("warm", must_not_build) == "cached report"
+    assert spy.acquire_calls == 1  # the limiter was never touched by a warm request
+    assert lim.stats() == before  # acquired and every other figure unchanged
+    assert path.stats().hits == 20
+    for cancel in cancels:
+        cancel.set()
+    threads.join_all()
+    for grant in holders:
+        grant.release()
+
+
+# -- scenario 6 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_scenario6_same_key_requests_run_one_build(threads: Any, wait_until: Any, n: int) -> None:
+    lim = ColdLimiter(active=2, queue=8)
+    path = ColdPath(lim)
+    log = BuildLog()
+    hold = threading.Event()
+    report = {"rows": [1, 2, 3]}
+    build = log.build("k", report, hold=hold)
+    requests = [start_get(threads, path, "k", build, name=f"r{i}") for i in range(n)]
+    assert log.started("k").wait(5.0)
+    wait_until(lambda: followers_of(path, "k") == n - 1, message="all followers joined")
+    assert not any(r.done.is_set() for r in requests)
+    hold.set()
+    threads.join_all()
+    assert log.count() == 1
+    assert all(r.error is None and r.value is report for r in requests)
+    s = path.stats()
+    assert (s.builds, s.coalesced, s.misses, s.acquired, s.active) == (1, n - 1, n, 1, 0)
+    assert path.cache.get("k") is report
+
+
+# -- scenario 7 -------------------------------------------------------------------------------
+
+
+def test_scenario7_only_a_promoted_leader_builds(threads: Any, wait_until: Any) -> None:
+    lim = ColdLimiter(active=1, queue=2)
+    path = ColdPath(lim)
+    log = BuildLog()
+    hold_a = threading.Event()
+    a = start_get(threads, path, "a", log.build("a", hold=hold_a), name="a")
+    assert log.started("a").wait(5.0)
+    hold_b = threading.Event()
+    b = start_get(threads, path, "b", log.build("b", hold=hold_b), name="b")
+    wait_until(lambda: lim.stats().queued == 1)
+    c = start_get(threads, path, "c", log.build("c"), name="c")
+    wait_until(lambda: lim.stats().queued == 2)
+    with pytest.raises(Busy) as info:
+        path.get("d", log.build("d"))
+    assert info.value.reason == "queue_full"
+    assert log.keys == ["a"]  # b and c are queued: no build yet; d was refused
+    hold_a.set()
+    a.wait_done()
+    assert log.started("b").wait(5.0)  # b was promoted and builds
+    assert log.keys == ["a", "b"]  # c still waits behind b
+    assert not c.done.is_set()
+    hold_b.set()
+    threads.join_all()
+    assert log.keys == ["a", "b", "c"]
+    assert [r.value for r in (a, b, c)] == ["report:a", "report:b", "report:c"]
+    assert path.cache.get("d") is None
+    assert lim.stats().active == 0
+
+
+# -- scenario 9 -------------------------------------------------------------------------------
+
+
+def test_scenario9_build_error_reaches_everyone_is_not_cached_and_frees_the_slot(
+    threads: Any, wait_until: Any
+) -> None:
+    lim = ColdLimiter(active=1, queue=0)
+    cache = DictCache()
+    path = ColdPath(lim, cache=cache)
+    log = BuildLog()
+    hold = threading.Event()
+    error = OSError("database is locked")
+    build = log.build("k", hold=hold, error=error)
+    leader = start_get(threads, path, "k", build, name="leader")
+    assert log.started("k").wait(5.0)
+    followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(3)]
+    wait_until(lambda: followers_of(path, "k") == 3)
+    assert lim.stats().active == 1
+    hold.set()
+    threads.join_all()
+    assert leader.error is error
+    assert all(f.error is error for f in followers)
+    assert log.count() == 1
+    assert cache.data == {}  # not cached
+    s = path.stats()
+    assert (s.active, s.builds, s.coalesced) == (0, 1, 0)
+    # The slot is really free (queue=0 would refuse otherwise) and the next call builds again.
+    assert path.get("k", log.build("k", "fixed")) == "fixed"
+    assert log.count() == 2
+
+
+# -- refusals and cancellations seen by followers ---------------------------------------------
+
+
+def test_followers_of_a_timed_out_leader_get_the_same_busy(
+    threads: Any, wait_until: Any, fake_clock: Any
+) -> None:
+    lim = ColdLimiter(active=1, queue=1, wait=3.0, clock=fake_clock)
+    path = ColdPath(lim)
+    log = BuildLog()
+    holder = lim.acquire()
+    build = log.build("k")
+    leader = start_get(threads, path, "k", build, cancel=threading.Event(), name="leader")
+    wait_until(lambda: lim.stats().queued == 1)
+    followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(3)]
+    wait_until(lambda: followers_of(path, "k") == 3)
+    wait_until(lambda: fake_clock.calls >= 2, message="leader's deadline fixed")
+    fake_clock.advance(10.0)
+    threads.join_all()
+    assert isinstance(leader.error, Busy) and leader.error.reason == "timeout"
+    assert all(f.error is leader.error for f in followers)
+    assert log.count() == 0
+    assert path.cache.get("k") is None
+    holder.release()
+    s = path.stats()
+    assert (s.active, s.queued, s.rejected_timeout, s.builds) == (0, 0, 1, 0)
+
+
+def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any, wait_until: Any) -> None:
+    lim = ColdLimiter(active=1, queue=0)
+    spy = SpyLimiter(lim, gated=True)  # holds the leader at the limiter's door
+    path = ColdPath(spy)
+    log = BuildLog()
+    holder = lim.acquire()
+    build = log.build("k")
+    leader = start_get(threads, path, "k", build, name="leader")
+    assert spy.entered.wait(5.0)
+    followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(4)]
+    wait_until(lambda: followers_of(path, "k") == 4)
+    spy.proceed.set()
+    threads.join_all()
+    assert isinstance(leader.error, Busy) and leader.error.reason == "queue_full"
+    assert all(f.error is leader.error for f in followers)
+    assert spy.acquire_calls == 1  # followers never asked the limiter
+    assert log.count() == 0
+    assert path.cache.get("k") is None
+    holder.release()
+    assert lim.stats().rejected_full == 1
+
+
+def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any, wait_until: Any) -> None:
+    lim = ColdLimiter(active=1, queue=2)
+    path = ColdPath(lim)
+    log = BuildLog()
+    holder = lim.acquire()
+    build = log.build("k")
+    leader_cancel = threading.Event()
+    leader = start_get(threads, path, "k", build, cancel=leader_cancel, name="leader")
+    wait_until(lambda: lim.stats().queued == 1)
+    followers = [
+        start_get(threads, path, "k", build, cancel=threading.Event(), name=f"f{i}")
+        for i in range(2)
+    ]
+    wait_until(lambda: followers_of(path, "k") == 2)
+    leader_cancel.set()
+    leader.wait_done()
+    assert isinstance(leader.error, Cancelled)
+    # One follower took over as leader and queued; the other follows it.
+    wait_until(
+        lambda: lim.stats().queued == 1 and followers_of(path, "k") == 1,
+        message="a follower became the new leader",
+    )
+    assert log.count() == 0
+    assert not any(f.done.is_set() for f in followers)
+    holder.release()
+    threads.join_all()
+    assert all(f.error is None and f.value == "report:k" for f in followers)
+    assert log.count() == 1
+    s = path.stats()
+    assert (s.builds, s.coalesced, s.cancelled, s.active, s.queued) == (1, 1, 1, 0, 0)
+
+
+def test_a_cancelled_leader_alone_raises_cancelled_and_caches_nothing(
+    threads: Any, wait_until: Any
+) -> None:
+    lim = ColdLimiter(active=1, queue=1)
+    path = ColdPath(lim)
+    log = BuildLog()
+    holder = lim.acquire()
+    cancel = threading.Event()
+    leader = start_get(threads, path, "k", log.build("k"), cancel=cancel, name="leader")
+    wait_until(lambda: lim.stats().queued == 1)
+    cancel.set()
+    leader.wait_done()
+    assert isinstance(leader.error, Cancelled)
+    assert path.flight.in_flight() == 0
+    holder.release()
+    assert (log.count(), path.cache.get("k")) == (0, None)
+    assert (lim.stats().active, lim.stats().queued) == (0, 0)
+
+
+def test_a_follower_can_cancel_without_disturbing_the_leader(threads: Any, wait_until: Any) -> None:
+    lim = ColdLimiter()
+    path = ColdPath(lim)
+    log = BuildLog()
+    hold = threading.Event()
+    build = log.build("k", hold=hold)
+    leader = start_get(threads, path, "k", build, name="leader")
+    assert log.started("k").wait(5.0)
+    cancel = threading.Event()
+    quitter = start_get(threads, path, "k", build, cancel=cancel, name="quitter")
+    wait_until(lambda: followers_of(path, "k") == 1)
+    cancel.set()
+    quitter.wait_done()
+    assert isinstance(quitter.error, Cancelled)
+    assert not leader.done.is_set()
+    hold.set()
+    threads.join_all()
+    assert leader.value == "report:k"
+    assert log.count() == 1
+    assert path.stats().coalesced == 0
