@@ -99,13 +99,27 @@ class Grant:
 
     def release(self) -> None:
         """Give the slot back: to the oldest waiter if any, else to the free pool."""
-        self._limiter._release(self, strict=True)
+        self._give_back(strict=True)
 
     def __enter__(self) -> Grant:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._limiter._release(self, strict=False)
+        self._give_back(strict=False)
+
+    def _give_back(self, strict: bool) -> None:
+        limiter = self._limiter
+        lock = limiter._lock
+        lock.acquire()
+        try:
+            if not self._held:
+                if strict:
+                    raise RuntimeError("grant released twice")
+                return
+            self._held = False
+            limiter._hand_off_or_free()
+        finally:
+            lock.release()
 
 
 class _Waiter:
@@ -202,7 +216,11 @@ class ColdLimiter:
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        with self._lock:
+        # Explicit acquire/release rather than "with": the two hot paths are short enough
+        # that the context-manager protocol is a measurable share of their cost.
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._active < self._capacity and not self._waiters:
                 self._active += 1
                 self._acquired += 1
@@ -215,10 +233,12 @@ class ColdLimiter:
                 self._rejected_full += 1
                 waiter = None
             else:
-                waiter = _Waiter(self._lock)
+                waiter = _Waiter(lock)
                 self._waiters.append(waiter)
                 if len(self._waiters) > self._peak_queued:
                     self._peak_queued = len(self._waiters)
+        finally:
+            lock.release()
         if waiter is None:
             raise Busy(_QUEUE_FULL, self._retry_after)
         return self._wait_for_slot(waiter, cancel)
@@ -270,15 +290,6 @@ class ColdLimiter:
             waiter.cond.notify()
         else:
             self._active -= 1
-
-    def _release(self, grant: Grant, *, strict: bool) -> None:
-        with self._lock:
-            if not grant._held:
-                if strict:
-                    raise RuntimeError("grant released twice")
-                return
-            grant._held = False
-            self._hand_off_or_free()
 
     def _wait_for_slot(self, waiter: _Waiter, cancel: CancelToken | None) -> Grant:
         """Wait as a queued leader until promoted, timed out or cancelled.
