@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import select
 import socket
 import sys
@@ -79,11 +80,13 @@ _CONFIG_PREFIX = "REACHLIMIT_"
 _OPTION_NAMES = frozenset(f.name for f in fields(Settings))
 
 
-def _as_int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+def _as_int(key: str, value: Any, minimum: int, allowed: str | None = None) -> int:
+    """A whole number >= minimum; numeric strings (from the environment) are accepted."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value, re.ASCII):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key} must be a whole number >= {minimum}, got {value!r}")
+        raise ValueError(f"{key} must be {allowed or f'a whole number >= {minimum}'}, "
+                         f"got {value!r}")
     return value
 
 
@@ -115,13 +118,13 @@ def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> S
     def pick(name: str) -> tuple[str, Any]:
         key = _CONFIG_PREFIX + name.upper()
         if name in overrides:
-            return key, overrides[name]
+            return f"{name} (ReachLimit argument)", overrides[name]
         return key, config.get(key, getattr(defaults, name))
 
-    status_key, status = pick("status")
-    status = _as_int(status_key, status, 0)
+    status_key, raw_status = pick("status")
+    status = _as_int(status_key, raw_status, 0, allowed="429 or 503")
     if status not in (429, 503):
-        raise ValueError(f"{status_key} must be 429 or 503, got {status!r}")
+        raise ValueError(f"{status_key} must be 429 or 503, got {raw_status!r}")
     return Settings(
         active=_as_int(*pick("active"), 1),
         queue=_as_int(*pick("queue"), 0),

@@ -1,0 +1,1 @@
+"""Small WSGI apps that the integration tests run under real servers."""
