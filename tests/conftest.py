@@ -263,3 +263,54 @@ class Kit:
 @pytest.fixture
 def kit(threads: ThreadRunner) -> Kit:
     return Kit(threads)
+
+
+# -- webapp: tests/test_reach.py, tests/test_webapp.py -------------------------------------------
+
+#: The fixed "now" of the session's demo database and of the webapps built on it.
+REACH_DEMO_NOW = 1_780_000_000
+
+
+@pytest.fixture(scope="session")
+def reach_demo_db(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny deterministic demo database (150 nodes, 6,000 observations) as a
+    ``pathlib.Path``, written once per session. Treat it as read-only."""
+    from webapp.demodb import write_demo_db
+
+    path = tmp_path_factory.mktemp("reach-demo") / "demo.sqlite"
+    write_demo_db(path, nodes=150, observations=6_000, seed=7, now=REACH_DEMO_NOW)
+    return path
+
+
+@pytest.fixture
+def reach_app_factory(reach_demo_db: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """``reach_app_factory(**config)``: a webapp on the session demo database whose reports
+    end at REACH_DEMO_NOW. The test run's own REACH_* / REACHLIMIT_* environment is ignored."""
+    import os
+
+    from webapp import create_app
+
+    for key in list(os.environ):
+        if key.startswith(("REACH_", "REACHLIMIT_")):
+            monkeypatch.delenv(key)
+
+    def make(**config: Any) -> Any:
+        settings: dict[str, Any] = {
+            "REACH_DB": str(reach_demo_db),
+            "REACH_WALL_CLOCK": lambda: float(REACH_DEMO_NOW),
+        }
+        settings.update(config)
+        return create_app(settings)
+
+    return make
+
+
+@pytest.fixture
+def reach_app(reach_app_factory: Callable[..., Any]) -> Any:
+    return reach_app_factory()
+
+
+@pytest.fixture
+def reach_client(reach_app: Any) -> Any:
+    with reach_app.test_client() as client:
+        yield client

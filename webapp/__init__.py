@@ -1,0 +1,171 @@
+"""webapp: mesh reach reports over a CoreScope SQLite database, served by Flask.
+
+``create_app(config=None)`` builds the app. Configuration comes from the environment, read
+here and never at import time, and ``config`` overrides it:
+
+===========================  ===============================================================
+``REACH_DB``                 the database to serve, opened read-only. Unset or empty: the
+                             embedded demo database ``webapp/data/demo.sqlite``, written
+                             when missing (or a day stale) before the first request needs
+                             it - ``webapp.wsgi`` does it at start-up.
+``REACH_BLACKLIST``          comma-separated pubkeys never shown (404, and left out of other
+                             nodes' reports).
+``REACH_HIDDEN_PREFIXES``    comma-separated name prefixes hidden the same way (ignoring case).
+``REACHLIMIT_*``             the cold limiter and warm cache (see ``reachlimit.flask``), e.g.
+                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``.
+===========================  ===============================================================
+
+In ``config``, ``REACH_BLACKLIST`` and ``REACH_HIDDEN_PREFIXES`` may also be lists. Three more
+keys exist for tests and tuning: ``REACH_SNAPSHOT_INTERVAL`` (seconds between rebuilds of the
+degree table and node index, default 60), ``REACH_DEMO_STALE_AFTER`` (seconds, default one
+day; None never rewrites a demo database) and ``REACH_WALL_CLOCK`` (a callable returning the
+unix time report windows end at, default ``time.time``).
+
+A configuration the service cannot run with - an explicit ``REACH_DB`` that is missing,
+unreadable or not a CoreScope database, a malformed blacklist entry, a bad ``REACHLIMIT_*``
+value - stops start-up with ``SystemExit`` and one line naming the problem, not a traceback.
+
+The blacklist and hidden prefixes can be changed while running through
+``app.extensions["reach"].visibility`` (``set_blacklist``, ``set_hidden_prefixes``): the
+change bumps the generation in every cache key and empties the warm cache on the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import HTTPException, InternalServerError
+
+from .api import bp, json_error, reach_limit
+from .cli import demo_db_command
+from .reach import Visibility
+from .state import DatabaseError, ReachState, check_database
+
+__all__ = ["create_app", "DEFAULT_DB", "reach_state"]
+
+log = logging.getLogger("webapp")
+
+#: The embedded demo database, served when REACH_DB is not set (webapp/data/ is gitignored).
+DEFAULT_DB = Path(__file__).resolve().parent / "data" / "demo.sqlite"
+
+_ENV_KEYS = ("REACH_DB", "REACH_BLACKLIST", "REACH_HIDDEN_PREFIXES")
+_REACHLIMIT_KEYS = ("ACTIVE", "QUEUE", "WAIT", "RETRY_AFTER", "CACHE_TTL", "CACHE_SIZE",
+                    "STATUS", "CANCEL_ON_DISCONNECT")
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The configuration keys present in the environment, as strings."""
+    found: dict[str, Any] = {k: environ[k] for k in _ENV_KEYS if k in environ}
+    for name in _REACHLIMIT_KEYS:
+        key = f"REACHLIMIT_{name}"
+        if key in environ:
+            found[key] = environ[key]  # the extension parses and validates the strings
+    return found
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part for part in value.split(",") if part.strip()]
+    if isinstance(value, Iterable):
+        return [str(part) for part in value]
+    raise TypeError(f"expected a comma-separated string or a list, got {value!r}")
+
+
+def reach_state(app: Flask) -> ReachState:
+    """The app's :class:`~webapp.state.ReachState` (database, visibility, snapshots)."""
+    state = app.extensions["reach"]
+    assert isinstance(state, ReachState)
+    return state
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the reach-report app (see the module docstring for the configuration)."""
+    app = Flask(__name__)
+    app.config.update(
+        REACH_DB=None,
+        REACH_BLACKLIST="",
+        REACH_HIDDEN_PREFIXES="",
+        REACH_SNAPSHOT_INTERVAL=60.0,
+        REACH_DEMO_STALE_AFTER=86_400.0,
+        REACH_WALL_CLOCK=time.time,
+    )
+    app.config.update(_from_env(os.environ))
+    if config:
+        app.config.update(config)
+    if app.logger.level == logging.NOTSET:
+        app.logger.setLevel(logging.INFO)  # our start-up and cache messages are INFO
+
+    try:
+        visibility = Visibility(
+            _as_list(app.config["REACH_BLACKLIST"]),
+            _as_list(app.config["REACH_HIDDEN_PREFIXES"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"webapp: REACH_BLACKLIST / REACH_HIDDEN_PREFIXES: {exc}") from None
+
+    raw_db = app.config["REACH_DB"]
+    explicit = raw_db is not None and str(raw_db).strip() != ""
+    db_path = Path(str(raw_db)).expanduser().resolve() if explicit else DEFAULT_DB
+    if explicit:
+        try:
+            check_database(db_path)
+        except DatabaseError as exc:
+            raise SystemExit(f"webapp: REACH_DB: {exc}") from None
+
+    app.extensions["reach"] = ReachState(
+        db_path=db_path,
+        create_demo=not explicit,
+        visibility=visibility,
+        snapshot_interval=float(app.config["REACH_SNAPSHOT_INTERVAL"]),
+        demo_stale_after=app.config["REACH_DEMO_STALE_AFTER"],
+        wall_clock=app.config["REACH_WALL_CLOCK"],
+    )
+    try:
+        reach_limit.init_app(app)
+    except ValueError as exc:
+        raise SystemExit(f"webapp: {exc}") from None
+
+    app.register_blueprint(bp)
+    _register_error_handlers(app)
+    app.cli.add_command(demo_db_command)
+    return app
+
+
+def _sentence(name: str) -> str:
+    """'Method Not Allowed' -> 'Method not allowed' (so 404 reads 'Not found' everywhere)."""
+    return name[:1] + name[1:].lower()
+
+
+def _register_error_handlers(app: Flask) -> None:
+    """Every error is JSON ``{"error": "..."}``: never a traceback, a server path or HTML."""
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> ResponseReturnValue:
+        if exc.response is not None:
+            # A finished response (reachlimit's 429 / 499, an abort(Response)): send as is.
+            return exc.response
+        response = json_error(exc.code or 500, _sentence(exc.name))
+        for header, value in exc.get_headers():
+            if header.lower() != "content-type":
+                response.headers[header] = value  # e.g. Allow on a 405
+        return response
+
+    @app.errorhandler(InternalServerError)
+    def internal_error(exc: InternalServerError) -> Response:
+        # Flask has already logged the original exception with its traceback.
+        return json_error(500, "Internal server error")
+
+    @app.errorhandler(sqlite3.Error)
+    def database_error(exc: sqlite3.Error) -> Response:
+        log.error("database error: %s", exc, exc_info=exc)
+        return json_error(500, "database unavailable")
