@@ -1,0 +1,740 @@
+"""The reach page in a real browser: headless Chromium driven by Playwright.
+
+The app is served by a real threaded Werkzeug server on 127.0.0.1 (port 0) inside the test
+process, over a small hand-built database. The browser is Debian's ``chromium`` package
+(``/usr/bin/chromium``, or ``$REACHLIMIT_CHROMIUM``); nothing is downloaded at run time and
+``playwright install`` is never needed.
+
+Busy is forced deterministically: the app runs with one build slot and no queue
+(``REACHLIMIT_ACTIVE=1``, ``REACHLIMIT_QUEUE=0``) and the test holds that slot itself through
+the limiter in ``app.extensions["reachlimit"]``, so every cold report is refused with 429 at
+once; releasing the grant lets the page's next retry through.
+
+Without Chromium or the ``playwright`` package these tests are skipped, except under CI
+(``$CI`` set), where a missing browser is a failure.
+
+Screenshots of the report and of the busy state go to ``test-artifacts/`` at the repo root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug.serving import make_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = os.environ.get("REACHLIMIT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+#: Playwright's wait for any one thing the page should do (an element, a text, a navigation).
+PAGE_TIMEOUT_MS = 15_000
+#: The page retries a refused report at most this many times (spec §5), each after
+#: Retry-After = 2 s: the whole busy sequence takes about 10 s.
+MAX_RETRIES = 5
+RETRY_AFTER_S = 2
+GIVE_UP_TIMEOUT_MS = (MAX_RETRIES * RETRY_AFTER_S + 10) * 1000
+
+
+# -- the test database ----------------------------------------------------------------------
+
+
+def _key(prefix: str) -> str:
+    """A lower-case 64-hex pubkey starting with ``prefix`` (distinct 2-char prefixes make
+    every node's tokens reliable)."""
+    return (prefix * 32)[:64]
+
+
+ALPHA = _key("a1")  # repeater, the busiest node
+BRAVO = _key("b2")  # repeater
+CHARLIE = _key("c3")  # room server
+DELTA = _key("d4")  # companion: no reliable token, empty report
+ECHO = _key("e5")  # repeater
+OBS_NORTH = "F1" * 32  # observers are stored upper-case and are not nodes here
+OBS_SOUTH = "F2" * 32
+
+NODES = [
+    # pubkey, name, role, lat, lon
+    (ALPHA, "Alpha Ridge", "repeater", 51.50, -0.12),
+    (BRAVO, "Bravo Hill", "repeater", 51.60, -0.25),
+    (CHARLIE, "Charlie Room", "room_server", 51.55, -0.05),
+    (DELTA, "Delta Phone", "companion", 0.0, 0.0),
+    (ECHO, "Echo Tower", "repeater", None, None),
+]
+ADVERT = 4
+TEXT = 2
+
+
+def build_test_db(path: Path, now: float | None = None) -> Path:
+    """Write a small database in the CoreScope schema of ``shared/reach-reference.md``.
+
+    Alpha hears Bravo often and Bravo hears Alpha (a strong two-way link), Alpha and Charlie
+    hear each other a little, Echo is only heard by Alpha (one-way), two observers hear Alpha
+    directly, and some observations are ten days old so the 7- and 14-day windows differ.
+    """
+    now = time.time() if now is None else now
+    con = sqlite3.connect(path)
+    con.executescript(
+        """
+        CREATE TABLE nodes(public_key TEXT PRIMARY KEY, name TEXT, role TEXT, lat REAL,
+                           lon REAL, last_seen TEXT, first_seen TEXT);
+        CREATE TABLE observers(id TEXT PRIMARY KEY, name TEXT);
+        CREATE TABLE transmissions(id INTEGER PRIMARY KEY, from_pubkey TEXT,
+                                   payload_type INTEGER);
+        CREATE TABLE observations(id INTEGER PRIMARY KEY, transmission_id INTEGER,
+                                  observer_idx INTEGER, snr REAL, path_json TEXT,
+                                  timestamp INTEGER);
+        CREATE TABLE neighbor_edges(node_a TEXT, node_b TEXT, count INTEGER);
+        CREATE INDEX idx_observations_timestamp ON observations(timestamp);
+        """
+    )
+    con.executemany(
+        "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, '2026-06-01T00:00:00Z', "
+        "'2026-01-01T00:00:00Z')",
+        NODES,
+    )
+    con.executemany(
+        "INSERT INTO observers(rowid, id, name) VALUES (?, ?, ?)",
+        [(1, OBS_NORTH, "Obs North"), (2, OBS_SOUTH, "Obs South")],
+    )
+    rows: list[tuple[str, int, int, float | None, list[str], float]] = []
+    hour = 3600.0
+    day = 86400.0
+    for i in range(30):  # Bravo -> Alpha -> North: Alpha hears Bravo, North hears Alpha
+        rows.append((BRAVO, ADVERT, 1, 8.0 + (i % 3), ["B2", "A1"], now - hour * (i + 1)))
+    for i in range(12):  # Alpha -> Bravo -> South: Bravo hears Alpha
+        rows.append((ALPHA, TEXT, 2, -3.5, ["A1", "B2"], now - hour * (i + 2)))
+    for i in range(3):  # Charlie -> Alpha -> Charlie's side: a weak two-way link
+        rows.append((CHARLIE, TEXT, 1, 2.0, ["C3", "A1", "C3"], now - hour * (i + 5)))
+    for i in range(4):  # Echo -> Alpha (first hop, advert): Alpha hears Echo, Echo never hears it
+        rows.append((ECHO, ADVERT, 2, None, ["E5", "A1", "B2"], now - hour * (i + 7)))
+    for i in range(6):  # ten days old: only in the 14- and 30-day windows
+        rows.append((BRAVO, ADVERT, 2, 1.0, ["B2", "A1"], now - day * 10 - hour * i))
+    for tid, (origin, kind, observer, snr, hops, ts) in enumerate(rows, start=1):
+        con.execute("INSERT INTO transmissions VALUES (?, ?, ?)", (tid, origin, kind))
+        con.execute(
+            "INSERT INTO observations VALUES (?, ?, ?, ?, ?, ?)",
+            (tid, tid, observer, snr, json.dumps(hops), int(ts)),
+        )
+    con.executemany(
+        "INSERT INTO neighbor_edges VALUES (?, ?, ?)",
+        [
+            (ALPHA, BRAVO, 30), (ALPHA, CHARLIE, 3), (ALPHA, ECHO, 4),
+            (BRAVO, CHARLIE, 2), (BRAVO, ECHO, 1),
+        ],
+    )
+    con.commit()
+    con.close()
+    return path
+
+
+# -- the app and its server -----------------------------------------------------------------
+
+
+def make_app(db_path: Path, **config: Any) -> Any:
+    """The real webapp over ``db_path``, with ``config`` on top."""
+    from webapp import create_app
+
+    return create_app({"REACH_DB": str(db_path), "TESTING": True, **config})
+
+
+class LiveServer:
+    """A real threaded Werkzeug server on 127.0.0.1 serving ``app`` from a thread.
+
+    Every report request that reaches the app is recorded (path, query, status) so a test can
+    check what the page asked for, and when."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._reach: list[tuple[str, str, int]] = []  # guarded by _lock
+        inner = app.wsgi_app
+
+        def recording(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            path = environ.get("PATH_INFO", "")
+            if not path.endswith("/reach"):
+                return inner(environ, start_response)
+
+            def start(status: str, headers: Any, *exc_info: Any) -> Any:
+                with self._lock:
+                    self._reach.append((path, environ.get("QUERY_STRING", ""),
+                                        int(status.split()[0])))
+                return start_response(status, headers, *exc_info)
+
+            return inner(environ, start)
+
+        app.wsgi_app = recording
+        self._server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+            name="live-server", daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def limiter(self) -> Any:
+        """The app's cold limiter (a ``reachlimit.ColdLimiter``)."""
+        return self.app.extensions["reachlimit"].path.limiter
+
+    def reach_requests(self, pubkey: str | None = None) -> list[tuple[str, int]]:
+        """``(query, status)`` of every report request so far, optionally for one node."""
+        with self._lock:
+            seen = list(self._reach)
+        return [
+            (query, status) for path, query, status in seen
+            if pubkey is None or path == f"/api/nodes/{pubkey}/reach"
+        ]
+
+    def get_json(self, path: str) -> tuple[int, dict[str, Any]]:
+        """GET ``path`` from the test (not the browser); returns (status, body)."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as err:
+            with err:
+                return err.code, json.load(err)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        assert not self._thread.is_alive(), "the live server did not stop"
+
+
+@pytest.fixture
+def test_db(tmp_path: Path) -> Path:
+    return build_test_db(tmp_path / "reach.sqlite")
+
+
+@pytest.fixture
+def live_server(test_db: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    """The webapp on a real server, one build slot and no queue, so a held slot means 429.
+    The test run's own REACH_* / REACHLIMIT_* environment is ignored."""
+    for key in list(os.environ):
+        if key.startswith(("REACH_", "REACHLIMIT_")):
+            monkeypatch.delenv(key)
+    app = make_app(test_db, REACHLIMIT_ACTIVE=1, REACHLIMIT_QUEUE=0)
+    server = LiveServer(app)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class HeldSlot:
+    """The app's only build slot, taken by the test: every cold report is refused at once."""
+
+    def __init__(self, limiter: Any) -> None:
+        self._limiter = limiter
+        self._grant: Any = None
+
+    def hold(self) -> None:
+        assert self._grant is None
+        self._grant = self._limiter.acquire()
+
+    def release(self) -> None:
+        if self._grant is not None:
+            grant, self._grant = self._grant, None
+            grant.release()
+
+
+@pytest.fixture
+def slot(live_server: LiveServer) -> Iterator[HeldSlot]:
+    held = HeldSlot(live_server.limiter)
+    try:
+        yield held
+    finally:
+        held.release()
+
+
+# -- the browser ----------------------------------------------------------------------------
+
+
+def _browser_missing() -> str | None:
+    problems = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("the 'playwright' Python package (pip install playwright)")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        problems.append(f"a Chromium at {CHROMIUM} (apt-get install chromium)")
+    if not problems:
+        return None
+    return "real-browser tests need " + " and ".join(problems)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"{missing}; CI is set, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class PageWatch:
+    """What the page did: uncaught script errors and every URL it requested."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.urls: list[str] = []
+
+
+@pytest.fixture
+def page(browser: Any, live_server: LiveServer) -> Iterator[Any]:
+    """A fresh browser context on the live server, desktop-sized; fails the test on an
+    uncaught script error or on any request that leaves the app's own origin."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, locale="en-GB")
+    tab = context.new_page()
+    tab.set_default_timeout(PAGE_TIMEOUT_MS)
+    watch = PageWatch()
+    tab.on("pageerror", lambda exc: watch.errors.append(str(exc)))
+    tab.on("request", lambda request: watch.urls.append(request.url))
+    tab.watch = watch
+    try:
+        yield tab
+    finally:
+        context.close()
+    assert watch.errors == [], f"uncaught script errors: {watch.errors}"
+    foreign = [u for u in watch.urls if not u.startswith(live_server.url + "/")]
+    assert foreign == [], f"the page reached outside the app: {foreign}"
+
+
+def screenshot(tab: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    tab.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def status_text(tab: Any) -> str:
+    return str(tab.locator("#status").inner_text())
+
+
+def wait_for_report(tab: Any, pubkey: str, days: int, timeout: int = PAGE_TIMEOUT_MS) -> None:
+    tab.wait_for_selector(
+        f'#report:not([hidden])[data-node="{pubkey}"][data-days="{days}"]:not(.stale)',
+        timeout=timeout,
+    )
+
+
+def wait_for_status(tab: Any, pattern: str, timeout: int = PAGE_TIMEOUT_MS) -> None:
+    """Wait until the status line matches the regular expression ``pattern``."""
+    tab.wait_for_function(
+        "pattern => new RegExp(pattern).test(document.getElementById('status').textContent)",
+        arg=pattern, timeout=timeout,
+    )
+
+
+def figures(tab: Any) -> dict[str, str]:
+    return {
+        name: tab.locator(f"#fig-{name}").inner_text()
+        for name in ("neighbours", "rank", "links", "bidir", "relay", "observers")
+    }
+
+
+def as_int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def table_rows(tab: Any, selector: str) -> list[dict[str, Any]]:
+    """Body rows of a report table (tier headings left out) as dicts of their cells."""
+    return list(tab.eval_on_selector_all(
+        f"{selector} tbody tr[data-pubkey]",
+        """rows => rows.map(row => ({
+               pubkey: row.dataset.pubkey,
+               tier: row.dataset.tier || null,
+               cells: [...row.cells].map(cell => cell.innerText.trim()),
+           }))""",
+    ))
+
+
+def assert_report_matches(tab: Any, report: dict[str, Any]) -> None:
+    """The page shows exactly the figures and rows of the API's ``report``."""
+    imp = report["importance"]
+    shown = figures(tab)
+    assert as_int(shown["neighbours"]) == imp["neighbor_degree"]
+    if imp["degree_rank"]:
+        assert shown["rank"] == f"{imp['degree_rank']} of {imp['nodes_with_edges']}"
+    else:
+        assert shown["rank"] == "—"
+    assert as_int(shown["links"]) == len(report["links"])
+    assert as_int(shown["bidir"]) == imp["bidirectional_links"]
+    assert as_int(shown["relay"]) == imp["relay_observations"]
+    assert as_int(shown["observers"]) == imp["direct_observers"]
+    assert tab.locator("#node-pubkey").inner_text() == report["node"]["pubkey"]
+
+    links = table_rows(tab, "#links")
+    # Rows keep the server's order (two-way first, then bottleneck); tiers never go back.
+    assert [row["pubkey"] for row in links] == [link["pubkey"] for link in report["links"]]
+    tiers = [int(row["tier"]) for row in links]
+    assert tiers == sorted(tiers)
+    for row, link in zip(links, report["links"], strict=True):
+        _tier, name, role, we_hear, they_hear, bottleneck, bidir, _km = row["cells"]
+        assert name.startswith(link["name"] or "(unnamed)")
+        assert role == (link["role"] or "—")
+        assert [as_int(we_hear), as_int(they_hear), as_int(bottleneck)] == [
+            link["we_hear"], link["they_hear"], link["bottleneck"]
+        ]
+        assert bidir == ("yes" if link["bidir"] else "no")
+        assert (int(row["tier"]) == 4) == (not link["bidir"])
+
+    observers = table_rows(tab, "#observers")
+    assert [row["pubkey"] for row in observers] == [
+        o["pubkey"] for o in report["direct_observers"]
+    ]
+    for row, observer in zip(observers, report["direct_observers"], strict=True):
+        _name, count, snr, _km = row["cells"]
+        assert as_int(count) == observer["count"]
+        if observer["avg_snr"] is None:
+            assert snr == "—"
+        else:  # one decimal, rounded by the browser (JavaScript rounds half up)
+            assert snr.endswith(" dB")
+            assert abs(float(snr[:-3]) - observer["avg_snr"]) <= 0.05 + 1e-9
+
+
+def query_of(tab: Any) -> dict[str, str]:
+    return dict(tab.evaluate("() => Object.fromEntries(new URLSearchParams(location.search))"))
+
+
+# -- tests ----------------------------------------------------------------------------------
+
+
+def test_search_pick_and_read_report(page: Any, live_server: LiveServer) -> None:
+    """Keyboard only: type part of a name, arrow to the match, Enter; the report's figures
+    and rows are the API's; the URL names node and window; another window and a reload work."""
+    page.goto(live_server.url + "/")
+    search = page.get_by_label("Node", exact=True)
+    assert page.get_by_label("Window", exact=True).evaluate("el => el.tagName") == "SELECT"
+    search.focus()
+    page.keyboard.type("alp")
+    page.wait_for_selector('#node-results:not([hidden]) [role="option"]')
+    options = page.locator('#node-results [role="option"]')
+    assert options.count() == 1
+    assert "Alpha Ridge" in options.first.inner_text()
+    assert search.get_attribute("aria-expanded") == "true"
+    page.keyboard.press("ArrowDown")
+    assert options.first.get_attribute("aria-selected") == "true"
+    assert search.get_attribute("aria-activedescendant") == options.first.get_attribute("id")
+    page.keyboard.press("Enter")
+
+    wait_for_report(page, ALPHA, 7)
+    assert query_of(page) == {"node": ALPHA, "days": "7"}
+    status, report = live_server.get_json(f"/api/nodes/{ALPHA}/reach?days=7")
+    assert status == 200
+    assert report["links"] and report["direct_observers"], "the test database is too thin"
+    assert_report_matches(page, report)
+    assert page.locator("#report-title").inner_text().startswith("Alpha Ridge")
+    assert "7-day report for Alpha Ridge" in status_text(page)
+    screenshot(page, "reach-report")
+
+    # Another window: the URL follows, and the 14-day report includes the older rows.
+    page.get_by_label("Window", exact=True).select_option("14")
+    wait_for_report(page, ALPHA, 14)
+    assert query_of(page) == {"node": ALPHA, "days": "14"}
+    status, report14 = live_server.get_json(f"/api/nodes/{ALPHA}/reach?days=14")
+    assert status == 200
+    assert report14["importance"]["relay_observations"] > report["importance"][
+        "relay_observations"
+    ]
+    assert_report_matches(page, report14)
+
+    # The URL is a link to the report: a reload shows the same one.
+    page.reload()
+    wait_for_report(page, ALPHA, 14)
+    assert page.get_by_label("Window", exact=True).input_value() == "14"
+    assert page.get_by_label("Node", exact=True).input_value() == "Alpha Ridge"
+    assert_report_matches(page, report14)
+
+    # Back goes to the 7-day report.
+    page.go_back()
+    wait_for_report(page, ALPHA, 7)
+    assert page.get_by_label("Window", exact=True).input_value() == "7"
+
+
+def test_search_by_pubkey_prefix_and_empty_report(page: Any, live_server: LiveServer) -> None:
+    """A pubkey prefix finds a node; a companion's report has no links and says so."""
+    page.goto(live_server.url + "/")
+    page.get_by_label("Node", exact=True).fill(DELTA[:6])
+    page.wait_for_selector(f'#node-results:not([hidden]) [data-pubkey="{DELTA}"]')
+    page.locator(f'#node-results [data-pubkey="{DELTA}"]').click()
+    wait_for_report(page, DELTA, 7)
+    assert page.locator("#links-empty").is_visible()
+    assert page.locator("#observers-empty").is_visible()
+    assert page.locator("#fig-links").inner_text() == "0"
+
+
+def test_busy_shows_countdown_then_report(
+    page: Any, live_server: LiveServer, slot: HeldSlot
+) -> None:
+    """Forced busy: the page counts down, retries, and shows the report once the slot frees."""
+    slot.hold()
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+    wait_for_status(page, r"busy — retrying in \d+ s \(retry 1 of 5\)")
+    assert page.locator("#status-box").get_attribute("data-state") == "busy"
+    assert page.locator("#status").get_attribute("aria-live") == "polite"
+    assert page.locator("#report").is_hidden()
+    screenshot(page, "reach-busy")
+    # The page really retries on its own: the second refusal moves it to retry 2.
+    wait_for_status(page, r"busy — retrying in \d+ s \(retry 2 of 5\)")
+    refused = live_server.reach_requests(ALPHA)
+    assert len(refused) >= 2 and all(status == 429 for _q, status in refused)
+
+    slot.release()
+    wait_for_report(page, ALPHA, 7)
+    assert live_server.reach_requests(ALPHA)[-1][1] == 200
+    status, report = live_server.get_json(f"/api/nodes/{ALPHA}/reach?days=7")
+    assert status == 200
+    assert_report_matches(page, report)
+
+
+def test_busy_gives_up_after_five_retries_and_retry_button_works(
+    page: Any, live_server: LiveServer, slot: HeldSlot
+) -> None:
+    slot.hold()
+    page.goto(f"{live_server.url}/?node={BRAVO}&days=7")
+    retry = page.get_by_role("button", name="Retry now")
+    wait_for_status(page, r"still busy after 5 retries", timeout=GIVE_UP_TIMEOUT_MS)
+    assert retry.is_visible()
+    # One first try and five retries, every one refused, and no more.
+    assert [status for _q, status in live_server.reach_requests(BRAVO)] == [429] * 6
+    screenshot(page, "reach-busy-gave-up")
+
+    slot.release()
+    retry.click()
+    wait_for_report(page, BRAVO, 7)
+    assert retry.is_hidden()
+    assert [status for _q, status in live_server.reach_requests(BRAVO)] == [429] * 6 + [200]
+
+
+def test_switching_node_cancels_pending_retry(
+    page: Any, live_server: LiveServer, slot: HeldSlot
+) -> None:
+    """While Alpha's report waits for a retry, the user picks Charlie: only Charlie's report is
+    shown and Alpha is never asked for again, even once the server could answer it."""
+    # Charlie's report is warm, so it is served while the slot is held.
+    assert live_server.get_json(f"/api/nodes/{CHARLIE}/reach?days=7")[0] == 200
+    slot.hold()
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+    wait_for_status(page, r"busy — retrying in \d+ s \(retry 1 of 5\)")
+    asked_for_alpha = len(live_server.reach_requests(ALPHA))
+    assert asked_for_alpha == 1
+
+    page.get_by_label("Node", exact=True).fill("charlie")
+    page.wait_for_selector('#node-results:not([hidden]) [role="option"]')
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    wait_for_report(page, CHARLIE, 7)
+    assert query_of(page) == {"node": CHARLIE, "days": "7"}
+    slot.release()  # had Alpha's retry survived, it would now succeed and take over the page
+
+    # Wait past Alpha's Retry-After (2 s) and then some: a negative check needs a bound.
+    page.wait_for_timeout((RETRY_AFTER_S + 1.5) * 1000)
+    assert len(live_server.reach_requests(ALPHA)) == asked_for_alpha
+    assert page.locator("#report").get_attribute("data-node") == CHARLIE
+    assert page.locator("#status-box").get_attribute("data-state") == "ok"
+    assert "Charlie Room" in status_text(page)
+
+
+def test_switching_window_cancels_pending_retry(
+    page: Any, live_server: LiveServer, slot: HeldSlot
+) -> None:
+    assert live_server.get_json(f"/api/nodes/{BRAVO}/reach?days=30")[0] == 200
+    slot.hold()
+    page.goto(f"{live_server.url}/?node={BRAVO}&days=1")
+    wait_for_status(page, r"retry 1 of 5")
+    page.get_by_label("Window", exact=True).select_option("30")
+    wait_for_report(page, BRAVO, 30)
+    slot.release()
+    page.wait_for_timeout((RETRY_AFTER_S + 1.5) * 1000)
+    queries = [query for query, _status in live_server.reach_requests(BRAVO)]
+    assert queries.count("days=1") == 1, queries
+    assert page.locator("#report").get_attribute("data-days") == "30"
+    assert query_of(page) == {"node": BRAVO, "days": "30"}
+
+
+def test_stale_response_never_overwrites_newer_choice(
+    page: Any, live_server: LiveServer
+) -> None:
+    """Alpha's answer is held back in the network until Bravo's report is on screen; when it
+    finally arrives it changes nothing."""
+    held: list[Any] = []
+
+    def hold_alpha(route: Any) -> None:
+        held.append(route)
+
+    page.route(re.compile(rf".*/api/nodes/{ALPHA}/reach.*"), hold_alpha)
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+    wait_for_status(page, "Loading")
+    deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(20)
+    assert held, "the page never asked for Alpha's report"
+
+    page.get_by_label("Node", exact=True).fill("bravo")
+    page.wait_for_selector('#node-results:not([hidden]) [role="option"]')
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    wait_for_report(page, BRAVO, 7)
+
+    try:
+        held[0].continue_()
+    except Exception:
+        pass  # the page already aborted that request: exactly what it should do
+    page.wait_for_timeout(500)
+    assert page.locator("#report").get_attribute("data-node") == BRAVO
+    assert "Bravo Hill" in status_text(page)
+
+
+def test_link_in_the_table_opens_that_nodes_report(page: Any, live_server: LiveServer) -> None:
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=14")
+    wait_for_report(page, ALPHA, 14)
+    page.locator(f'#links a[data-pubkey="{BRAVO}"]').click()
+    wait_for_report(page, BRAVO, 14)
+    assert query_of(page) == {"node": BRAVO, "days": "14"}
+    status, report = live_server.get_json(f"/api/nodes/{BRAVO}/reach?days=14")
+    assert status == 200
+    assert_report_matches(page, report)
+    assert page.locator(f'#links a[data-pubkey="{OBS_SOUTH.lower()}"]').count() == 0
+
+
+def test_retry_after_header_is_honoured(page: Any, live_server: LiveServer) -> None:
+    """The countdown starts from the response's Retry-After, and from 2 s without one.
+    (The real server always says 2 s, so the two refusals are made up in the network.)"""
+    refusals = [
+        {"Retry-After": "4"},
+        {},  # no header at all: the page falls back to 2 s
+    ]
+
+    def refuse_then_pass(route: Any) -> None:
+        if refusals:
+            route.fulfill(
+                status=429, headers=refusals.pop(0), content_type="application/json",
+                body=json.dumps({"error": "busy", "retryAfter": 2}),
+            )
+        else:
+            route.continue_()
+
+    page.route(re.compile(rf".*/api/nodes/{ALPHA}/reach.*"), refuse_then_pass)
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+    wait_for_status(page, r"retrying in 4 s \(retry 1 of 5\)")
+    wait_for_status(page, r"retrying in 3 s \(retry 1 of 5\)")  # it counts down
+    wait_for_status(page, r"retrying in 2 s \(retry 2 of 5\)")
+    wait_for_report(page, ALPHA, 7)
+    assert refusals == []
+    assert [status for _q, status in live_server.reach_requests(ALPHA)] == [200]
+
+
+def test_server_error_shows_its_message_and_a_retry_button(
+    page: Any, live_server: LiveServer
+) -> None:
+    """A 500 is not retried on its own; its message is shown and "Retry now" asks again."""
+    failures = [1]
+
+    def fail_once(route: Any) -> None:
+        if failures:
+            failures.pop()
+            route.fulfill(status=500, content_type="application/json",
+                          body=json.dumps({"error": "reach computation failed"}))
+        else:
+            route.continue_()
+
+    page.route(re.compile(rf".*/api/nodes/{ECHO}/reach.*"), fail_once)
+    page.goto(f"{live_server.url}/?node={ECHO}&days=7")
+    wait_for_status(page, r"^reach computation failed\.$")
+    assert page.locator("#status-box").get_attribute("data-state") == "error"
+    retry = page.get_by_role("button", name="Retry now")
+    assert retry.is_visible()
+    retry.click()
+    wait_for_report(page, ECHO, 7)
+    assert retry.is_hidden()
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ("not-a-pubkey", "invalid pubkey: expected 64 hex chars"),
+        ("9" * 64, "Not found"),
+    ],
+)
+def test_error_message_comes_from_the_body(
+    page: Any, live_server: LiveServer, node: str, message: str
+) -> None:
+    page.goto(f"{live_server.url}/?node={node}&days=7")
+    wait_for_status(page, re.escape(message))
+    assert page.locator("#status-box").get_attribute("data-state") == "error"
+    assert page.locator("#report").is_hidden()
+    # No retries for an answer that will not change.
+    page.wait_for_timeout(300)
+    assert len(live_server.reach_requests()) == 1
+
+
+def test_retry_after_parsing(page: Any, live_server: LiveServer) -> None:
+    """Retry-After: whole seconds honoured, capped at 30; missing or invalid means 2 s."""
+    page.goto(live_server.url + "/")
+    cases = {"2": 2, "7": 7, "120": 30, "0": 1, None: 2, "": 2, "soon": 2, "-3": 2, "1.5": 2}
+    got = page.evaluate(
+        "cases => cases.map(c => window.reachPage.retryDelaySeconds(c))", list(cases)
+    )
+    assert dict(zip(cases, got, strict=True)) == cases
+    in_10_s = page.evaluate("() => new Date(Date.now() + 10500).toUTCString()")
+    assert page.evaluate("h => window.reachPage.retryDelaySeconds(h)", in_10_s) in (10, 11)
+    past = "Sun, 06 Nov 1994 08:49:37 GMT"
+    assert page.evaluate("h => window.reachPage.retryDelaySeconds(h)", past) == 1
+
+
+def test_phone_viewport_is_readable(browser: Any, live_server: LiveServer) -> None:
+    """On a phone-sized screen the page does not scroll sideways; wide tables scroll in place."""
+    context = browser.new_context(
+        viewport={"width": 375, "height": 740}, device_scale_factor=2, is_mobile=True,
+        has_touch=True,
+    )
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(PAGE_TIMEOUT_MS)
+        tab.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+        wait_for_report(tab, ALPHA, 7)
+        overflow = tab.evaluate(
+            "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page is {overflow}px wider than the screen"
+        screenshot(tab, "reach-report-phone")
+    finally:
+        context.close()
