@@ -100,3 +100,73 @@ def test_threaded_burst_quick_json() -> None:
     assert herd["reachlimit"]["herd_builds"] == 1
     assert herd["reachlimit"]["refused"] == 0
     assert [g["policy"] for g in report["goals"]] == POLICIES
+
+
+# -- benchmarks/http_load.py: gunicorn on 127.0.0.1, one server per policy --------------------
+
+HTTP_POLICIES = ["none", "pool2", "timed-sem", "refuse2", "flask-limiter", "reachlimit"]
+HTTP_SCENARIOS = ["arrival", "burst", "steady", "herd"]
+
+
+def test_http_load_help() -> None:
+    proc = run_script("http_load.py", "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "--quick" in proc.stdout and "--json" in proc.stdout
+
+
+@pytest.mark.gunicorn
+@pytest.mark.timeout(240)
+def test_http_load_quick_json() -> None:
+    pytest.importorskip("gunicorn")
+    # The script's own bounds (startup deadline, client timeouts, joins) end it well inside
+    # this; the subprocess timeout only guards against a hang.
+    proc = run_script("http_load.py", "--quick", "--json", timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    assert {"platform", "cpu", "cores", "python", "gunicorn"} <= set(report["machine"])
+
+    # Every policy is reported, except flask-limiter when Flask-Limiter is not installed:
+    # then it is skipped with a note saying so.
+    expected = list(HTTP_POLICIES)
+    if "flask-limiter" in report["skipped"]:
+        assert "Flask-Limiter" in report["skipped"]["flask-limiter"]
+        assert "flask-limiter skipped" in proc.stderr
+        expected.remove("flask-limiter")
+    assert report["config"]["policies"] == expected
+    assert [g["policy"] for g in report["goals"]] == expected
+    assert [i["policy"] for i in report["idle"]] == expected
+    rows = report["results"]
+    assert [(r["policy"], r["scenario"]) for r in rows] == [
+        (p, s) for p in expected for s in HTTP_SCENARIOS
+    ]
+    for r in rows:
+        assert sum(r["status"].values()) <= r["requests"], r  # a stuck request has none
+        for key in ("max_in_flight", "admitted_p50_ms", "refused_p99_ms", "warm_p99_ms"):
+            assert key in r
+    for g in report["goals"]:
+        assert set(g["met"]) == {
+            "in_flight_within_limit",
+            "refusal_p99_le_100ms",
+            "warm_p99_within_3x_idle",
+            "no_5xx_or_errors",
+        }
+
+    # Behaviour, not speed: reachlimit never answers 5xx, never drops a connection, never
+    # runs more than `active` builds, and its refusals are all queue_full or timeout.
+    active = report["config"]["active"]
+    for r in rows:
+        if r["policy"] != "reachlimit":
+            continue
+        assert r["status"]["5xx"] == 0 and r["status"]["error"] == 0, r
+        assert r["warm_status"]["5xx"] == 0 and r["warm_status"]["error"] == 0, r
+        assert not r["errors"] and not r["stuck"], r
+        assert sum(r["status"].values()) == r["requests"], r
+        assert r["max_in_flight"] <= active, r
+        # Every 429 traces to a refusal of the limiter (a refused leader's followers share
+        # its 429, so there can be more 429s than refusals, never a 429 without one).
+        reasons = r["reach_reasons"]
+        refusals = reasons["rejected_full"] + reasons["rejected_timeout"]
+        assert refusals <= r["status"]["429"], r
+        assert (refusals == 0) == (r["status"]["429"] == 0), r
+    goal = next(g for g in report["goals"] if g["policy"] == "reachlimit")
+    assert goal["met"]["no_5xx_or_errors"] and goal["met"]["in_flight_within_limit"]

@@ -1,0 +1,942 @@
+#!/usr/bin/env python3
+"""Six admission policies over real HTTP: gunicorn on 127.0.0.1, a bounded client in-process.
+
+    python benchmarks/http_load.py            # defaults: 200 ms builds, about a minute
+    python benchmarks/http_load.py --quick    # tiny configuration, about 20 s
+    python benchmarks/http_load.py --json     # the same figures as JSON on stdout
+
+For each policy this script starts ``gunicorn -k gthread -w 1 --threads 16`` (``--threads 2``
+for ``pool2``) serving ``benchmarks/http_app.py`` on a free loopback port, as a subprocess;
+waits for ``/stats`` with a bounded deadline; drives the scenarios below from threads of this
+process (``http.client``, one connection per request, each with a socket timeout); and stops
+gunicorn by its PID (SIGTERM, a bounded wait, SIGKILL if it lingers; the worker too, by its
+PID, should it outlive its master).
+
+  none           no limiter, a dict cache: every cold miss builds at once
+  pool2          the ``none`` app under gunicorn ``--threads 2``: at most 2 of anything at once
+  timed-sem      BoundedSemaphore(2).acquire(timeout=3), then 429
+  refuse2        BoundedSemaphore(2).acquire(blocking=False): 429 at once when both are busy
+  flask-limiter  Flask-Limiter, "10 per second" (the build capacity) on the route, in memory
+  reachlimit     ReachLimit with its defaults: active 2, queue 8, wait 3 s
+
+Scenarios, one after another on the same server (fresh cold keys each time, the
+builds-in-flight maximum reset in between, a new Flask-Limiter window before each):
+
+  arrival  the control: 40 requests at once for warm keys, no cold work at all; what the
+           arrival of 40 requests costs one worker by itself
+  burst    40 distinct cold keys at once
+  steady   distinct cold keys arriving evenly at twice the build capacity for 3 s: the
+           sustained cold saturation the warm goal is judged on
+  herd     50 requests for one cold key at once
+
+During every scenario, warm requests (pre-cached keys on the same route) start every 10 ms,
+each in its own thread, whether or not the earlier ones have come back (open loop: a closed
+loop prober hides a stall, sending one request during it and a hundred fast ones after). A
+warm request counts as "under load" when it started before the scenario's last cold response
+came back. The same warm load runs against the same server with nothing else for 1 s before
+the first scenario and 1 s after the last: the idle warm p99.
+
+Goals, judged per policy over every scenario: at most 2 builds in flight (``/stats``);
+refusal (429) p99 <= 100 ms; warm p99 during the steady overload <= 3x the idle warm p99, with
+every warm request answered 200; no 5xx, no other error status and no transport error. The
+warm ratios of the other scenarios and the herd's builds and refusals are reported, not judged.
+
+Flask-Limiter is optional: when it is not importable the ``flask-limiter`` policy is skipped
+with a note (in ``--json``: under ``"skipped"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import http.client
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+HOST = "127.0.0.1"
+APP = "http_app:create_app()"
+
+POLICIES = ("none", "pool2", "timed-sem", "refuse2", "flask-limiter", "reachlimit")
+SCENARIOS = ("arrival", "burst", "steady", "herd")
+WARM_KEYS = [f"warm-{i}" for i in range(16)]  # the keys http_app.py pre-caches
+#: gunicorn's handler threads: reachlimit needs active + queue + 4 = 14; 16 is what webapp runs.
+THREADS = 16
+POOL_THREADS = 2
+#: The goals.
+GOAL_REFUSAL_P99_MS = 100.0
+GOAL_WARM_X_IDLE = 3.0
+#: Upper bound for a server to start or go idle; only a broken run ever reaches it.
+READY_DEADLINE_S = 30.0
+STOP_TIMEOUT_S = 10.0
+#: A load thread still running this long after its last request could have timed out is
+#: reported as stuck instead of being waited for.
+JOIN_MARGIN_S = 10.0
+MAX_THREADS = 400
+#: Flask-Limiter's default strategy is a fixed window of the rate's period (1 s here): each
+#: scenario starts in a fresh window, so none inherits the previous one's count.
+FIXED_WINDOW_S = 1.05
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+def version_of(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` imports here (the servers run this same interpreter)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures came from."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "switch_interval_ms": sys.getswitchinterval() * 1000,
+        # Other processes share the cores: the load at the start says how noisy the run was.
+        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "gunicorn": version_of("gunicorn"),
+        "flask": version_of("flask"),
+        "flask_limiter": version_of("flask-limiter"),
+    }
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    active: int
+    build_s: float
+    wait: float
+    rate: str
+    burst_keys: int
+    steady_s: float
+    herd: int
+    idle_s: float
+    warm_interval_s: float
+    warm_cap: int
+    client_timeout_s: float
+    settle_s: float
+
+    @property
+    def capacity(self) -> float:
+        """Builds per second the limit of ``active`` builds at once allows."""
+        return self.active / self.build_s
+
+
+# -- the HTTP client --------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    kind: str  # "cold", "warm" or "idle"
+    start: float  # perf_counter at the start
+    latency: float  # seconds, connect to last byte of the body
+    status: int | None  # None: a transport error
+    error: str | None = None
+
+
+def fetch(port: int, path: str, kind: str, timeout: float) -> Sample:
+    """One GET on its own connection (closed afterwards); never raises."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        resp = conn.getresponse()
+        resp.read()
+        return Sample(kind, start, time.perf_counter() - start, resp.status)
+    except (OSError, http.client.HTTPException) as exc:
+        return Sample(kind, start, time.perf_counter() - start, None, type(exc).__name__)
+    finally:
+        conn.close()
+
+
+def get_json(port: int, method: str, path: str, timeout: float = 5.0) -> Any:
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        conn.request(method, path, headers={"Connection": "close"})
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {body[:200]!r}")
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def gunicorn_has(setting: str) -> bool:
+    from gunicorn.config import KNOWN_SETTINGS  # type: ignore[import-untyped]
+
+    return any(s.name == setting for s in KNOWN_SETTINGS)
+
+
+def die_with_us() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux send SIGTERM to the child when this process dies, so
+    that even a SIGKILLed run (a test's subprocess timeout) leaves no gunicorn behind; None
+    elsewhere. The C function is looked up here, before the fork; the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # we died before the prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class Server:
+    """One gunicorn master and its one gthread worker, serving one policy of http_app.py."""
+
+    def __init__(self, policy: str, threads: int, cfg: Config, log_dir: Path) -> None:
+        self.app_policy = "none" if policy == "pool2" else policy
+        self.threads = threads
+        self.cfg = cfg
+        self.log_path = log_dir / f"{policy}.log"  # gunicorn's and the app's stderr
+        self.token = uuid.uuid4().hex
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.worker_pid: int | None = None
+
+    def start(self, attempts: int = 3) -> None:
+        for _ in range(attempts):
+            self.port = free_port()
+            self._spawn()
+            if self._wait_ready():
+                return
+            log = self.log()
+            self.stop()
+            if "Connection in use" not in log:
+                raise RuntimeError(f"gunicorn did not come up on port {self.port}:\n{log[-3000:]}")
+        raise RuntimeError(f"gunicorn found its port taken {attempts} times in a row")
+
+    def _spawn(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("REACHLIMIT_", "BENCH_"))}
+        env.update(
+            PYTHONUNBUFFERED="1",
+            BENCH_POLICY=self.app_policy,
+            BENCH_BUILD_MS=repr(self.cfg.build_s * 1000),
+            BENCH_WAIT=repr(self.cfg.wait),
+            BENCH_ACTIVE=str(self.cfg.active),
+            BENCH_RATE=self.cfg.rate,
+            BENCH_TOKEN=self.token,
+        )
+        cmd = [
+            sys.executable, "-m", "gunicorn",
+            "-k", "gthread",
+            "--workers", "1",
+            "--threads", str(self.threads),
+            "--bind", f"{HOST}:{self.port}",
+            "--graceful-timeout", "5",
+            "--chdir", str(HERE),
+            "--pythonpath", str(ROOT),
+        ]  # fmt: skip
+        if gunicorn_has("control_socket_disable"):
+            # gunicorn >= 25.1 opens a control socket at one fixed path per user by default.
+            cmd.append("--no-control-socket")
+        cmd.append(APP)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=HERE,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_us(),  # only a prctl runs in the child
+            )
+
+    def _wait_ready(self) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + READY_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None or "Connection in use" in self.log():
+                return False
+            try:
+                figures = self.stats()
+            except (OSError, http.client.HTTPException, RuntimeError, ValueError):
+                time.sleep(0.05)
+                continue
+            if figures["token"] != self.token:
+                return False  # somebody else's server answered on "our" port
+            self.worker_pid = figures["pid"]
+            return True
+        self.stop()
+        raise RuntimeError(f"gunicorn not ready after {READY_DEADLINE_S} s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM to the master by its PID, SIGKILL if it lingers; then the worker, if it
+        outlived its master, the same way."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=STOP_TIMEOUT_S)
+        worker = self.worker_pid
+        if worker is not None and pid_alive(worker):
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while pid_alive(worker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if not pid_alive(worker):
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, sig)
+                deadline = time.monotonic() + STOP_TIMEOUT_S
+                while pid_alive(worker) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stats(self, key: str | None = None) -> dict[str, Any]:
+        path = "/stats" if key is None else f"/stats?key={key}"
+        figures: dict[str, Any] = get_json(self.port, "GET", path)
+        return figures
+
+    def reset(self) -> None:
+        get_json(self.port, "POST", "/stats/reset")
+
+    def wait_idle(self) -> None:
+        """Until no build is in flight (bounded); raises if that never happens."""
+        deadline = time.monotonic() + READY_DEADLINE_S
+        while self.stats()["in_flight"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"builds still in flight after {READY_DEADLINE_S} s")
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def running(policy: str, cfg: Config, log_dir: Path) -> Iterator[Server]:
+    server = Server(policy, POOL_THREADS if policy == "pool2" else THREADS, cfg, log_dir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+# -- load -------------------------------------------------------------------------------------
+
+
+def cold_requests(scenario: str, cfg: Config, tag: str) -> list[tuple[float, str]]:
+    """(offset in seconds after the start, path) of every cold request of a scenario."""
+    if scenario == "arrival":  # the control: as many requests as the burst, all warm
+        return [(0.0, f"/cold/{WARM_KEYS[i % len(WARM_KEYS)]}") for i in range(cfg.burst_keys)]
+    if scenario == "burst":
+        return [(0.0, f"/cold/{tag}-burst-{i}") for i in range(cfg.burst_keys)]
+    if scenario == "herd":
+        return [(0.0, f"/cold/{tag}-herd")] * cfg.herd
+    if scenario == "steady":
+        rate = 2 * cfg.capacity
+        n = max(1, round(rate * cfg.steady_s))
+        return [(i / rate, f"/cold/{tag}-steady-{i}") for i in range(n)]
+    raise ValueError(scenario)
+
+
+def warm_request(port: int, path: str, kind: str, out: list[Sample], timeout: float) -> None:
+    out.append(fetch(port, path, kind, timeout))
+
+
+def schedule_warm(
+    port: int,
+    kind: str,
+    stop: threading.Event,
+    out: list[Sample],
+    launched: list[threading.Thread],
+    cfg: Config,
+) -> None:
+    """Start one warm request every ``warm_interval_s``, each in its own thread, whether or
+    not the earlier ones have come back (open loop), until ``stop`` or ``warm_cap`` requests.
+
+    Open loop on purpose: a prober that waits for its own answer sends one request during a
+    2-second stall and a hundred fast ones after it, and the stall vanishes from the p99."""
+    t_next = time.perf_counter()
+    i = 0
+    while not stop.is_set() and i < cfg.warm_cap:
+        path = f"/cold/{WARM_KEYS[i % len(WARM_KEYS)]}"
+        t = threading.Thread(
+            target=warm_request,
+            args=(port, path, kind, out, cfg.client_timeout_s),
+            name=f"{kind}-{i}",
+            daemon=True,
+        )
+        t.start()
+        launched.append(t)
+        i += 1
+        t_next += cfg.warm_interval_s
+        stop.wait(max(0.0, t_next - time.perf_counter()))
+
+
+@contextlib.contextmanager
+def warm_load(port: int, kind: str, out: list[Sample], cfg: Config) -> Iterator[list[int]]:
+    """Open-loop warm requests for the length of the ``with`` block; every thread is joined
+    with a timeout at its end, and the number still running is left in the yielded list."""
+    stop = threading.Event()
+    launched: list[threading.Thread] = []  # appended by the scheduler only; read after its join
+    stuck: list[int] = []
+    scheduler = threading.Thread(
+        target=schedule_warm, args=(port, kind, stop, out, launched, cfg), daemon=True
+    )
+    scheduler.start()
+    try:
+        yield stuck
+    finally:
+        stop.set()
+        deadline = time.perf_counter() + cfg.client_timeout_s + JOIN_MARGIN_S
+        scheduler.join(timeout=JOIN_MARGIN_S)
+        for t in launched:
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
+        stuck.append(sum(t.is_alive() for t in launched) + scheduler.is_alive())
+
+
+def idle_warm(server: Server, cfg: Config) -> list[Sample]:
+    """The same warm load as under the scenarios, on the same server, with nothing else."""
+    out: list[Sample] = []
+    with warm_load(server.port, "idle", out, cfg):
+        time.sleep(cfg.idle_s)
+    return list(out)
+
+
+def client(
+    port: int,
+    offset: float,
+    path: str,
+    go: threading.Event,
+    t0: list[float],
+    out: list[Sample],
+    timeout: float,
+) -> None:
+    go.wait()
+    delay = t0[0] + offset - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+    out.append(fetch(port, path, "cold", timeout))
+
+
+def run_scenario(server: Server, scenario: str, cfg: Config) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]  # fresh keys: nothing cached by an earlier scenario
+    reqs = cold_requests(scenario, cfg, tag)
+    if len(reqs) > MAX_THREADS:
+        raise SystemExit(f"{scenario}: {len(reqs)} requests is more than {MAX_THREADS} threads")
+    server.wait_idle()
+    time.sleep(cfg.settle_s if server.app_policy == "flask-limiter" else 0.1)
+    server.reset()
+    reach_before = server.stats()["reach"]
+
+    cold: list[Sample] = []
+    warm: list[Sample] = []
+    go = threading.Event()
+    t0 = [0.0]
+    threads = [
+        threading.Thread(
+            target=client,
+            args=(server.port, off, path, go, t0, cold, cfg.client_timeout_s),
+            name=f"req-{i}",
+            daemon=True,
+        )
+        for i, (off, path) in enumerate(reqs)
+    ]
+    for t in threads:
+        t.start()
+    with warm_load(server.port, "warm", warm, cfg) as warm_stuck:
+        t0[0] = time.perf_counter()
+        go.set()
+        deadline = t0[0] + reqs[-1][0] + cfg.client_timeout_s + JOIN_MARGIN_S
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
+    stuck = sum(t.is_alive() for t in threads) + warm_stuck[0]
+    elapsed = time.perf_counter() - t0[0]
+
+    server.wait_idle()
+    herd_key = f"{tag}-herd" if scenario == "herd" else None
+    after = server.stats(herd_key)
+    last_cold = max((s.start + s.latency for s in cold), default=t0[0])
+    under_load = [s for s in warm if s.start < last_cold]
+    row: dict[str, Any] = {
+        "scenario": scenario,
+        "policy": None,  # filled in by the caller
+        "threads": server.threads,
+        "requests": len(reqs),
+        "stuck": stuck,
+        "elapsed_s": elapsed,
+        "max_in_flight": after["max_in_flight"],
+        **cold_figures(cold),
+        **warm_figures(under_load, "warm"),
+    }
+    if herd_key is not None:
+        row["herd_builds"] = after["key_builds"]
+    if reach_before is not None:
+        reach = after["reach"]
+        row["reach_reasons"] = {
+            k: reach[k] - reach_before[k]
+            for k in ("rejected_full", "rejected_timeout", "cancelled", "coalesced")
+        }
+    return row
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    """Nearest-rank percentile; None for no samples."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else x * 1000
+
+
+def status_counts(samples: list[Sample]) -> dict[str, int]:
+    c = Counter(
+        "error" if s.status is None
+        else "5xx" if s.status >= 500
+        else str(s.status) if s.status in (200, 429)
+        else "other"
+        for s in samples
+    )  # fmt: skip
+    return {k: c[k] for k in ("200", "429", "5xx", "other", "error")}
+
+
+def cold_figures(cold: list[Sample]) -> dict[str, Any]:
+    ok = [s.latency for s in cold if s.status == 200]
+    refused = [s.latency for s in cold if s.status == 429]
+    return {
+        "status": status_counts(cold),
+        "errors": sorted({s.error for s in cold if s.error}),
+        "admitted_p50_ms": ms(pct(ok, 50)),
+        "admitted_p99_ms": ms(pct(ok, 99)),
+        "refused_p50_ms": ms(pct(refused, 50)),
+        "refused_p99_ms": ms(pct(refused, 99)),
+    }
+
+
+def warm_figures(samples: list[Sample], prefix: str) -> dict[str, Any]:
+    """Latency of the warm requests answered 200; the others are counted, not timed."""
+    ok = [s.latency for s in samples if s.status == 200]
+    return {
+        f"{prefix}_samples": len(samples),
+        f"{prefix}_status": status_counts(samples),
+        f"{prefix}_p50_ms": ms(pct(ok, 50)),
+        f"{prefix}_p99_ms": ms(pct(ok, 99)),
+    }
+
+
+# -- goals ------------------------------------------------------------------------------------
+
+
+def judge(
+    policy: str, rows: list[dict[str, Any]], idle: dict[str, Any], cfg: Config
+) -> dict[str, Any]:
+    """The four goals for one policy, from its scenario rows and its idle warm figures.
+
+    The warm goal is judged on the steady overload, the sustained cold saturation; the
+    ratios of the arrival control, the burst and the herd are reported beside it."""
+    refused_p99 = [r["refused_p99_ms"] for r in rows if r["refused_p99_ms"] is not None]
+    idle_p99 = idle["idle_p99_ms"]
+    warm_x: dict[str, float | None] = {}
+    warm_refused: dict[str, int] = {}
+    for r in rows:
+        p99 = r["warm_p99_ms"]
+        warm_x[r["scenario"]] = p99 / idle_p99 if p99 is not None and idle_p99 else None
+        warm_refused[r["scenario"]] = r["warm_samples"] - r["warm_status"]["200"]
+    bad = sum(
+        r[f]["5xx"] + r[f]["error"] + r[f]["other"] for r in rows for f in ("status", "warm_status")
+    ) + sum(idle["idle_status"][k] for k in ("5xx", "error", "other"))
+    g: dict[str, Any] = {
+        "policy": policy,
+        "max_in_flight": max((r["max_in_flight"] for r in rows), default=0),
+        "refused_p99_ms": max(refused_p99, default=None),
+        "warm_x_idle": warm_x,
+        "warm_refused": warm_refused,
+        "bad_responses": bad,
+        "herd_builds": next((r["herd_builds"] for r in rows if r["scenario"] == "herd"), None),
+        "herd_refused": next((r["status"]["429"] for r in rows if r["scenario"] == "herd"), None),
+    }
+    steady_x = warm_x.get("steady")
+    warm_met: bool | None = None  # not judged: --scenarios without steady
+    if "steady" in warm_x:
+        warm_met = (
+            steady_x is not None and steady_x <= GOAL_WARM_X_IDLE and warm_refused["steady"] == 0
+        )
+    g["met"] = {
+        "in_flight_within_limit": g["max_in_flight"] <= cfg.active,
+        # No refusal at all meets it vacuously; the other goals judge such a policy.
+        "refusal_p99_le_100ms": g["refused_p99_ms"] is None
+        or g["refused_p99_ms"] <= GOAL_REFUSAL_P99_MS,
+        "warm_p99_within_3x_idle": warm_met,
+        "no_5xx_or_errors": bad == 0 and not any(r["stuck"] for r in rows),
+    }
+    g["all"] = all(v is not False for v in g["met"].values())
+    return g
+
+
+# -- running it all ---------------------------------------------------------------------------
+
+
+def run_policy(
+    policy: str, scenarios: list[str], cfg: Config, log_dir: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    with running(policy, cfg, log_dir) as server:
+        before = idle_warm(server, cfg)
+        rows = []
+        for scenario in scenarios:
+            row = run_scenario(server, scenario, cfg)
+            row["policy"] = policy
+            rows.append(row)
+        server.wait_idle()
+        after = idle_warm(server, cfg)
+    idle = before + after
+    return rows, {
+        "policy": policy,
+        "threads": server.threads,
+        **warm_figures(idle, "idle"),
+        # Each phase on its own, to show how noisy the machine was while this server ran.
+        "idle_before_p99_ms": ms(pct([s.latency for s in before if s.status == 200], 99)),
+        "idle_after_p99_ms": ms(pct([s.latency for s in after if s.status == 200], 99)),
+    }
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def yes_no(met: bool | None) -> str:
+    return "-" if met is None else "yes" if met else "NO"
+
+
+def render(report: dict[str, Any]) -> str:
+    m, c = report["machine"], report["config"]
+    out = [
+        f"reachlimit HTTP load: {len(c['policies'])} "
+        f"polic{'y' if len(c['policies']) == 1 else 'ies'}, gunicorn gthread on 127.0.0.1",
+        f"machine: {m['platform']}",
+        f"         {m['cpu']}, {m['cores']} cores, {m['python']}, "
+        f"GIL switch interval {m['switch_interval_ms']:g} ms, load average {m['loadavg_1m']}",
+        f"         gunicorn {m['gunicorn']}, Flask {m['flask']}, "
+        f"Flask-Limiter {m['flask_limiter'] or 'not installed'}",
+        f"config:  -w 1 --threads {THREADS} (pool2: {POOL_THREADS}); active {c['active']}, wait "
+        f"{c['wait']:g} s, build {c['build_s'] * 1000:g} ms (sleep), capacity "
+        f'{c["active"] / c["build_s"]:g} builds/s; flask-limiter "{c["rate"]}"',
+        f"         burst {c['burst_keys']} keys, steady {c['steady_s']:g} s at 2x capacity, "
+        f"herd {c['herd']}; a warm request every {c['warm_interval_s'] * 1000:g} ms "
+        f"(open loop, at most {c['warm_cap']}), idle "
+        f"{c['idle_s']:g} s before and after",
+        "latency in ms, client side (connect to last byte); warm = warm requests started while "
+        "cold requests were outstanding, answered 200; warm !200 = warm requests refused",
+        "",
+    ]
+    for note in report["skipped"].values():
+        out += [f"note: {note}", ""]
+    head = (
+        f"{'policy':<13} {'inflt':>5} {'req':>4} {'200':>4} {'429':>4} {'5xx':>4} {'err':>4} "
+        f"{'ok p50':>7} {'p99':>7} {'429 p50':>7} {'p99':>7} {'warm p50':>8} {'p99':>7} "
+        f"{'!200':>5} {'x idle':>6}"
+    )
+    idle = {i["policy"]: i for i in report["idle"]}
+    titles = {
+        "arrival": f"arrival (control): {c['burst_keys']} warm requests at once, no cold work",
+        "burst": f"burst: {c['burst_keys']} distinct cold keys at once",
+        "steady": f"steady: distinct cold keys at 2x capacity for {c['steady_s']:g} s",
+        "herd": f"herd: {c['herd']} requests for one cold key at once",
+    }
+    for scenario in SCENARIOS:
+        rows = [r for r in report["results"] if r["scenario"] == scenario]
+        if not rows:
+            continue
+        out += [titles[scenario], head, "-" * len(head)]
+        for r in rows:
+            st = r["status"]
+            ip99 = idle[r["policy"]]["idle_p99_ms"]
+            x = r["warm_p99_ms"] / ip99 if r["warm_p99_ms"] is not None and ip99 else None
+            extra = ""
+            if "herd_builds" in r:
+                extra += f"  herd builds {r['herd_builds']}"
+            if "reach_reasons" in r:
+                rr = r["reach_reasons"]
+                extra += f"  (queue_full {rr['rejected_full']}, timeout {rr['rejected_timeout']})"
+            if r["errors"]:
+                extra += f"  errors {r['errors']}"
+            if r["stuck"]:
+                extra += f"  STUCK {r['stuck']}"
+            out.append(
+                f"{r['policy']:<13} {r['max_in_flight']:>5} {r['requests']:>4} {st['200']:>4} "
+                f"{st['429']:>4} {st['5xx']:>4} {st['error'] + st['other']:>4} "
+                f"{fmt(r['admitted_p50_ms']):>7} {fmt(r['admitted_p99_ms']):>7} "
+                f"{fmt(r['refused_p50_ms']):>7} {fmt(r['refused_p99_ms']):>7} "
+                f"{fmt(r['warm_p50_ms']):>8} {fmt(r['warm_p99_ms']):>7} "
+                f"{r['warm_samples'] - r['warm_status']['200']:>5} {fmt(x):>6}" + extra
+            )
+        out.append("")
+    out.append(
+        "idle warm (same server, no load, before and after the scenarios): "
+        "samples, !200, p50, p99 ms; p99 before | after"
+    )
+    for i in report["idle"]:
+        refused = i["idle_samples"] - i["idle_status"]["200"]
+        out.append(
+            f"  {i['policy']:<13} {i['idle_samples']:>5} {refused:>5} {fmt(i['idle_p50_ms']):>7} "
+            f"{fmt(i['idle_p99_ms']):>7}   {fmt(i['idle_before_p99_ms']):>5} | "
+            f"{fmt(i['idle_after_p99_ms'])}"
+        )
+    out.append("")
+    labels = (
+        ("in_flight_within_limit", f"in flight <= {c['active']}"),
+        ("refusal_p99_le_100ms", f"429 p99 <= {GOAL_REFUSAL_P99_MS:g} ms"),
+        ("warm_p99_within_3x_idle", f"warm p99 <= {GOAL_WARM_X_IDLE:g}x idle"),
+        ("no_5xx_or_errors", "no 5xx/errors"),
+    )
+    out.append(
+        "goals over every scenario; warm judged on steady (x idle: warm p99 / idle warm p99, "
+        "shown for arrival/burst/steady/herd)"
+    )
+    out.append(
+        f"{'policy':<13} {'inflt':>5} {'429 p99':>7} {'warm x idle a/b/s/h':>23} "
+        f"{'herd':>9}  " + "  ".join(lb for _, lb in labels) + "  verdict"
+    )
+    for g in report["goals"]:
+        wx = g["warm_x_idle"]
+        ratios = "/".join(fmt(wx.get(k)) for k in SCENARIOS)
+        herd = "-" if g["herd_builds"] is None else f"{g['herd_builds']}b {g['herd_refused']}r"
+        cells = "  ".join(f"{yes_no(g['met'][k]):>{len(lb)}}" for k, lb in labels)
+        out.append(
+            f"{g['policy']:<13} {g['max_in_flight']:>5} {fmt(g['refused_p99_ms']):>7} "
+            f"{ratios:>23} {herd:>9}  {cells}  " + ("holds all" if g["all"] else "misses some")
+        )
+    out.append("herd: builds of the one key (b) and requests refused (r); not judged")
+    holders = [g["policy"] for g in report["goals"] if g["all"]]
+    out.append(f"policies holding every goal: {', '.join(holders) or 'none'}")
+    out.append(f"total time {report['elapsed_s']:.1f} s")
+    return "\n".join(out)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Compare six admission policies over HTTP (gunicorn gthread on 127.0.0.1, "
+        "one server per policy) under an arrival control, a burst, a steady overload and a "
+        "same-key herd, in one run.",
+    )
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny configuration (20 ms builds, 0.3 s wait, short scenarios): about 20 s",
+    )
+    p.add_argument(
+        "--build-ms", type=float, default=None, help="one cold build in ms (default 200, quick 20)"
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        help="longest wait of timed-sem and reachlimit in s (default 3, quick 0.3)",
+    )
+    p.add_argument(
+        "--rate",
+        default=None,
+        help='the flask-limiter rate (default: the build capacity, "10 per second" at 200 ms)',
+    )
+    p.add_argument("--burst-keys", type=int, default=None, help="burst keys (default 40, quick 20)")
+    p.add_argument(
+        "--steady-s", type=float, default=None, help="steady overload in s (default 3, quick 0.5)"
+    )
+    p.add_argument("--herd", type=int, default=None, help="herd requests (default 50, quick 20)")
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=None,
+        help="idle warm probing before and after the scenarios in s (default 1, quick 0.2)",
+    )
+    p.add_argument(
+        "--warm-ms",
+        type=float,
+        default=None,
+        help="one warm request every this many ms, open loop (default 10)",
+    )
+    p.add_argument(
+        "--warm-cap",
+        type=int,
+        default=None,
+        help="most warm requests in one scenario or idle phase (default 800, quick 200)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="socket timeout of every client request in s (default 30, quick 10)",
+    )
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated subset of {','.join(POLICIES)}",
+    )
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)}",
+    )
+    a = p.parse_args(argv)
+    q = a.quick
+    build_s = (a.build_ms if a.build_ms is not None else (20.0 if q else 200.0)) / 1000
+    active = 2
+    cfg = Config(
+        active=active,
+        build_s=build_s,
+        wait=a.wait if a.wait is not None else (0.3 if q else 3.0),
+        rate=a.rate or f"{max(1, round(active / build_s))} per second",
+        burst_keys=a.burst_keys if a.burst_keys is not None else (20 if q else 40),
+        steady_s=a.steady_s if a.steady_s is not None else (0.5 if q else 3.0),
+        herd=a.herd if a.herd is not None else (20 if q else 50),
+        idle_s=a.idle_s if a.idle_s is not None else (0.2 if q else 1.0),
+        warm_interval_s=(a.warm_ms if a.warm_ms is not None else 10.0) / 1000,
+        warm_cap=a.warm_cap if a.warm_cap is not None else (200 if q else 800),
+        client_timeout_s=a.timeout if a.timeout is not None else (10.0 if q else 30.0),
+        settle_s=FIXED_WINDOW_S,
+    )
+    policies = [x for x in a.policies.split(",") if x]
+    scenarios = [x for x in a.scenarios.split(",") if x]
+    bad = [x for x in policies if x not in POLICIES] + [x for x in scenarios if x not in SCENARIOS]
+    if bad:
+        p.error(f"unknown policy or scenario: {', '.join(bad)}")
+    if cfg.build_s <= 0 or cfg.wait <= 0 or cfg.steady_s <= 0 or cfg.idle_s <= 0:
+        p.error("need --build-ms > 0, --wait > 0, --steady-s > 0, --idle-s > 0")
+    if min(cfg.burst_keys, cfg.herd, cfg.warm_cap) < 1 or cfg.client_timeout_s <= 0:
+        p.error("need --burst-keys >= 1, --herd >= 1, --warm-cap >= 1, --timeout > 0")
+    if cfg.warm_interval_s <= 0:
+        p.error("need --warm-ms > 0")
+
+    skipped: dict[str, str] = {}
+    if "flask-limiter" in policies and not importable("flask_limiter"):
+        policies.remove("flask-limiter")
+        skipped["flask-limiter"] = (
+            "flask-limiter skipped: Flask-Limiter is not installed in this interpreter "
+            "(pip install Flask-Limiter)"
+        )
+        if a.json:
+            print(f"note: {skipped['flask-limiter']}", file=sys.stderr)
+
+    where = machine()  # the load average before this run adds its own
+    if skipped:
+        where["flask_limiter"] = None
+    # SIGTERM (``timeout``, a CI runner) unwinds like Ctrl-C: every server is stopped by PID.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
+    started = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    idles: list[dict[str, Any]] = []
+    goals: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="reachlimit-http-load-") as tmp:
+        for policy in policies:
+            rows, idle = run_policy(policy, scenarios, cfg, Path(tmp))
+            results += rows
+            idles.append(idle)
+            goals.append(judge(policy, rows, idle, cfg))
+    report: dict[str, Any] = {
+        "machine": where,
+        "config": {
+            **cfg.__dict__,
+            "threads": THREADS,
+            "pool_threads": POOL_THREADS,
+            "quick": q,
+            "policies": policies,
+            "scenarios": scenarios,
+        },
+        "skipped": skipped,
+        "results": results,
+        "idle": idles,
+        "goals": goals,
+        "holders": [g["policy"] for g in goals if g["all"]],
+        "elapsed_s": time.perf_counter() - started,
+    }
+    print(json.dumps(report, indent=2) if a.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
