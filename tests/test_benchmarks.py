@@ -38,7 +38,7 @@ def run_json(name: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.parametrize("name", ["micro.py", "threaded_burst.py"])
+@pytest.mark.parametrize("name", ["micro.py", "threaded_burst.py", "reach_cold.py"])
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -170,3 +170,16 @@ def test_http_load_quick_json() -> None:
         assert (refusals == 0) == (r["status"]["429"] == 0), r
     goal = next(g for g in report["goals"] if g["policy"] == "reachlimit")
     assert goal["met"]["no_5xx_or_errors"] and goal["met"]["in_flight_within_limit"]
+
+
+@pytest.mark.timeout(120)
+def test_reach_cold_quick_json() -> None:
+    report = run_json("reach_cold.py")
+    [database] = report["databases"]
+    assert database["database"]["observations"] == 50_000
+    assert database["database"]["sample"] == 5
+    assert set(database["windows"]) == {"1", "7", "30"}
+    for window in database["windows"].values():
+        assert window["median_s"] > 0 and window["baseline_s"] > 0
+    request = database["request_7d"]
+    assert request["cold_p50_s"] > 0 and request["warm_p50_s"] > 0
