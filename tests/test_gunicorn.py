@@ -7,6 +7,8 @@ design:
     it taken), waited for through ``/health`` with a bounded deadline, and stopped by its PID
     at teardown: SIGTERM, SIGKILL after a timeout, a bounded wait, then a check that the master
     and its worker are really gone. Servers are module-scoped so the file runs in seconds.
+    The generic part of that harness is ``tests/servers.py`` (``GunicornServer``); this file
+    adds what is particular to the slow app.
 
     The app is ``tests/apps/slow_app.py``: every cold build waits on a gate the test opens
     (``POST /debug/release``), so "the builds are still held" is a fact read back from the
@@ -24,18 +26,14 @@ design:
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,225 +42,73 @@ import pytest
 import urllib3
 from urllib3.util.retry import Retry
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the shared harness lives in tests/, beside this file
+    sys.path.insert(0, str(ROOT))
+
+from tests.servers import (  # noqa: E402
+    CLIENT_TIMEOUT,
+    HOST,
+    GunicornServer,
+    Herd,
+    Reply,
+    check_refusal,
+    http_request,
+    raw_client,
+    serving,
+    wait_until,
+)
+
 pytestmark = pytest.mark.gunicorn
 
-ROOT = Path(__file__).resolve().parents[1]
 APP = "tests.apps.slow_app:create_app()"
-HOST = "127.0.0.1"
 
 #: Threads of the main server: active + queue + 4 = 14 are needed; 16 is what webapp runs.
 THREADS = 16
 #: Threads of the herd server: a 30-request herd holds 30 threads while its build is held,
 #: and the test still needs spare threads to read /health meanwhile.
 HERD_THREADS = 40
-#: Upper bound on anything a test waits for that is certain to happen. Only a failing (or
-#: hopelessly overloaded) run ever reaches it; no assertion depends on how close it gets.
-DEADLINE = 20.0
-#: Socket timeout of every client: longer than any wait a passing test can see.
-CLIENT_TIMEOUT = 40.0
 #: The warning ReachLimit.init_app logs when gunicorn gives a worker too few threads.
 THREAD_WARNING = "thread(s) per worker, fewer than active + queue"
-
-
-# -- small HTTP helpers ---------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]  # names in lower case
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http_request(port: int, method: str, path: str, timeout: float = CLIENT_TIMEOUT) -> Reply:
-    """One request on its own connection, closed afterwards."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        body = resp.read()
-        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
-    finally:
-        conn.close()
-
-
-def raw_client(port: int, path: str) -> socket.socket:
-    """A bare socket that has sent a whole GET for ``path`` and reads nothing."""
-    sock = socket.create_connection((HOST, port), timeout=CLIENT_TIMEOUT)
-    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
-    sock.sendall(request.encode("ascii"))
-    return sock
-
-
-def wait_until(
-    what: str, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.005
-) -> Any:
-    """Call ``probe`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def check_refusal(reply: Reply) -> None:
-    """The refusal of spec §4: 429, Retry-After: 2, JSON {"error": str, "retryAfter": 2}."""
-    assert reply.status == 429, reply
-    assert reply.headers["retry-after"] == "2"
-    assert reply.headers["content-type"].split(";")[0].strip() == "application/json"
-    assert "no-store" in reply.headers.get("cache-control", "")
-    body = reply.json()
-    assert set(body) == {"error", "retryAfter"}
-    assert isinstance(body["error"], str) and body["error"]
-    assert body["retryAfter"] == 2
 
 
 # -- the server -----------------------------------------------------------------------------
 
 
-def _gunicorn_has(setting: str) -> bool:
-    from gunicorn.config import KNOWN_SETTINGS
-
-    return any(s.name == setting for s in KNOWN_SETTINGS)
-
-
-class Gunicorn:
-    """One gunicorn master (and its one gthread worker) run for the tests."""
+class Gunicorn(GunicornServer):
+    """One gunicorn master (and its one gthread worker) serving the slow app."""
 
     def __init__(self, log_dir: Path, threads: int, name: str, extra: tuple[str, ...]) -> None:
-        self.threads = threads
-        self.extra = list(extra)  # more gunicorn options
-        self.stdout_path = log_dir / f"{name}.stdout"  # the access log
-        self.stderr_path = log_dir / f"{name}.stderr"  # gunicorn's and the app's log
         self.token = uuid.uuid4().hex
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        super().__init__(
+            APP,
+            log_dir,
+            name,
+            env={
+                # No queued request may time out while a test holds the gate (see the design).
+                "REACHLIMIT_WAIT": "30",
+                "SLOW_GATE_TIMEOUT": "45",
+                "SLOW_APP_TOKEN": self.token,
+            },
+            workers=1,
+            threads=threads,
+            args=extra,
+            ready_path="/health",
+            ready_check=Gunicorn._is_ours,
+        )
         self.worker_pid: int | None = None
 
-    # -- life cycle -------------------------------------------------------------------------
-
-    def start(self, attempts: int = 3) -> None:
-        for _ in range(attempts):
-            self.port = free_port()
-            self._spawn()
-            if self._wait_ready():
-                return
-            stderr = self.stderr()
-            self.stop()
-            if "Connection in use" not in stderr:
-                raise RuntimeError(f"gunicorn did not come up on port {self.port}:\n{stderr}")
-        raise RuntimeError(f"gunicorn found its port taken {attempts} times in a row")
-
-    def _spawn(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REACHLIMIT_")}
-        env.update(
-            PYTHONUNBUFFERED="1",
-            # No queued request may time out while a test holds the gate (see the design).
-            REACHLIMIT_WAIT="30",
-            SLOW_GATE_TIMEOUT="45",
-            SLOW_APP_TOKEN=self.token,
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-k",
-            "gthread",
-            "--workers",
-            "1",
-            "--threads",
-            str(self.threads),
-            "--bind",
-            f"{HOST}:{self.port}",
-            "--access-logfile",
-            "-",
-            "--graceful-timeout",
-            "5",
-            "--chdir",
-            str(ROOT),
-        ]
-        if _gunicorn_has("control_socket_disable"):
-            # gunicorn >= 25.1 opens a control socket at one fixed path per user by default;
-            # several test servers at once (or a developer's own gunicorn) would collide.
-            cmd.append("--no-control-socket")
-        cmd += self.extra
-        cmd.append(APP)
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
-            )
-
-    def _wait_ready(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None or "Connection in use" in self.stderr():
-                return False
-            try:
-                if http_request(self.port, "GET", "/health", timeout=2).status == 200:
-                    figures = self.builds()
-                    if figures["token"] != self.token:
-                        return False  # somebody else's server answered on "our" port
-                    self.worker_pid = figures["pid"]
-                    return True
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"gunicorn not ready after {DEADLINE} s:\n{self.stderr()}")
-
-    def stop(self) -> None:
-        """SIGTERM to the master by its PID, SIGKILL if it lingers; then check it is gone."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        assert proc.returncode is not None
-        assert not pid_alive(proc.pid)
-        if self.worker_pid is not None:
-            worker = self.worker_pid
-            wait_until(f"worker {worker} to exit", lambda: not pid_alive(worker), timeout=10)
+    def _is_ours(self, reply: Reply) -> bool:
+        figures = self.builds()
+        if figures["token"] != self.token:
+            return False  # somebody else's server answered on "our" port
+        self.worker_pid = figures["pid"]
+        return True
 
     # -- talking to it ------------------------------------------------------------------------
 
     def path(self, prefix: str) -> str:
         return f"/report/{prefix}-{uuid.uuid4().hex[:10]}"
-
-    def get(self, path: str) -> Reply:
-        return http_request(self.port, "GET", path)
 
     def health(self) -> dict[str, Any]:
         reply = self.get("/health")
@@ -294,24 +140,14 @@ class Gunicorn:
 
         wait_until("the server to be idle", idle)
 
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
 
 @contextlib.contextmanager
 def running(
     tmp_path_factory: pytest.TempPathFactory, threads: int, name: str, extra: tuple[str, ...] = ()
 ) -> Iterator[Gunicorn]:
     server = Gunicorn(tmp_path_factory.mktemp(name), threads, name, extra)
-    try:
-        server.start()
+    with serving(server):
         yield server
-    finally:
-        server.stop()
-    assert "Traceback" not in server.stderr(), server.stderr()
 
 
 @pytest.fixture(scope="module")
@@ -327,58 +163,6 @@ def herd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gunicorn]:
 
 
 # -- clients --------------------------------------------------------------------------------
-
-
-class Herd:
-    """Clients released together by a Barrier, each on its own connection, one per path."""
-
-    def __init__(self, port: int, paths: list[str]) -> None:
-        self.paths = paths
-        self.replies: list[Reply | BaseException | None] = [None] * len(paths)
-        self._cond = threading.Condition()
-        self._done = 0  # guarded by _cond
-        self._barrier = threading.Barrier(len(paths))
-        self._threads = [
-            threading.Thread(target=self._run, args=(port, i, p), daemon=True)
-            for i, p in enumerate(paths)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, port: int, i: int, path: str) -> None:
-        reply: Reply | BaseException
-        try:
-            self._barrier.wait(timeout=DEADLINE)
-            reply = http_request(port, "GET", path)
-        except BaseException as exc:  # recorded, and failed on in results()
-            reply = exc
-        with self._cond:
-            self.replies[i] = reply
-            self._done += 1
-            self._cond.notify_all()
-
-    def wait_done(self, n: int) -> list[Reply]:
-        """Wait until ``n`` replies are in; return the ones in so far."""
-        with self._cond:
-            assert self._cond.wait_for(lambda: self._done >= n, DEADLINE), (
-                f"only {self._done} of {n} replies after {DEADLINE} s"
-            )
-            finished = [r for r in self.replies if r is not None]
-        for r in finished:
-            assert isinstance(r, Reply), r
-        return finished  # type: ignore[return-value]
-
-    def join(self) -> None:
-        deadline = time.monotonic() + CLIENT_TIMEOUT + 5
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-            assert not t.is_alive(), "a client thread did not finish"
-
-    def results(self) -> list[Reply]:
-        self.join()
-        for r in self.replies:
-            assert isinstance(r, Reply), r
-        return self.replies  # type: ignore[return-value]
 
 
 @dataclass
