@@ -54,9 +54,7 @@ import http.client
 import importlib
 import importlib.metadata
 import json
-import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -70,6 +68,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import _common
+from _common import ms, pct
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -117,24 +118,9 @@ def importable(module: str) -> bool:
 
 
 def machine() -> dict[str, Any]:
-    """Where the figures came from."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    """Where the figures came from, with the versions of the servers compared."""
     return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "switch_interval_ms": sys.getswitchinterval() * 1000,
-        # Other processes share the cores: the load at the start says how noisy the run was.
-        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        **_common.machine(),
         "gunicorn": version_of("gunicorn"),
         "flask": version_of("flask"),
         "flask_limiter": version_of("flask-limiter"),
@@ -556,16 +542,7 @@ def run_scenario(server: Server, scenario: str, cfg: Config) -> dict[str, Any]:
 # -- figures ----------------------------------------------------------------------------------
 
 
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile; None for no samples."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
-
-def ms(x: float | None) -> float | None:
-    return None if x is None else x * 1000
 
 
 def status_counts(samples: list[Sample]) -> dict[str, int]:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import queue
 import statistics
 import sys
@@ -37,6 +35,8 @@ import threading
 import time
 import timeit
 from typing import Any
+
+from _common import machine
 
 from reachlimit import Busy, ColdLimiter
 
@@ -51,26 +51,7 @@ ALLOC_TOLERANCE_BLOCKS = 16
 # -- the machine ------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    """Where the figures came from."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "switch_interval_ms": sys.getswitchinterval() * 1000,
-        # Other processes share the cores: the load at the start says how noisy the run was.
-        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+
 
 
 # -- timing -----------------------------------------------------------------------------------

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -39,27 +38,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _common  # noqa: E402
+from _common import pct  # noqa: E402
+
 from webapp import create_app, reach  # noqa: E402
 from webapp.demodb import read_meta, write_demo_db  # noqa: E402
-
-
-def cpu_name() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return cpu
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))]
 
 
 def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict[str, Any]:
@@ -114,9 +97,9 @@ def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict
             into.append(time.perf_counter() - t0)
             if reply.status_code != 200:
                 raise SystemExit(f"{key}: HTTP {reply.status_code} {reply.get_data(as_text=True)}")
-    request = {
-        "cold_p50_s": statistics.median(cold), "cold_p99_s": percentile(cold, 0.99),
-        "warm_p50_s": statistics.median(warm), "warm_p99_s": percentile(warm, 0.99),
+    request: dict[str, Any] = {
+        "cold_p50_s": statistics.median(cold), "cold_p99_s": pct(cold, 99),
+        "warm_p50_s": statistics.median(warm), "warm_p99_s": pct(warm, 99),
     }
     request["cold_over_warm"] = request["cold_p50_s"] / request["warm_p50_s"]
     result["request_7d"] = request
@@ -145,8 +128,7 @@ def main() -> None:
     except ValueError:
         parser.error("--sizes takes whole numbers separated by commas")
 
-    machine = {"platform": platform.platform(), "cpu": cpu_name(), "cores": os.cpu_count(),
-               "python": platform.python_version(), "sqlite": reach.sqlite3.sqlite_version}
+    machine = {**_common.machine(), "sqlite": sqlite3.sqlite_version}
     say(f"machine: {machine}")
     report: dict[str, Any] = {"machine": machine, "databases": []}
     with tempfile.TemporaryDirectory() as tmp:

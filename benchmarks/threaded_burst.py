@@ -41,9 +41,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import math
-import os
-import platform
 import sys
 import threading
 import time
@@ -51,6 +48,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from _common import machine, ms, pct
 
 from reachlimit import Busy, ColdLimiter, ColdPath, TTLCache
 
@@ -66,26 +65,7 @@ MAX_THREADS = 1000
 # -- the machine ------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    """Where the figures came from."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "switch_interval_ms": sys.getswitchinterval() * 1000,
-        # Other processes share the cores: the load at the start says how noisy the run was.
-        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+
 
 
 # -- the simulated cold build -----------------------------------------------------------------
@@ -441,16 +421,7 @@ def run_scenario(policy_name: str, scenario: str, cfg: Config) -> dict[str, Any]
     return result
 
 
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile; None for no samples."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
-
-def ms(x: float | None) -> float | None:
-    return None if x is None else x * 1000
 
 
 # -- goals ------------------------------------------------------------------------------------
