@@ -77,7 +77,8 @@ class Limiter(Protocol):
 @dataclass(frozen=True, slots=True)
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
-    and followers ``coalesced`` onto another request's build."""
+    and followers ``coalesced`` onto another request's build (counted whatever that build's
+    outcome: a value, an error or a refusal; not when the follower's own client left)."""
 
     hits: int = 0
     misses: int = 0
@@ -130,7 +131,22 @@ class ColdPath:
         with self._lock:
             self._misses += 1
         while True:
-            value, shared = self.flight.do(key, lambda: self._lead(key, build, cancel), cancel)
+            led = False
+
+            def lead() -> Any:
+                nonlocal led
+                led = True
+                return self._lead(key, build, cancel)
+
+            try:
+                value, shared = self.flight.do(key, lead, cancel)
+            except Cancelled:
+                raise  # our own client left while following: nothing was shared with us
+            except BaseException:
+                if not led:  # a follower sharing its leader's error or refusal
+                    with self._lock:
+                        self._coalesced += 1
+                raise
             if value is not _LEADER_CANCELLED:
                 if shared:
                     with self._lock:

@@ -455,7 +455,7 @@ def test_scenario9_build_error_reaches_everyone_is_not_cached_and_frees_the_slot
     assert log.count() == 1
     assert cache.data == {}  # not cached
     s = path.stats()
-    assert (s.active, s.builds, s.coalesced) == (0, 1, 0)
+    assert (s.active, s.builds, s.coalesced) == (0, 1, 3)  # followers shared the error
     # The slot is really free (queue=0 would refuse otherwise) and the next call builds again.
     assert path.get("k", log.build("k", "fixed")) == "fixed"
     assert log.count() == 2
@@ -508,6 +508,7 @@ def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any, wait_unti
     assert path.cache.get("k") is None
     holder.release()
     assert lim.stats().rejected_full == 1
+    assert path.stats().coalesced == 4  # the followers shared the refusal
 
 
 def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any, wait_until: Any) -> None:
