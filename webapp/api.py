@@ -3,18 +3,38 @@
 design: the reach report is the one expensive endpoint. Its request runs, in order:
 
     pubkey and days parsed .............................. 400 for a malformed pubkey
-    target looked up (one primary-key read) ............. 404 when unknown or hidden; this runs
-                                                          before the cache, so a node hidden
-                                                          after its report was cached is 404
+    target visible? from the node-index snapshot ........ 404 when hidden; no database work.
+                                                          This runs before the cache, so a
+                                                          node hidden after its report was
+                                                          cached is 404 (same body as unknown)
+      not in the snapshot: one primary-key read ......... 404 when unknown (or hidden)
     reach_limit.cold("pubkey|days|g<generation>", build)  warm hit, singleflight, limiter (429),
-                                                          client gone (499)
+                                                          client gone (499): all untouched
     build: the report, serialised once to JSON bytes ..... the warm cache holds these bytes, so
                                                           a warm hit is served without
                                                           re-encoding and bodies are identical
-    sqlite3.Error from the lookup or the build ........... 500 {"error": "reach computation
-                                                          failed"}; never cached
+    any other exception from the lookup or the build .... 500 {"error": "reach computation
+                                                          failed"}, logged with its traceback;
+                                                          never cached
 
-The build runs in the leader's own handler thread, so it uses that thread's connection.
+So a warm hit, a queued leader and a refused leader for a node the snapshot knows run no SQL
+and open no connection (SPEC §1 layer 1, §6 scenario 7): a locked or missing database does not
+delay or fail a cached report. Only a promoted leader's build touches the database; it runs
+in the leader's own handler thread, on that thread's connection, and reads its target again.
+
+The snapshot is the node index (names and roles, rebuilt at most once a minute by cold builds,
+and at once by a build whose target disagrees with it; see ``webapp.reach``). Consequences:
+
+- A pubkey the snapshot does not know (unknown, or a node newer than the snapshot) costs one
+  primary-key read on every request, warm or not, and fails with the 500 above while the
+  database is unusable; it is then the unknown-node path.
+- Blacklist and hidden-prefix changes apply at once (the rules are in memory). A node
+  *renamed in the database* into a hidden prefix is judged by the name in the snapshot: its
+  cached reports can still be served until a cold build reloads the snapshot - a build for
+  this node reads its row, answers 404 and reloads at once; any build does once the snapshot
+  is a minute old - or until they expire (the warm cache's TTL). Likewise a node deleted from
+  the database. This is the price of a warm path without database work; before this, the
+  target's row was read on every request, warm or not.
 
 Decisions where the specification is silent:
 
@@ -24,6 +44,9 @@ Decisions where the specification is silent:
   when given (else 400 with a JSON error naming the parameter); integers out of range are
   clamped, ``limit`` to [1, 500] and ``offset`` to [0, 10**9]. ``q`` is trimmed and cut to 100
   characters; see :func:`webapp.reach.list_nodes` for what it matches.
+- An integer parameter longer than :data:`MAX_INTEGER_TEXT` characters (spaces and leading
+  zeros included) is not a number, whatever its digits: ``days`` then means 7 and ``limit`` /
+  ``offset`` are a 400. The cap bounds the parser's work on any input.
 """
 
 from __future__ import annotations
@@ -31,16 +54,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException
 
 from reachlimit import NOT_FOUND
 from reachlimit.flask import ReachLimit
 
-from .reach import build_report, fetch_node, list_nodes, normalize_pubkey
+from .reach import VisibilityRules, build_report, fetch_node, list_nodes, normalize_pubkey
 from .state import ReachState
 
 __all__ = ["bp", "reach_limit", "json_error", "parse_days"]
@@ -59,7 +82,12 @@ MAX_LIMIT = 500
 MAX_OFFSET = 10**9
 MAX_QUERY = 100
 
-_INTEGER = re.compile(r"\s*([+-]?)0*([0-9]+)\s*")
+#: Longest text an integer parameter may have (every sensible value is far shorter).
+MAX_INTEGER_TEXT = 32
+
+# Linear by construction: no two adjacent repeats can match the same characters (leading
+# zeros are stripped afterwards, not by the pattern), and the length is capped before it runs.
+_INTEGER = re.compile(r"\s*([+-]?)([0-9]+)\s*")
 
 #: The one 404 body: unknown, blacklisted and hidden nodes are indistinguishable.
 NOT_FOUND_MESSAGE = "Not found"
@@ -73,12 +101,15 @@ def json_error(status: int, message: str) -> Response:
 
 
 def _parse_int(raw: str, cap: int) -> int | None:
-    """A decimal integer, saturated at ``±cap`` (so a thousand digits never reach int()),
-    or None when ``raw`` is not one."""
+    """A decimal integer, saturated at ``±cap``, or None when ``raw`` is not one or is longer
+    than :data:`MAX_INTEGER_TEXT` characters."""
+    if len(raw) > MAX_INTEGER_TEXT:
+        return None
     m = _INTEGER.fullmatch(raw)
     if m is None:
         return None
     sign, digits = m.groups()
+    digits = digits.lstrip("0") or "0"
     value = cap if len(digits) > len(str(cap)) else min(int(digits), cap)
     return -value if sign == "-" else value
 
@@ -107,6 +138,21 @@ def _empty_cache_after_visibility_change() -> None:
                  state.visibility.generation)
 
 
+def _target_visible(state: ReachState, rules: VisibilityRules, pubkey: str) -> bool:
+    """Whether ``pubkey`` is a node that ``rules`` let a client see.
+
+    Decided from the node-index snapshot with no database work when the snapshot knows the
+    node; otherwise (no snapshot yet, an unknown pubkey, a node newer than the snapshot) by
+    one primary-key read, which raises ``sqlite3.Error`` when the database fails."""
+    index = state.index.peek()  # racy read: any recent snapshot will do
+    node = index.nodes.get(pubkey) if index is not None else None
+    if node is None:
+        node = fetch_node(state.connection(), pubkey)
+        if node is None:
+            return False
+    return not rules.is_hidden(pubkey, node.name)
+
+
 @bp.get("/api/nodes/<raw_pubkey>/reach")
 def reach_report(raw_pubkey: str) -> Response:
     pubkey = normalize_pubkey(raw_pubkey)
@@ -115,23 +161,31 @@ def reach_report(raw_pubkey: str) -> Response:
     days = parse_days(request.args.get("days"))
     state = _state()
     rules = state.visibility.current  # one set of rules for the check, the key and the build
-    try:
+
+    def build() -> Any:
+        # Runs in this (the leader's) thread, with a build slot: the only database work of a
+        # report that is not a lookup of an unknown pubkey.
         conn = state.connection()
-        target = fetch_node(conn, pubkey)
-        if target is None or rules.is_hidden(pubkey, target.name):
+        report = build_report(
+            conn, pubkey, days, now=state.wall_clock(), visibility=rules,
+            degrees=state.degrees.get(conn), index=state.index.get(conn),
+            reload_index=state.index.refresh,
+        )
+        if report is None:  # deleted, or hidden by its current row, since the snapshot
+            return NOT_FOUND
+        # allow_nan=False: a NaN or an infinity that slipped into a report is a failed build
+        # (ValueError, a 500 below, not cached), never an invalid body cached for minutes.
+        return json.dumps(report, separators=(",", ":"), allow_nan=False).encode()
+
+    try:
+        if not _target_visible(state, rules, pubkey):
             return json_error(404, NOT_FOUND_MESSAGE)
-
-        def build() -> Any:
-            report = build_report(
-                conn, pubkey, days, now=state.wall_clock(), visibility=rules,
-                degrees=state.degrees.get(conn), index=state.index.get(conn),
-            )
-            if report is None:  # deleted or hidden since the check above
-                return NOT_FOUND
-            return json.dumps(report, separators=(",", ":")).encode()
-
         body = reach_limit.cold(f"{pubkey}|{days}|g{rules.generation}", build)
-    except sqlite3.Error:
+    except HTTPException:
+        raise  # the extension's finished 429 / 503 / 499: passed on untouched
+    except Exception:
+        # A database failure, or a bug or hostile row the build did not survive: the same
+        # JSON 500 (never cached - ColdPath caches only values), details only in the log.
         log.exception("reach report for %s (%d days) failed", pubkey, days)
         return json_error(500, "reach computation failed")
     if body is NOT_FOUND:

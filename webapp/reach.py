@@ -6,8 +6,9 @@ ones it leaves open.
 
 design:
 
-    build_report(conn, pubkey, days, now=, visibility=, degrees=, index=)
+    build_report(conn, pubkey, days, now=, visibility=, degrees=, index=, reload_index=)
       target row (one primary-key lookup) ........ None when unknown or hidden
+      node index checked against the target row .. reloaded when it disagrees (see below)
       reliable tokens (from the node index) ...... none -> empty report, no scan
       the scan (one SELECT, LIMIT SCAN_ROW_CAP) .. only rows whose path names a token
       attribution, per row, in Python ........... predecessor / successor / direct observer
@@ -24,9 +25,17 @@ The webapp refreshes them from inside a cold build: the first build that finds o
 reloads it on its own connection (inside its build slot, under no lock); concurrent builds
 keep using the old one meanwhile. Consequence of the node index being a snapshot: a node
 that first appears (or is renamed) is seen in *other* nodes' reports up to a minute later.
-The *target* of a report is always read fresh, so "unknown" and "hidden" are decided on the
-current row, and a path-capable target missing from the index gets a fresh index for its
-build (else a new repeater would get an empty, cached report).
+
+A build reads its *target* fresh, so "unknown" and "hidden" are decided again on the current
+row when a report is built, and it checks the node index against that row: when the target is
+missing from the index (or deleted but still in it), or the index has another name for it or
+another path capability (a companion that became a repeater, or back), the index is reloaded -
+else the target would get the wrong tokens (a promoted repeater: none, so an empty report that
+is then cached). The fresh index goes through ``reload_index`` (the webapp passes its
+snapshot's :meth:`PeriodicSnapshot.refresh`), so it is kept rather than reloaded by every
+cold build until the next interval. The webapp decides visibility *before* the warm cache
+from that snapshot alone (see ``webapp.api``), so keeping it current after a build has seen
+a rename or a deletion is what closes that window early.
 
 Decisions where the reference is silent:
 
@@ -40,8 +49,18 @@ Decisions where the reference is silent:
   dropped, so they never reveal one; ``relay_observations`` counts rows and is unaffected.
 - ``neighbor_degree`` and ``degree_rank`` rank every node with an edge, hidden or not: a rank
   names nobody.
-- A path that is not a JSON array of strings is skipped like an empty one. Hops are
-  compared upper-cased.
+- A path that is not a JSON array of strings is skipped like an empty one, and so is one
+  nested too deeply for the JSON decoder (``RecursionError``). Hops are compared upper-cased.
+- Text that is not valid UTF-8 (a name cut mid-character by firmware, a bad byte in a path)
+  is decoded with U+FFFD replacement characters instead of failing the read: the name is
+  shown (and matched against hidden prefixes) as repaired; such a path is not JSON and is
+  skipped.
+- An SNR that is not a finite number (SQLite stores ``9e999`` as infinity) is left out of
+  ``avg_snr`` while its observation still counts, like a NULL one; an average that is not
+  finite (finite SNRs so large that their sum overflows) is ``null``. Reports never hold NaN
+  or an infinity, and the webapp serialises them with ``allow_nan=False``.
+- Distances are computed for any finite coordinates, also out-of-range ones (a latitude of
+  90.03 from a bad fix): the haversine term is clamped to [0, 1] against rounding.
 - When the scan hits the row cap the report covers the rows read; a warning is logged.
 """
 
@@ -140,11 +159,16 @@ def haversine_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
     dphi = p2 - p1
     dlam = math.radians(lon2 - lon1)
     a = math.sin(dphi / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dlam / 2) ** 2
-    return 2 * EARTH_RADIUS_KM * math.asin(math.sqrt(min(1.0, a)))
+    # Rounding can push ``a`` a hair outside [0, 1] (out-of-range latitudes, antipodes).
+    return 2 * EARTH_RADIUS_KM * math.asin(math.sqrt(max(0.0, min(1.0, a))))
 
 
 def _iso_utc(unix_s: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_s))
+
+
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def open_readonly(path: str | Path, *, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
@@ -152,9 +176,11 @@ def open_readonly(path: str | Path, *, timeout: float = BUSY_TIMEOUT_S) -> sqlit
 
     The connection belongs to the calling thread (sqlite3's default check): the webapp keeps
     one per handler thread. A missing file raises ``sqlite3.OperationalError`` rather than
-    creating an empty database."""
+    creating an empty database. TEXT that is not valid UTF-8 is decoded with replacement
+    characters (sqlite3's default raises ``OperationalError`` for the whole query)."""
     uri = Path(path).resolve().as_uri() + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=timeout)
+    conn.text_factory = _decode_text
     conn.execute("PRAGMA query_only = ON")
     return conn
 
@@ -263,6 +289,12 @@ class PeriodicSnapshot(Generic[T]):
     keeps serving the previous value until the next interval; a failed *first* load raises
     to the caller that ran it, and the next caller tries again.
 
+    ``refresh(conn)`` is a forced load by a caller that knows the value is out of date; it
+    runs beside a periodic reload if one is under way. Every load takes a ticket (a number,
+    under ``_lock``) when it starts, and a value is installed only if its ticket is newer
+    than the installed value's: a slow load that started first never puts an older value
+    back over a newer one.
+
     The clock is injected (monotonic seconds) so tests never sleep.
     """
 
@@ -284,8 +316,10 @@ class PeriodicSnapshot(Generic[T]):
         self._loaded = threading.Condition(self._lock)  # notified when a load ends
         self._value: T | None = None  # guarded by _lock
         self._due = 0.0  # guarded by _lock: when the value should next be reloaded
-        self._loading = False  # guarded by _lock: a caller is running the loader
-        self.loads = 0  # guarded by _lock: successful loads, for tests and logs
+        self._loading = False  # guarded by _lock: a caller is running the periodic reload
+        self._tickets = 0  # guarded by _lock: loads started so far; numbers each load
+        self._value_ticket = 0  # guarded by _lock: the ticket of the load that made _value
+        self.loads = 0  # guarded by _lock: values installed, for tests and logs
         self.failures = 0  # guarded by _lock
 
     def peek(self) -> T | None:
@@ -301,6 +335,8 @@ class PeriodicSnapshot(Generic[T]):
                 if not self._loading:
                     self._loading = True  # we load; others serve the old value
                     previous = self._value
+                    self._tickets += 1
+                    ticket = self._tickets
                     break
                 self._loaded.wait()  # no value yet: wait for the caller that is loading
         value: T | None = None
@@ -316,16 +352,43 @@ class PeriodicSnapshot(Generic[T]):
             with self._lock:
                 self._loading = False
                 if value is not None:
-                    self._value = value
-                    self.loads += 1
-                    self._due = now + self._interval
+                    self._install(value, ticket, now)
                 elif previous is not None:
                     self.failures += 1
                     self._due = now + self._interval  # try again next interval
                 else:
                     self.failures += 1
                 self._loaded.notify_all()
+        return value  # what this caller loaded, even if a newer refresh() was installed
+
+    def refresh(self, conn: sqlite3.Connection) -> T:
+        """Load now, in the calling thread, whether or not the value is due; install the
+        result (unless a load that started later has already installed its own) and start a
+        new interval. Returns what this call loaded. On failure the exception propagates and
+        the snapshot is left as it was, apart from ``failures``."""
+        with self._lock:
+            self._tickets += 1
+            ticket = self._tickets
+        try:
+            value = self._load(conn)
+        except Exception:
+            with self._lock:
+                self.failures += 1
+            raise
+        now = self._clock()
+        with self._lock:
+            self._install(value, ticket, now)
+            self._loaded.notify_all()
         return value
+
+    def _install(self, value: T, ticket: int, now: float) -> None:
+        # Called with _lock held. A load that started before the installed one is older
+        # than it, whenever it ends: keep the newer value (and its interval).
+        if ticket > self._value_ticket:
+            self._value = value
+            self._value_ticket = ticket
+            self.loads += 1
+            self._due = now + self._interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,7 +576,7 @@ def _parse_path(path_json: object) -> list[str] | None:
         return None
     try:
         path = json.loads(path_json)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to decode
         return None
     if not isinstance(path, list) or not path:
         return None
@@ -565,7 +628,7 @@ def _scan(
                 if entry is None:
                     entry = direct[observer] = [0, 0.0, 0]
                 entry[0] += 1
-                if isinstance(snr, (int, float)) and not isinstance(snr, bool):
+                if isinstance(snr, float | int) and math.isfinite(snr):  # not NULL, not inf
                     entry[1] += snr
                     entry[2] += 1
         if hit:
@@ -586,6 +649,25 @@ def _distance(lat1: float | None, lon1: float | None,
     return haversine_km(lat1, lon1, lat2, lon2)
 
 
+def _index_disagrees(index: NodeIndex, pubkey: str, target: NodeInfo | None) -> bool:
+    """Whether ``index`` is older than the target's row (None: no row) in a way that matters:
+    the target was added or deleted, renamed (its name decides visibility), or has changed
+    path capability (so its tokens)."""
+    known = index.nodes.get(pubkey)
+    if known is None or target is None:
+        return known is not target
+    return known.name != target.name or is_path_capable(known.role) != is_path_capable(
+        target.role
+    )
+
+
+def _mean(total: float, n: float) -> float | None:
+    if not n:
+        return None
+    mean = total / n
+    return mean if math.isfinite(mean) else None  # finite SNRs whose sum overflowed
+
+
 def build_report(
     conn: sqlite3.Connection,
     pubkey: str,
@@ -595,19 +677,30 @@ def build_report(
     visibility: _Hider,
     degrees: DegreeTable | None = None,
     index: NodeIndex | None = None,
+    reload_index: Callable[[sqlite3.Connection], NodeIndex] | None = None,
 ) -> dict[str, Any] | None:
     """The reach report of ``pubkey`` over the ``days`` before ``now`` (unix seconds).
 
     Returns None when the node is unknown or hidden. ``degrees`` and ``index`` default to a
-    fresh load from ``conn`` (the webapp passes its once-a-minute snapshots). Raises
-    ``sqlite3.Error`` when the database fails."""
+    fresh load from ``conn`` (the webapp passes its once-a-minute snapshots). When ``index``
+    disagrees with the target's row (added, deleted, renamed, path capability changed), a
+    fresh one is loaded for the report with ``reload_index`` (default
+    :func:`load_node_index`). A caller that passes ``reload_index`` keeps what it loads, so
+    it is called on a disagreement also when the answer is None: the caller's snapshot then
+    stops calling a deleted or newly hidden node visible. Raises ``sqlite3.Error`` when the
+    database fails."""
     if days < 1:
         raise ValueError("days >= 1")
     target = fetch_node(conn, pubkey)
-    if target is None or visibility.is_hidden(target.pubkey, target.name):
+    visible = target is not None and not visibility.is_hidden(target.pubkey, target.name)
+    if index is not None and (visible or reload_index is not None) and _index_disagrees(
+        index, pubkey, target
+    ):
+        index = (reload_index or load_node_index)(conn)  # a snapshot older than the target
+    if target is None or not visible:
         return None
-    if index is None or (target.pubkey not in index.nodes and is_path_capable(target.role)):
-        index = load_node_index(conn)  # no snapshot, or one older than the target
+    if index is None:
+        index = load_node_index(conn)
     if degrees is None:
         degrees = load_degrees(conn)
 
@@ -637,7 +730,7 @@ def build_report(
             continue
         observers.append({
             "pubkey": key, "name": name, "count": int(count),
-            "avg_snr": snr_sum / snr_n if snr_n else None,
+            "avg_snr": _mean(snr_sum, snr_n),
             "lat": lat, "lon": lon,
             "distance_km": _distance(target.lat, target.lon, lat, lon),
         })

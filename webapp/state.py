@@ -6,6 +6,10 @@ reuse their threads, so a connection is opened once per thread, and sqlite3 conn
 with the thread that made them. The visibility rules and the two snapshots are thread-safe
 on their own. ``_lock`` guards only the lazy preparation of the default demo database and
 the generation whose cache has been emptied.
+
+The node-index snapshot has two readers: cold builds (``index.get``, which reloads it when
+due, and ``index.refresh`` when a build finds it older than its target's row) and the report
+endpoint's visibility check before the warm cache (``index.peek``, no database work).
 """
 
 from __future__ import annotations
