@@ -1,0 +1,1099 @@
+"""Races, faults and long randomized runs against the core: ColdLimiter and ColdPath.
+
+Four tests, each driving the real classes from real threads:
+
+* ``test_limiter_state_machine``: a Hypothesis ``RuleBasedStateMachine``. Every rule starts,
+  releases (normally, early, twice, or from a raising body), cancels, expires or breaks (a
+  cancel object or clock that raises) one real client thread, or hands a slot to a waiter
+  pinned outside the lock and then cancels / expires / breaks it; then it waits, on Events and
+  on ``stats()`` polled with a bounded timeout, for exactly the effect the model predicts.
+  The model checks strict FIFO promotion, every counter, the bounds, one gate place per
+  waiter, no idle slot while anybody waits, and that neither the fast path nor the refusal
+  path reads the clock. Deadlines come from an injected per-client clock, so a timeout is
+  caused on purpose, never by the machine being slow. Teardown drains everything and checks
+  that nothing leaked.
+* ``test_release_races``: the same races free running (a release against a cancel, an expiry,
+  a raising cancel object or clock, started together from a Barrier with a random skew):
+  either side may win, exactly one does, nothing is lost.
+* ``test_limiter_thread_storm``: seeded ``random.Random`` threads doing thousands of acquires
+  with every kind of cancel object, timeouts, early/double releases and raising bodies, while
+  a sampler checks the invariants continuously; afterwards the counters must add up and the
+  full capacity (every slot, every queue place) must still be usable.
+* ``test_coldpath_storm``: the same kind of storm through ColdPath (singleflight, cache,
+  builds that raise or return NOT_FOUND/None, leaders whose client leaves).
+
+Each test prints what it tried (run with ``-s`` to see it).
+
+Short form (the default, part of every run; about 20 s on 2 cores)::
+
+    python -m pytest tests/test_stress.py -s
+
+Long form (about 10x the examples, rounds and operations, with shrinking)::
+
+    REACHLIMIT_STRESS=long python -m pytest tests/test_stress.py -s -m stress
+
+``REACHLIMIT_STRESS_SEED=<int>`` changes the seed of every test (default 20261129); a failure
+prints the seed and the state machine's failing program of rules (every step), which
+``REACHLIMIT_STRESS_SHRINK=1`` (implied by the long form) shrinks to a minimal one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from reachlimit import NOT_FOUND, Busy, Cancelled, ColdLimiter, ColdPath, TTLCache
+
+LONG = os.environ.get("REACHLIMIT_STRESS", "").strip().lower() == "long"
+SEED = int(os.environ.get("REACHLIMIT_STRESS_SEED", "20261129"))
+
+pytestmark = [pytest.mark.stress, pytest.mark.timeout(1800 if LONG else 60)]
+
+#: How long one step may wait for the effect it caused. A healthy run needs milliseconds; the
+#: bound only turns a lost wake-up or a leaked slot into a failure instead of a hang.
+STEP_TIMEOUT = 3.0
+#: Shrinking a failure that shows up as a hang costs STEP_TIMEOUT per attempt, far beyond the
+#: short form's budget: the short form reports the failing program as found (every step is
+#: printed); the long form, or REACHLIMIT_STRESS_SHRINK=1, shrinks it to a minimal one.
+SHRINK = LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.0005)
+
+
+def check_white_box(lim: ColdLimiter) -> None:
+    """Under the limiter's own lock: one gate place per queued waiter, and no idle slot while
+    anybody waits (a slot that is neither held nor handed on is a leak)."""
+    with lim._lock:
+        waiters = len(lim._waiters)
+        gate = lim._gate.qsize() if lim._gate is not None else 0
+        active = lim._active
+    assert gate == waiters, f"gate holds {gate} places for {waiters} queued waiters"
+    assert waiters == 0 or active == lim.capacity_active, (
+        f"{waiters} waiter(s) queued while only {active}/{lim.capacity_active} slots are held"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The state machine
+# --------------------------------------------------------------------------------------------
+
+#: Each client's clock starts at 0 and moves only when a rule moves it, so a waiter's deadline
+#: is exactly WAIT and "expire" is an exact event. A client without a cancel object waits in
+#: one real timed wait of this length: it leaves only by promotion (or the final drain).
+WAIT = 100_000.0
+#: Cancel-slice length used by the machine (the library allows at most 50 ms); a documented
+#: class attribute, shortened on the instance so a cancel or an expiry lands in a few ms.
+SLICE = 0.002
+
+_tls = threading.local()
+
+
+#: Figures printed at the end of the state-machine test.
+MACHINE_COUNTS: Counter[str] = Counter()
+
+
+class TokenBroken(Exception):
+    """Raised by a cancel object's is_set() on purpose."""
+
+
+class ClockBroken(Exception):
+    """Raised by the clock on purpose."""
+
+
+class BodyError(Exception):
+    """Raised inside a grant's with-block on purpose."""
+
+
+class Token:
+    """A cancel object: an Event that can also be made to raise from ``is_set()``, or to
+    pause its next ``is_set()`` call (the waiter is then outside the lock, not yet promoted)
+    until the test resumes it: that pins the waiter down while a hand-off happens."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.broken = False
+        self._pause_next = False
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def pause_next_call(self) -> None:
+        self._pause_next = True
+
+    def is_set(self) -> bool:
+        if self._pause_next:
+            self._pause_next = False
+            self.paused.set()
+            self.resume.wait(STEP_TIMEOUT)
+        if self.broken:
+            raise TokenBroken("cancel object failed")
+        return self.event.is_set()
+
+
+def per_client_clock() -> float:
+    """The limiter's clock: each client thread has its own, moved only by the test."""
+    client: Client | None = getattr(_tls, "client", None)
+    if client is None:
+        return 0.0
+    return client.read_clock()
+
+
+class Client:
+    """One thread calling ``acquire`` once and, if granted, holding the slot until told how
+    to leave the with-block."""
+
+    def __init__(self, cid: int, lim: ColdLimiter, *, cancel: bool, preset: bool = False):
+        self.cid = cid
+        self.lim = lim
+        self.token = Token() if cancel else None
+        if preset:
+            assert self.token is not None
+            self.token.event.set()
+        # Written by the client thread, read by the test after done/finished fire.
+        self.outcome: str | None = None
+        self.error: BaseException | None = None
+        self.exit_result: str | None = None
+        self.done = threading.Event()  # acquire returned or raised
+        self.finished = threading.Event()  # the thread is about to end
+        # The clock: written by the test, read by the client thread.
+        self._clock_lock = threading.Lock()
+        self.now = 0.0
+        self.clock_raises = False
+        self.clock_reads = 0  # written by the client thread only
+        self.deadline_fixed = threading.Event()  # first clock read: the deadline is fixed
+        # How to leave the with-block; set before ``go``.
+        self.mode = "exit"
+        self.go = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"client-{cid}", daemon=True)
+
+    def __repr__(self) -> str:
+        return f"client{self.cid}"
+
+    def read_clock(self) -> float:
+        with self._clock_lock:
+            now, raises = self.now, self.clock_raises
+        self.clock_reads += 1
+        self.deadline_fixed.set()
+        if raises:
+            raise ClockBroken("clock failed")
+        return now
+
+    def set_clock(self, now: float) -> None:
+        with self._clock_lock:
+            self.now = now
+
+    def break_clock(self) -> None:
+        with self._clock_lock:
+            self.clock_raises = True
+
+    def start(self) -> Client:
+        self.thread.start()
+        return self
+
+    def leave(self, mode: str) -> None:
+        self.mode = mode
+        self.go.set()
+
+    def _run(self) -> None:
+        _tls.client = self
+        try:
+            try:
+                grant = self.lim.acquire(self.token)
+            except Busy as busy:
+                self.outcome = busy.reason
+            except Cancelled:
+                self.outcome = "cancelled"
+            except BaseException as exc:  # noqa: BLE001 - recorded and checked by the test
+                self.outcome = "error"
+                self.error = exc
+            else:
+                self.outcome = "grant"
+            self.done.set()
+            if self.outcome != "grant":
+                return
+            if not self.go.wait(STEP_TIMEOUT * 6):
+                self.exit_result = "never told to leave"
+            self.exit_result = self._leave(grant) if self.exit_result is None else self.exit_result
+        finally:
+            self.finished.set()
+
+    def _leave(self, grant: Any) -> str:
+        mode = self.mode
+        try:
+            with grant:
+                if mode == "release":
+                    grant.release()
+                elif mode == "double":
+                    grant.release()
+                    try:
+                        grant.release()
+                    except RuntimeError:
+                        pass
+                    else:
+                        return "a second release() did not raise RuntimeError"
+                elif mode == "raise":
+                    raise BodyError()
+        except BodyError:
+            return "ok" if mode == "raise" else "unexpected BodyError"
+        except BaseException as exc:  # noqa: BLE001
+            return f"leaving the grant raised {exc!r}"
+        return "ok" if mode != "raise" else "the body's exception was swallowed"
+
+
+def trigger(victim: Client, what: str) -> None:
+    """End ``victim``'s wait: cancel it, expire it, or make its cancel object or clock fail."""
+    assert victim.token is not None
+    if what == "cancel":
+        victim.token.event.set()
+    elif what == "expire":
+        victim.set_clock(WAIT)
+    elif what == "token":
+        victim.token.broken = True
+    else:
+        victim.break_clock()
+
+
+#: What a waiter whose trigger won ends with.
+LOSER_OUTCOME = {"cancel": "cancelled", "expire": "timeout", "token": "error", "clock": "error"}
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """Model: ``holders`` (clients holding a slot) and ``queue`` (admitted waiters in arrival
+    order). A freed slot must go to ``queue[0]``; nothing else may move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lim: ColdLimiter | None = None
+        self.clients: list[Client] = []
+        self.holders: list[Client] = []
+        self.queue: list[Client] = []
+        self.expected: Counter[str] = Counter()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def limiter(self) -> ColdLimiter:
+        assert self.lim is not None
+        return self.lim
+
+    def _spawn(self, *, cancel: bool, preset: bool = False) -> Client:
+        client = Client(len(self.clients), self.limiter, cancel=cancel, preset=preset)
+        self.clients.append(client)
+        MACHINE_COUNTS["threads"] += 1
+        return client.start()
+
+    @staticmethod
+    def _outcome(client: Client) -> str:
+        assert client.done.wait(STEP_TIMEOUT), f"{client}: acquire() did not return"
+        assert client.outcome is not None
+        return client.outcome
+
+    def _expect(self, client: Client, outcome: str) -> None:
+        got = self._outcome(client)
+        assert got == outcome, f"{client} got {got} ({client.error!r}); the model says {outcome}"
+
+    def _promote_next(self) -> None:
+        """A slot was freed: the oldest waiter must get it, nobody else may move."""
+        if self.queue:
+            nxt = self.queue.pop(0)
+            self._expect(nxt, "grant")
+            self.holders.append(nxt)
+            self.expected["acquired"] += 1
+            MACHINE_COUNTS["promotions"] += 1
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait until the limiter shows the model's state, then check no waiter moved."""
+        lim = self.limiter
+        want = (len(self.holders), len(self.queue))
+        wait_until(
+            lambda: (lim.stats().active, lim.stats().queued) == want,
+            f"active/queued == {want}",
+        )
+        for waiter in self.queue:
+            assert not waiter.done.is_set(), (
+                f"{waiter} left the queue ({waiter.outcome}) although it was not its turn"
+            )
+
+    def _wait_finished(self, client: Client) -> None:
+        assert client.finished.wait(STEP_TIMEOUT), f"{client} did not finish"
+        if client.outcome == "grant":
+            assert client.exit_result == "ok", f"{client}: {client.exit_result}"
+
+    # -- rules -------------------------------------------------------------------------------
+
+    @initialize(active=st.integers(1, 3), queue=st.sampled_from([2, 0, 1, 3, 4, 2]))
+    def make_limiter(self, active: int, queue: int) -> None:
+        self.lim = ColdLimiter(active, queue, wait=WAIT, retry_after=2, clock=per_client_clock)
+        self.lim.CANCEL_POLL_INTERVAL = SLICE  # type: ignore[misc]
+        MACHINE_COUNTS["examples"] += 1
+
+    @rule(kind=st.sampled_from(["cancel", "plain", "cancel", "plain", "preset"]))
+    def arrive(self, kind: str) -> None:
+        """A new leader calls acquire(), with a cancel object ("cancel"), without one
+        ("plain": one long timed wait, it leaves the queue only by promotion) or with one
+        already set ("preset": Cancelled at once, nothing changes). Otherwise: fast path,
+        queued, or refused at once."""
+        lim = self.limiter
+        MACHINE_COUNTS["steps"] += 1
+        client = self._spawn(cancel=kind != "plain", preset=kind == "preset")
+        if kind == "preset":
+            self._expect(client, "cancelled")
+            assert client.clock_reads == 0, "a cancel set beforehand read the clock"
+            self._wait_finished(client)
+            MACHINE_COUNTS["cancelled_at_once"] += 1
+        elif len(self.holders) < lim.capacity_active and not self.queue:
+            self._expect(client, "grant")
+            assert client.clock_reads == 0, "the fast path read the clock"
+            self.holders.append(client)
+            self.expected["acquired"] += 1
+            MACHINE_COUNTS["fast_path"] += 1
+        elif len(self.queue) < lim.capacity_queue:
+            self.queue.append(client)
+            wait_until(lambda: lim.stats().queued == len(self.queue), f"{client} admitted")
+            if client.token is not None:  # its deadline must be fixed before it may expire
+                assert client.deadline_fixed.wait(STEP_TIMEOUT), f"{client} never read the clock"
+            MACHINE_COUNTS["queued"] += 1
+        else:
+            self._expect(client, "queue_full")
+            assert client.clock_reads == 0, "the refusal path read the clock"
+            self.expected["rejected_full"] += 1
+            MACHINE_COUNTS["refused_full"] += 1
+        self._settle()
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data(), mode=st.sampled_from(["exit", "release", "raise", "double"]))
+    def leave(self, data: st.DataObject, mode: str) -> None:
+        """A holder leaves its with-block: normally, after release(), raising, or after a
+        double release (which must raise RuntimeError and create no capacity)."""
+        MACHINE_COUNTS["steps"] += 1
+        holder = data.draw(st.sampled_from(self.holders), label="holder")
+        self.holders.remove(holder)
+        holder.leave(mode)
+        self._wait_finished(holder)
+        self._promote_next()
+
+    @precondition(lambda self: any(c.token for c in self.queue))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        """A queued waiter's client leaves: Cancelled; its place is returned; nobody moves."""
+        MACHINE_COUNTS["steps"] += 1
+        victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
+        assert victim.token is not None
+        victim.token.event.set()
+        self._expect(victim, "cancelled")
+        self.queue.remove(victim)
+        self.expected["cancelled"] += 1
+        self._settle()
+
+    @precondition(lambda self: any(c.token for c in self.queue))
+    @rule(data=st.data())
+    def expire(self, data: st.DataObject) -> None:
+        """A queued waiter's deadline passes (its own clock jumps to it): Busy(timeout)."""
+        MACHINE_COUNTS["steps"] += 1
+        victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
+        victim.set_clock(WAIT)
+        self._expect(victim, "timeout")
+        self.queue.remove(victim)
+        self.expected["rejected_timeout"] += 1
+        self._settle()
+
+    @precondition(lambda self: any(c.token for c in self.queue))
+    @rule(data=st.data(), what=st.sampled_from(["token", "clock"]))
+    def fault_while_waiting(self, data: st.DataObject, what: str) -> None:
+        """The cancel object or the clock raises inside the wait: the error reaches the caller
+        unchanged and the waiter's place is returned."""
+        MACHINE_COUNTS["steps"] += 1
+        victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
+        assert victim.token is not None
+        if what == "token":
+            victim.token.broken = True
+        else:
+            victim.break_clock()
+        self._expect(victim, "error")
+        wanted = TokenBroken if what == "token" else ClockBroken
+        assert isinstance(victim.error, wanted), repr(victim.error)
+        self.queue.remove(victim)
+        self._settle()
+
+    # A slot is handed to the oldest waiter while that waiter is pinned outside the lock (in
+    # its cancel object's is_set()); then it is cancelled / expires / fails; then it wakes.
+    # Whichever wins, exactly one does: the waiter keeps the slot, or passes it on to the next
+    # waiter (or back to free). The schedule is pinned, so the outcome is reproducible, as
+    # Hypothesis needs; the free-running versions of these races are test_release_races.
+
+    @precondition(lambda self: self.holders and self.queue and self.queue[0].token)
+    @rule(data=st.data())
+    def handoff_then_cancel(self, data: st.DataObject) -> None:
+        self._race(data, "cancel")
+
+    @precondition(lambda self: self.holders and self.queue and self.queue[0].token)
+    @rule(data=st.data())
+    def handoff_then_expire(self, data: st.DataObject) -> None:
+        self._race(data, "expire")
+
+    @precondition(lambda self: self.holders and self.queue and self.queue[0].token)
+    @rule(data=st.data(), what=st.sampled_from(["token", "clock"]))
+    def handoff_then_fault(self, data: st.DataObject, what: str) -> None:
+        self._race(data, what)
+
+    def _race(self, data: st.DataObject, what: str) -> None:
+        MACHINE_COUNTS["steps"] += 1
+        victim = self.queue[0]
+        holder = data.draw(st.sampled_from(self.holders), label="holder")
+        mode = data.draw(st.sampled_from(["exit", "release", "raise"]), label="mode")
+        assert victim.token is not None
+        victim.token.pause_next_call()
+        assert victim.token.paused.wait(STEP_TIMEOUT), f"{victim} never looked at cancel"
+        self.holders.remove(holder)
+        holder.leave(mode)
+        self._wait_finished(holder)
+        wait_until(lambda: self.limiter.stats().queued == len(self.queue) - 1,
+                   f"the hand-off to {victim}")
+        assert not victim.done.is_set()
+        trigger(victim, what)
+        victim.token.resume.set()
+        outcome = self._outcome(victim)
+        self._wait_finished(holder)
+        MACHINE_COUNTS[f"race handoff-then-{what}: {outcome}"] += 1
+        if outcome == "grant":
+            # The hand-off won. The waiter holds the slot; its trigger is now moot except a
+            # broken clock/token, which a holder never reads again.
+            self.queue.remove(victim)
+            self.holders.append(victim)
+            self.expected["acquired"] += 1
+            self._settle()
+            return
+        wanted = LOSER_OUTCOME[what]
+        assert outcome == wanted, f"{victim}: {outcome} ({victim.error!r}), expected {wanted}"
+        if outcome == "cancelled":
+            self.expected["cancelled"] += 1
+        elif outcome == "timeout":
+            self.expected["rejected_timeout"] += 1
+        self.queue.remove(victim)
+        self._promote_next()  # the freed slot must reach the next waiter, or become free
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def bounds_and_counters(self) -> None:
+        if self.lim is None:
+            return
+        s = self.lim.stats()
+        assert 0 <= s.active <= s.capacity_active
+        assert 0 <= s.queued <= s.capacity_queue
+        assert s.peak_active <= s.capacity_active and s.peak_queued <= s.capacity_queue
+        assert (s.active, s.queued) == (len(self.holders), len(self.queue))
+        got = {k: getattr(s, k) for k in ("acquired", "rejected_full", "rejected_timeout",
+                                          "cancelled")}
+        want = {k: self.expected[k] for k in got}
+        assert got == want, f"counters {got} != model {want}"
+        check_white_box(self.lim)
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            if self.lim is not None:
+                # Drain: every release promotes the next waiter until nobody is left.
+                while self.holders:
+                    holder = self.holders.pop(0)
+                    holder.leave("exit")
+                    self._wait_finished(holder)
+                    self._promote_next()
+                assert not self.queue
+                s = self.lim.stats()
+                assert (s.active, s.queued) == (0, 0), s
+                assert s.acquired == self.expected["acquired"] == sum(
+                    c.outcome == "grant" for c in self.clients
+                ), s
+                check_white_box(self.lim)
+        finally:
+            for client in self.clients:  # after a failure: unblock whatever is left
+                if client.token is not None:
+                    client.token.event.set()
+                client.go.set()
+            deadline = time.monotonic() + STEP_TIMEOUT
+            for client in self.clients:
+                client.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [c for c in self.clients if c.thread.is_alive()]
+        assert not stuck, f"threads still running after the drain: {stuck}"
+
+
+seed(SEED)(LimiterMachine)
+
+
+def test_limiter_state_machine() -> None:
+    MACHINE_COUNTS.clear()
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(
+            LimiterMachine,
+            settings=settings(
+                max_examples=3000 if LONG else 250,
+                stateful_step_count=80 if LONG else 50,
+                database=None,
+                deadline=None,
+                print_blob=True,
+                phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate],
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    except BaseException as exc:
+        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={SEED}")
+        raise
+    finally:
+        elapsed = time.monotonic() - started
+        races = {k: v for k, v in sorted(MACHINE_COUNTS.items()) if k.startswith("race")}
+        print(
+            f"\n[state machine] seed={SEED} examples={MACHINE_COUNTS['examples']} "
+            f"steps={MACHINE_COUNTS['steps']} threads={MACHINE_COUNTS['threads']} "
+            f"fast={MACHINE_COUNTS['fast_path']} queued={MACHINE_COUNTS['queued']} "
+            f"promotions={MACHINE_COUNTS['promotions']} "
+            f"refused_full={MACHINE_COUNTS['refused_full']} in {elapsed:.1f} s"
+        )
+        print(f"[state machine] races: {races}")
+    assert MACHINE_COUNTS["steps"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Free-running races: a release and a cancel / expiry / failure of the oldest waiter
+# --------------------------------------------------------------------------------------------
+
+
+def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
+    """One holder, the victim (oldest waiter) and a second waiter; the holder's release and
+    the victim's trigger start together from a Barrier, with a random skew. Whoever wins,
+    exactly one client holds the slot afterwards, the second waiter is next in line, and the
+    drain leaves nothing behind."""
+    lim = ColdLimiter(1, 2, wait=WAIT, retry_after=2, clock=per_client_clock)
+    lim.CANCEL_POLL_INTERVAL = rng.choice([0.0005, 0.001, 0.002])  # type: ignore[misc]
+    clients: list[Client] = []
+    try:
+        holder = Client(0, lim, cancel=False).start()
+        clients.append(holder)
+        assert holder.done.wait(STEP_TIMEOUT) and holder.outcome == "grant"
+        victim = Client(1, lim, cancel=True).start()
+        clients.append(victim)
+        assert victim.deadline_fixed.wait(STEP_TIMEOUT)
+        second = Client(2, lim, cancel=rng.random() < 0.5).start()
+        clients.append(second)
+        wait_until(lambda: lim.stats().queued == 2, "two waiters queued")
+        barrier = threading.Barrier(2, timeout=STEP_TIMEOUT)
+        # A random skew (up to about one cancel slice) for one side: who gets there first.
+        skew = rng.choice([0.0, rng.uniform(0, 0.0002), rng.uniform(0, 0.003)])
+
+        def after_barrier(action: Callable[[], None], delay: float) -> Callable[[], None]:
+            def run() -> None:
+                barrier.wait()
+                if delay:
+                    # The skew, not a synchronisation (a spin would hold the GIL and stop
+                    # the very thread it waits for).
+                    time.sleep(delay)
+                action()
+            return run
+
+        releaser_first = rng.random() < 0.5
+        mode = rng.choice(["exit", "release", "raise"])
+        racers = [
+            threading.Thread(target=after_barrier(lambda: holder.leave(mode),
+                                                  0.0 if releaser_first else skew), daemon=True),
+            threading.Thread(target=after_barrier(lambda: trigger(victim, what),
+                                                  skew if releaser_first else 0.0), daemon=True),
+        ]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(STEP_TIMEOUT)
+        assert not any(r.is_alive() for r in racers)
+        assert victim.done.wait(STEP_TIMEOUT), "the victim never left its wait"
+        assert holder.finished.wait(STEP_TIMEOUT) and holder.exit_result == "ok"
+        outcomes[f"{what}: {victim.outcome}"] += 1
+        if victim.outcome == "grant":
+            owner, queued = victim, 1
+        else:
+            assert victim.outcome == LOSER_OUTCOME[what], (victim.outcome, victim.error)
+            assert second.done.wait(STEP_TIMEOUT), "the slot the victim gave up was lost"
+            owner, queued = second, 0
+        wait_until(lambda: (lim.stats().active, lim.stats().queued) == (1, queued),
+                   f"one owner and {queued} waiter(s)")
+        check_white_box(lim)
+        assert owner.outcome == "grant"
+        if queued:
+            assert not second.done.is_set()
+            owner.leave("exit")
+            assert second.done.wait(STEP_TIMEOUT) and second.outcome == "grant"
+        second.leave("exit")
+        for client in clients:
+            assert client.finished.wait(STEP_TIMEOUT), f"{client} did not finish"
+        s = lim.stats()
+        assert (s.active, s.queued) == (0, 0), s
+        assert s.acquired == sum(c.outcome == "grant" for c in clients)
+        assert s.cancelled == (victim.outcome == "cancelled")
+        assert s.rejected_timeout == (victim.outcome == "timeout")
+    finally:
+        for client in clients:
+            if client.token is not None:
+                client.token.event.set()
+            client.go.set()
+        for client in clients:
+            client.thread.join(STEP_TIMEOUT)
+
+
+def test_release_races() -> None:
+    """Release racing cancel / expiry / a failing cancel object / a failing clock, free
+    running: either side may win, exactly one does, and no slot or place is lost."""
+    rounds = 4000 if LONG else 400
+    rng = random.Random(f"{SEED}-races")
+    outcomes: Counter[str] = Counter()
+    started = time.monotonic()
+    for _ in range(rounds):
+        _race_round(rng, rng.choice(["cancel", "expire", "token", "clock"]), outcomes)
+    print(f"\n[release races] seed={SEED} {rounds} rounds in {time.monotonic() - started:.1f} s: "
+          f"{dict(sorted(outcomes.items()))}")
+    assert sum(outcomes.values()) == rounds
+
+
+# --------------------------------------------------------------------------------------------
+# The thread storm
+# --------------------------------------------------------------------------------------------
+
+
+class LateToken:
+    """A cancel object that becomes set at a given monotonic instant (a client that leaves
+    at a random moment), with no thread behind it."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def is_set(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+class FailingToken:
+    """A cancel object whose ``is_set()`` raises on its n-th call."""
+
+    def __init__(self, calls_before_failing: int) -> None:
+        self.left = calls_before_failing
+
+    def is_set(self) -> bool:
+        if self.left <= 0:
+            raise TokenBroken("cancel object failed")
+        self.left -= 1
+        return False
+
+
+class StormClock:
+    """The real monotonic clock, counting reads per thread (to prove which paths read it).
+    ``freeze()`` stops it, so that no wait can time out any more: the final capacity check
+    then depends on no machine's speed."""
+
+    def __init__(self) -> None:
+        self.frozen: float | None = None
+
+    def __call__(self) -> float:
+        _tls.reads = getattr(_tls, "reads", 0) + 1
+        frozen = self.frozen
+        return time.monotonic() if frozen is None else frozen
+
+    def freeze(self) -> None:
+        self.frozen = time.monotonic()
+
+
+def _reads() -> int:
+    return int(getattr(_tls, "reads", 0))
+
+
+class Storm:
+    """Shared state of one storm: the set of live cancel Events, violations, figures."""
+
+    def __init__(self, active: int) -> None:
+        self.active = active
+        self.lock = threading.Lock()
+        self.holding = 0  # guarded by lock: grants held by storm threads right now
+        self.max_holding = 0  # guarded by lock
+        self.events: list[threading.Event] = []  # guarded by lock: cancel Events in use
+        self.violations: list[str] = []  # appended from any thread (list.append is atomic)
+        self.stop = threading.Event()
+
+    def hold(self, delta: int) -> None:
+        with self.lock:
+            self.holding += delta
+            self.max_holding = max(self.max_holding, self.holding)
+            if self.holding > self.active:
+                self.violations.append(f"{self.holding} grants held at once")
+
+
+def _storm_worker(lim: ColdLimiter, storm: Storm, rng: random.Random, ops: int,
+                  tally: Counter[str]) -> None:
+    wait = lim.wait
+    for _ in range(ops):
+        if storm.stop.is_set():
+            return
+        kind = rng.random()
+        cancel: Any = None
+        event: threading.Event | None = None
+        preset = False
+        if kind < 0.35:
+            cancel = None
+        elif kind < 0.55:
+            event = cancel = threading.Event()
+            with storm.lock:
+                storm.events.append(event)
+        elif kind < 0.72:
+            cancel = LateToken(time.monotonic() + rng.uniform(0, 2 * wait))
+        elif kind < 0.77:
+            cancel = threading.Event()
+            cancel.set()
+            preset = True
+        elif kind < 0.82:
+            cancel = FailingToken(rng.randint(1, 4))
+        else:
+            cancel = threading.Event()  # never set
+        reads_before = _reads()
+        try:
+            grant = lim.acquire(cancel)
+        except Busy as busy:
+            tally[busy.reason] += 1
+            if busy.reason == "queue_full" and _reads() != reads_before:
+                storm.violations.append("a queue_full refusal read the clock")
+            if busy.retry_after != lim.retry_after:
+                storm.violations.append(f"retry_after {busy.retry_after}")
+            continue
+        except Cancelled:
+            # A cancel seen before waiting raises at once, reads no clock and moves no
+            # counter; a cancel seen while waiting has fixed a deadline first.
+            waited = _reads() != reads_before
+            tally["cancelled" if waited else "cancelled_at_once"] += 1
+            if preset and waited:
+                storm.violations.append("a pre-set cancel read the clock")
+            continue
+        except TokenBroken:
+            tally["token_error"] += 1
+            continue
+        except BaseException as exc:  # noqa: BLE001
+            storm.violations.append(f"acquire raised {exc!r}")
+            continue
+        finally:
+            if event is not None:
+                with storm.lock:
+                    storm.events.remove(event)
+        if preset:
+            storm.violations.append("a pre-set cancel got a grant")
+        tally["grant"] += 1
+        tally["fast_path" if _reads() == reads_before else "promoted"] += 1
+        mode = rng.choice(("exit", "exit", "release", "raise", "double"))
+        storm.hold(+1)
+        try:
+            with grant:
+                # The build's work (not synchronisation): mostly short, sometimes longer than
+                # the wait, so that queued waiters time out.
+                pick = rng.random()
+                if pick < 0.2:
+                    time.sleep(rng.uniform(wait / 2, wait * 1.5))
+                elif pick < 0.5:
+                    time.sleep(rng.uniform(0, wait / 4))
+                storm.hold(-1)
+                if mode == "release":
+                    grant.release()
+                elif mode == "double":
+                    grant.release()
+                    try:
+                        grant.release()
+                    except RuntimeError:
+                        tally["double_release_refused"] += 1
+                    else:
+                        storm.violations.append("a double release did not raise")
+                elif mode == "raise":
+                    raise BodyError()
+        except BodyError:
+            tally["body_raised"] += 1
+
+
+def _storm_canceller(storm: Storm, rng: random.Random, pause: float, tally: Counter[str]) -> None:
+    """Sets random live cancel Events at random moments: clients leaving from outside."""
+    while not storm.stop.wait(rng.uniform(0, pause)):
+        with storm.lock:
+            event = rng.choice(storm.events) if storm.events else None
+        if event is not None:
+            event.set()
+            tally["events_set"] += 1
+
+
+def _storm_sampler(lim: ColdLimiter, storm: Storm, tally: Counter[str]) -> None:
+    """Checks the invariants continuously while the storm runs."""
+    while not storm.stop.is_set():
+        s = lim.stats()
+        tally["samples"] += 1
+        if not (0 <= s.active <= s.capacity_active and 0 <= s.queued <= s.capacity_queue):
+            storm.violations.append(f"bounds broken: {s}")
+        if s.peak_active > s.capacity_active or s.peak_queued > s.capacity_queue:
+            storm.violations.append(f"peak beyond capacity: {s}")
+        try:
+            check_white_box(lim)
+        except AssertionError as exc:
+            storm.violations.append(str(exc))
+        tally["saturated_samples"] += s.queued > 0
+        time.sleep(0)  # yield: let the storm threads take the lock too
+
+
+def _assert_full_capacity_usable(lim: ColdLimiter, clock: StormClock) -> None:
+    """Every slot and every queue place is still there: ``active`` fast-path grants with no
+    clock read, then ``queue`` admitted waiters, then an immediate queue_full refusal.
+    (The clock is frozen first: the waiters leave only when cancelled.)"""
+    clock.freeze()
+    before = _reads()
+    grants = [lim.acquire() for _ in range(lim.capacity_active)]
+    assert _reads() == before, "a fast-path acquire read the clock"
+    tokens = [threading.Event() for _ in range(lim.capacity_queue)]
+    results: list[str] = []
+
+    def wait_in_queue(token: threading.Event) -> None:
+        try:
+            lim.acquire(token).release()
+            results.append("grant")
+        except Cancelled:
+            results.append("cancelled")
+        except Busy as busy:
+            results.append(busy.reason)
+
+    threads = [threading.Thread(target=wait_in_queue, args=(t,), daemon=True) for t in tokens]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: lim.stats().queued == lim.capacity_queue, "the queue to fill")
+        with pytest.raises(Busy) as refused:
+            lim.acquire()
+        assert refused.value.reason == "queue_full"
+    finally:
+        for token in tokens:
+            token.set()
+        for thread in threads:
+            thread.join(STEP_TIMEOUT)
+        for grant in grants:
+            grant.release()
+    assert all(not t.is_alive() for t in threads)
+    assert results == ["cancelled"] * lim.capacity_queue, results
+    s = lim.stats()
+    assert (s.active, s.queued) == (0, 0), s
+
+
+STORM_CONFIGS = [  # (active, queue, wait seconds, threads)
+    (2, 8, 0.02, 16),
+    (1, 0, 0.02, 6),
+    (3, 2, 0.005, 10),
+    (1, 3, 0.01, 8),
+]
+
+
+@pytest.mark.parametrize("active,queue,wait,threads", STORM_CONFIGS)
+def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int) -> None:
+    ops = 2500 if LONG else 250
+    rng = random.Random(f"{SEED}-{active}-{queue}-{wait}")
+    clock = StormClock()
+    lim = ColdLimiter(active, queue, wait=wait, retry_after=2, clock=clock)
+    storm = Storm(active)
+    tallies = [Counter[str]() for _ in range(threads + 2)]
+    workers = [
+        threading.Thread(
+            target=_storm_worker,
+            args=(lim, storm, random.Random(rng.random()), ops, tallies[i]),
+            name=f"storm-{i}",
+            daemon=True,
+        )
+        for i in range(threads)
+    ]
+    helpers = [
+        threading.Thread(target=_storm_sampler, args=(lim, storm, tallies[-1]), daemon=True),
+        threading.Thread(
+            target=_storm_canceller,
+            args=(storm, random.Random(rng.random()), wait / 2, tallies[-2]),
+            daemon=True,
+        ),
+    ]
+    started = time.monotonic()
+    for thread in helpers + workers:
+        thread.start()
+    # Bounded: each operation waits at most `wait`, plus a hold of at most 1.5 x wait.
+    bound = 30.0 + ops * wait * 4
+    deadline = time.monotonic() + bound
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    storm.stop.set()
+    for thread in helpers:
+        thread.join(STEP_TIMEOUT)
+    elapsed = time.monotonic() - started
+    stuck = [t.name for t in workers + helpers if t.is_alive()]
+    assert not stuck, f"threads did not finish within {bound:.0f} s: {stuck}"
+
+    tally: Counter[str] = sum(tallies, Counter())
+    operations = ops * threads
+    print(
+        f"\n[storm A={active} Q={queue} wait={wait}] seed={SEED} {operations} operations on "
+        f"{threads} threads in {elapsed:.1f} s: {dict(sorted(tally.items()))}"
+    )
+    assert not storm.violations, storm.violations[:10]
+    s = lim.stats()
+    assert (s.active, s.queued) == (0, 0), s
+    assert s.acquired == tally["grant"]
+    assert s.rejected_full == tally["queue_full"]
+    assert s.rejected_timeout == tally["timeout"]
+    assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
+    outcomes = ("grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error")
+    assert sum(tally[k] for k in outcomes) == operations
+    assert storm.max_holding <= active and s.peak_active <= active and s.peak_queued <= queue
+    # The storm really exercised the paths it claims to.
+    assert tally["grant"] and tally["fast_path"] and tally["cancelled_at_once"]
+    assert tally["queue_full"], "the storm never filled the queue"
+    if queue:
+        assert tally["promoted"] and tally["cancelled"], tally
+    if queue and active <= 2:  # with 3 slots a timeout needs 3 long holds at once: rare
+        assert tally["timeout"], tally
+    _assert_full_capacity_usable(lim, clock)
+
+
+# --------------------------------------------------------------------------------------------
+# The ColdPath storm
+# --------------------------------------------------------------------------------------------
+
+
+class BuildError(Exception):
+    """What a failing build raises; carries its key."""
+
+
+def test_coldpath_storm() -> None:
+    """Many threads, few keys, builds that succeed / raise / return NOT_FOUND or None, cancel
+    objects of every kind, a cache small enough to evict: every answer is the right one for
+    its key, at most one build per key and at most ``active`` builds at a time, errors and
+    misses are never cached, and nothing is left in flight or held afterwards."""
+    active, queue, wait, threads = 2, 4, 0.02, 14
+    ops = 1500 if LONG else 200
+    rng = random.Random(f"{SEED}-coldpath")
+    clock = StormClock()
+    lim = ColdLimiter(active, queue, wait=wait, clock=clock)
+    cache: TTLCache[Any] = TTLCache(maxsize=4, ttl=3600)
+    path = ColdPath(lim, cache)
+    keys = list(range(12))
+    lock = threading.Lock()
+    running: Counter[int] = Counter()  # guarded by lock: builds running per key
+    total_running = [0, 0]  # guarded by lock: now, peak
+    builds: Counter[int] = Counter()  # guarded by lock
+    violations: list[str] = []
+
+    def expected(key: int) -> Any:
+        return {0: BuildError, 1: NOT_FOUND, 2: None}.get(key % 6, f"value-{key}")
+
+    def make_build(key: int, pause: float) -> Callable[[], Any]:
+        def build() -> Any:
+            with lock:
+                running[key] += 1
+                builds[key] += 1
+                total_running[0] += 1
+                total_running[1] = max(total_running)
+                if running[key] > 1:
+                    violations.append(f"two builds of key {key} at once")
+                if total_running[0] > active:
+                    violations.append(f"{total_running[0]} builds at once")
+            try:
+                time.sleep(pause)  # the scan's work, not synchronisation
+                result = expected(key)
+                if result is BuildError:
+                    raise BuildError(key)
+                return result
+            finally:
+                with lock:
+                    running[key] -= 1
+                    total_running[0] -= 1
+
+        return build
+
+    def worker(wrng: random.Random, tally: Counter[str]) -> None:
+        for _ in range(ops):
+            key = wrng.choice(keys)
+            kind = wrng.random()
+            if kind < 0.5:
+                cancel: Any = None
+            elif kind < 0.8:
+                cancel = LateToken(time.monotonic() + wrng.uniform(0, 2 * wait))
+            elif kind < 0.85:
+                cancel = threading.Event()
+                cancel.set()
+            else:
+                cancel = threading.Event()
+            try:
+                value = path.get(key, make_build(key, wrng.uniform(0, wait / 2)), cancel)
+            except BuildError as exc:
+                tally["build_error"] += 1
+                if exc.args != (key,) or expected(key) is not BuildError:
+                    violations.append(f"key {key} got another key's error {exc!r}")
+                continue
+            except Busy as busy:
+                tally[busy.reason] += 1
+                continue
+            except Cancelled:
+                tally["cancelled"] += 1
+                continue
+            except BaseException as exc:  # noqa: BLE001
+                violations.append(f"get({key}) raised {exc!r}")
+                continue
+            tally["value"] += 1
+            if value is not expected(key):
+                if value != expected(key):
+                    violations.append(f"key {key} got {value!r}")
+
+    tallies = [Counter[str]() for _ in range(threads)]
+    workers = [
+        threading.Thread(target=worker, args=(random.Random(rng.random()), tallies[i]),
+                         daemon=True)
+        for i in range(threads)
+    ]
+    started = time.monotonic()
+    for thread in workers:
+        thread.start()
+    deadline = time.monotonic() + 30.0 + ops * wait * 3
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    elapsed = time.monotonic() - started
+    assert not [t for t in workers if t.is_alive()], "ColdPath storm threads did not finish"
+    tally: Counter[str] = sum(tallies, Counter())
+    s = path.stats()
+    print(
+        f"\n[coldpath storm] seed={SEED} {ops * threads} gets on {threads} threads in "
+        f"{elapsed:.1f} s: {dict(sorted(tally.items()))} builds={s.builds} hits={s.hits} "
+        f"coalesced={s.coalesced} peak builds at once={total_running[1]}"
+    )
+    assert not violations, violations[:10]
+    assert (s.active, s.queued) == (0, 0), s
+    assert path.flight.in_flight() == 0
+    assert s.builds == sum(builds.values())
+    assert sum(tally.values()) == ops * threads
+    for key in keys:  # only real values were ever cached
+        cached = cache.get(key)
+        assert cached is None or cached == expected(key), (key, cached)
+        if expected(key) in (BuildError, NOT_FOUND, None):
+            assert cached is None, f"key {key}: {cached!r} was cached"
+    assert tally["value"] and tally["build_error"] and tally["cancelled"] and s.coalesced
+    _assert_full_capacity_usable(lim, clock)
