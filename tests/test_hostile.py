@@ -211,14 +211,13 @@ def test_generated_requests_get_only_json_answers(
     assert SEEN["GET 200"] and SEEN["GET 400"] and SEEN["GET 404"] and SEEN["other 405"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Flask's automatic OPTIONS answers 200 with an empty text/html body on every API route, "
-    "the one answer that is not JSON"))
 def test_options_is_answered_with_json(reach_app_factory: Any, known_keys: list[str]) -> None:
     client = reach_app_factory().test_client()
     for url in ("/api/health", "/api/nodes", f"/api/nodes/{known_keys[0]}/reach"):
         response = client.open(url, method="OPTIONS")
         assert response.content_type.split(";")[0] == "application/json", (url, response)
+        assert "GET" in response.get_json()["allow"]
+        assert "GET" in response.headers["Allow"]
 
 
 # -- the real server -------------------------------------------------------------------------

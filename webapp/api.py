@@ -218,6 +218,16 @@ def nodes() -> Response:
 
 bp.add_url_rule("/api/health", "health", reach_limit.health_view, methods=["GET"])
 
+
+@bp.after_request
+def _options_as_json(response: Response) -> Response:
+    """Flask answers OPTIONS by itself, with an empty text/html body; every answer of this
+    service is JSON, so that one says which methods the URL allows, as JSON too."""
+    if request.method == "OPTIONS" and not response.get_data():
+        response.set_data(json.dumps({"allow": sorted(response.allow)}))
+        response.mimetype = "application/json"
+    return response
+
 _PLACEHOLDER = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Mesh reach reports</title></head>
 <body><h1>Mesh reach reports</h1>
