@@ -8,19 +8,29 @@ Concurrency tests here follow three rules:
   timeout and fails the test if any is still alive or died with an unexpected exception.
 * Where a deadline or a TTL matters, the clock is injected (``FakeClock``), so time moves only
   when the test says so.
+
+It also puts the repository root on ``sys.path``, so that every test module can import the
+shared helpers in ``tests/`` (``tests.servers``, ``tests.helpers``, ``tests.apps``).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reachlimit import Grant
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the shared helpers live in tests/, beside this file
+    sys.path.insert(0, str(ROOT))
+
+from reachlimit import Grant  # noqa: E402
+from tests import servers  # noqa: E402
 
 #: How long a test waits for a state it expects, or for a thread to finish, before failing.
 #: Generous on purpose: it only matters when something is already wrong.
@@ -40,13 +50,10 @@ def wait_until(
 
     The poll interval is tiny and only spaces the reads of a state; the test's outcome never
     depends on it. ``AssertionError`` (not ``pytest.fail``) so that the mutant checks in
-    ``test_limiter.py`` can catch it like any other failed assertion.
+    ``test_limiter.py`` can catch it like any other failed assertion. The loop is
+    :func:`tests.servers.wait_until`'s, with the predicate first and a shorter default wait.
     """
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {message or predicate}")
-        time.sleep(interval)
+    servers.wait_until(message or predicate, predicate, timeout=timeout, interval=interval)
 
 
 @pytest.fixture(name="wait_until")

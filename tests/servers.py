@@ -23,10 +23,18 @@ design:
     logs    stdout and stderr of the master go to ``<log_dir>/<name>.stdout`` / ``.stderr``
             (gunicorn's access log is on stdout when it is ``-``, its error log on stderr).
 
+    :func:`reach_service` is the reach service (``webapp.wsgi:app``) set up that way, as an
+    operator starts it: ``-c webapp/gunicorn.conf.py`` and the environment that file reads.
+
+    In-process, :class:`WerkzeugServer` (and the context manager :func:`werkzeug_serving`)
+    runs a WSGI app on Werkzeug's threaded server on 127.0.0.1 port 0, ``serve_forever`` in a
+    daemon thread; shut down and joined with a timeout, and a thread still alive fails the test.
+
 The helpers below (``Reply``, ``http_request``, ``raw_client``, ``wait_until``, ``free_port``,
-``pid_alive``, ``check_refusal``, ``Herd``) are shared by the tests that talk to real servers.
-Nothing here sleeps to make a test pass: waits are for a state, with a deadline that only a
-failing or hopelessly overloaded run ever reaches.
+``pid_alive``, ``check_refusal``, ``Herd``) are shared by the tests that talk to real servers;
+``wait_until`` is also the one polling loop behind the in-process tests' ``wait_until`` of
+``tests/conftest.py``. Nothing here sleeps to make a test pass: waits are for a state, with a
+deadline that only a failing or hopelessly overloaded run ever reaches.
 """
 
 from __future__ import annotations
@@ -42,9 +50,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer
 
 __all__ = [
     "CLIENT_TIMEOUT",
@@ -54,15 +64,19 @@ __all__ = [
     "GunicornServer",
     "Herd",
     "Reply",
+    "WerkzeugServer",
     "check_refusal",
     "children",
     "free_port",
     "gunicorn_has",
     "http_request",
+    "is_webapp_health",
     "pid_alive",
     "raw_client",
+    "reach_service",
     "serving",
     "wait_until",
+    "werkzeug_serving",
 ]
 
 #: The repository root: gunicorn runs there, so ``tests.apps`` and ``webapp`` import.
@@ -83,8 +97,9 @@ PORT_TAKEN = "Connection in use"
 # -- small HTTP helpers ---------------------------------------------------------------------
 
 
-@dataclass
-class Reply:
+class Reply(NamedTuple):
+    """One answer; a tuple too, so ``status, headers, body = reply`` and ``reply[0]`` work."""
+
     status: int
     headers: dict[str, str]  # names in lower case
     body: bytes
@@ -105,18 +120,19 @@ def http_request(port: int, method: str, path: str, timeout: float = CLIENT_TIME
         conn.close()
 
 
-def raw_client(port: int, path: str) -> socket.socket:
+def raw_client(port: int, path: str, timeout: float = CLIENT_TIMEOUT) -> socket.socket:
     """A bare socket that has sent a whole GET for ``path`` and reads nothing."""
-    sock = socket.create_connection((HOST, port), timeout=CLIENT_TIMEOUT)
+    sock = socket.create_connection((HOST, port), timeout=timeout)
     request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
     sock.sendall(request.encode("ascii"))
     return sock
 
 
 def wait_until(
-    what: str, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.005
+    what: object, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.005
 ) -> Any:
-    """Call ``probe`` until it returns something true; fail after ``timeout`` seconds."""
+    """Call ``probe`` until it returns something true (and return that); fail with
+    ``AssertionError`` after ``timeout`` seconds. ``what`` names the state in the failure."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -145,6 +161,49 @@ def check_refusal(reply: Reply) -> None:
     assert set(body) == {"error", "retryAfter"}
     assert isinstance(body["error"], str) and body["error"]
     assert body["retryAfter"] == 2
+
+
+# -- in-process servers (Werkzeug) ----------------------------------------------------------
+
+
+class WerkzeugServer:
+    """``app`` on Werkzeug's threaded server in this process, on HOST port 0, served by a
+    daemon thread from the start. :meth:`close` shuts it down and joins the thread."""
+
+    def __init__(
+        self, app: Any, *, poll_interval: float = 0.5, name: str = "werkzeug-server"
+    ) -> None:
+        from werkzeug.serving import make_server
+
+        self.server: BaseWSGIServer = make_server(HOST, 0, app, threaded=True)
+        self.port: int = self.server.server_port
+        self.url = f"http://{HOST}:{self.port}"
+        self.thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": poll_interval},
+            name=name,
+            daemon=True,
+        )
+        self.thread.start()
+
+    def close(self, timeout: float = DEADLINE) -> None:
+        """Shut the server down and join its thread within ``timeout`` s (alive: a failure)."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the server thread {self.thread.name!r} did not stop"
+
+
+@contextlib.contextmanager
+def werkzeug_serving(
+    app: Any, *, poll_interval: float = 0.5, join_timeout: float = DEADLINE
+) -> Iterator[WerkzeugServer]:
+    """A :class:`WerkzeugServer` for the block; closed (and its thread joined) on the way out."""
+    server = WerkzeugServer(app, poll_interval=poll_interval)
+    try:
+        yield server
+    finally:
+        server.close(join_timeout)
 
 
 # -- processes (Linux /proc) ------------------------------------------------------------------
@@ -291,7 +350,7 @@ class GunicornServer:
     reads). ``bind_env`` does the same for ``HOST:port``. ``threads`` and ``worker_class``
     are passed only when not None. ``ready_path`` must answer 200 and ``ready_check(server,
     reply)`` return true before :meth:`start` returns (return False for "this is not the
-    server I started", which counts as a failed start).
+    server I started", which counts as a failed start); ``ready_timeout`` bounds that wait.
     """
 
     def __init__(
@@ -312,6 +371,7 @@ class GunicornServer:
         graceful_timeout: float | None = 5,
         ready_path: str = "/health",
         ready_check: Callable[[GunicornServer, Reply], bool] | None = None,
+        ready_timeout: float = DEADLINE,
         stripped_env: Sequence[str] = STRIPPED_ENV,
     ) -> None:
         self.app = app
@@ -328,6 +388,7 @@ class GunicornServer:
         self.graceful_timeout = graceful_timeout
         self.ready_path = ready_path
         self.ready_check = ready_check
+        self.ready_timeout = ready_timeout
         self.stripped_env = tuple(stripped_env)
         self.stdout_path = log_dir / f"{name}.stdout"  # the access log, when it is "-"
         self.stderr_path = log_dir / f"{name}.stderr"  # gunicorn's and the app's log
@@ -404,9 +465,9 @@ class GunicornServer:
 
     def _wait_ready(self) -> bool:
         """True once this server is ready; False when it found its port taken (or something
-        that is not ours answered); AssertionError when it is not ready after DEADLINE."""
+        that is not ours answered); AssertionError when it is not ready after ready_timeout."""
         assert self.proc is not None
-        deadline = time.monotonic() + DEADLINE
+        deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None or PORT_TAKEN in self.stderr():
                 return False
@@ -421,7 +482,7 @@ class GunicornServer:
                     if len(self.worker_pids()) >= self.workers:
                         return True
             time.sleep(0.05)
-        raise AssertionError(f"gunicorn not ready after {DEADLINE} s:\n{self.stderr()}")
+        raise AssertionError(f"gunicorn not ready after {self.ready_timeout} s:\n{self.stderr()}")
 
     def worker_pids(self) -> list[int]:
         """The master's live child processes now (gunicorn's workers); each is remembered,
@@ -496,15 +557,60 @@ class GunicornServer:
 
 
 @contextlib.contextmanager
-def serving(server: GunicornServer) -> Iterator[GunicornServer]:
+def serving(server: GunicornServer, check_log: bool = True) -> Iterator[GunicornServer]:
     """Start ``server``; stop it (and check it is gone) on the way out, whatever happened;
-    then fail if its log holds a traceback."""
+    then, unless ``check_log`` is false, fail if its log holds a traceback."""
     try:
         server.start()
         yield server
     finally:
         server.stop()
-    assert "Traceback" not in server.stderr(), server.stderr()
+    if check_log:
+        assert "Traceback" not in server.stderr(), server.stderr()
+
+
+# -- the reach service (webapp) -------------------------------------------------------------
+
+#: The reach service's WSGI app and the gunicorn config file operators start it with.
+WEBAPP_APP = "webapp.wsgi:app"
+WEBAPP_CONFIG = ROOT / "webapp" / "gunicorn.conf.py"
+
+
+def is_webapp_health(server: GunicornServer, reply: Reply) -> bool:
+    """A ``ready_check``: the reply is the reach service's ``/api/health``."""
+    body = reply.json()
+    return bool(body.get("status") == "ok" and "reach" in body)
+
+
+def reach_service(
+    log_dir: Path,
+    db: Path,
+    name: str = "webapp",
+    *,
+    workers: int = 1,
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> GunicornServer:
+    """The reach service as an operator starts it: ``gunicorn -c webapp/gunicorn.conf.py
+    webapp.wsgi:app`` on database ``db``, with the bind address and the worker count in the
+    environment the config file reads (``REACH_BIND``, ``REACH_WORKERS``) and threads, worker
+    class, logs and graceful timeout the config file's. ``env`` adds to the environment;
+    ``options`` (keyword arguments of :class:`GunicornServer`) override any of this."""
+    settings: dict[str, Any] = {
+        "config": WEBAPP_CONFIG,
+        "env": {"REACH_DB": str(db), **(env or {})},
+        "workers": workers,
+        "workers_env": "REACH_WORKERS",
+        "bind_env": "REACH_BIND",
+        "threads": None,  # the config file's
+        "worker_class": None,  # the config file's
+        "access_log": False,  # the config file's ("-": stdout)
+        "graceful_timeout": None,  # the config file's
+        "ready_path": "/api/health",
+        "ready_check": is_webapp_health,
+    }
+    settings.update(options)
+    return GunicornServer(WEBAPP_APP, log_dir, name, **settings)
 
 
 # -- clients --------------------------------------------------------------------------------

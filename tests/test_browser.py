@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
+
+from tests.servers import WerkzeugServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -160,7 +161,7 @@ def make_app(db_path: Path, **config: Any) -> Any:
     return create_app({"REACH_DB": str(db_path), "TESTING": True, **config})
 
 
-class LiveServer:
+class LiveServer(WerkzeugServer):
     """A real threaded Werkzeug server on 127.0.0.1 serving ``app`` from a thread.
 
     Every report request that reaches the app is recorded (path, query, status) so a test can
@@ -186,13 +187,7 @@ class LiveServer:
             return inner(environ, start)
 
         app.wsgi_app = recording
-        self._server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.url = f"http://127.0.0.1:{self._server.server_port}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-            name="live-server", daemon=True,
-        )
-        self._thread.start()
+        super().__init__(app, poll_interval=0.05, name="live-server")
 
     @property
     def limiter(self) -> Any:
@@ -217,11 +212,8 @@ class LiveServer:
             with err:
                 return err.code, json.load(err)
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-        assert not self._thread.is_alive(), "the live server did not stop"
+    def close(self, timeout: float = 5) -> None:
+        super().close(timeout)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ design:
       a client leaves while queued ... its queue place comes back; a follower of it leads
       a client leaves while building . the build completes, its value is cached, the slot
                                        comes back
-    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID)
+    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID; tests/servers.py)
       a worker SIGKILLed under load .. the master replaces it, the service answers again,
                                        every client request ends within its timeout
       clients that never read ........ the server keeps answering everybody else
@@ -37,8 +37,6 @@ import shutil
 import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -47,15 +45,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
 
 import webapp.api
 import webapp.reach
 import webapp.state
+from tests import servers
+from tests.servers import (
+    HOST,
+    ROOT,
+    GunicornServer,
+    Reply,
+    http_request,
+    pid_alive,
+    raw_client,
+    reach_service,
+    serving,
+    werkzeug_serving,
+)
 from webapp.api import reach_limit
 
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
 #: Bound on anything a passing test waits for; only a failing run gets near it.
 DEADLINE = 15.0
 FAILED = {"error": "reach computation failed"}
@@ -66,14 +74,7 @@ LEAKS = (b"Traceback", b'File "', b"/work", b"/tmp", b"site-packages", str(ROOT)
 
 def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
     """Poll ``probe`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
-        time.sleep(0.002)
+    return servers.wait_until(what, probe, timeout=timeout, interval=0.002)
 
 
 def assert_json_error(status: int, content_type: str, body: bytes, want_status: int,
@@ -414,28 +415,6 @@ def test_a_database_renamed_away_then_back_is_500_meanwhile_then_200(
 # --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def werkzeug_server(app: Any) -> Iterator[int]:
-    server = make_server(HOST, 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
-    thread.start()
-    try:
-        yield server.socket.getsockname()[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
-
-
-def raw_get(port: int, path: str) -> socket.socket:
-    """A socket that has sent a whole GET and reads nothing (yet)."""
-    sock = socket.create_connection((HOST, port), timeout=DEADLINE)
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
-    return sock
-
-
 def read_reply(sock: socket.socket) -> tuple[int, bytes]:
     data = b""
     with sock:
@@ -457,16 +436,17 @@ def test_clients_that_leave_while_queued_or_building(
     monkeypatch.setattr(webapp.api, "build_report", gate)
     k1 = f"/api/nodes/{targets[0]}/reach?days=30"
     k2 = f"/api/nodes/{targets[1]}/reach?days=30"
-    with werkzeug_server(app) as port:
+    with werkzeug_serving(app, poll_interval=0.05, join_timeout=DEADLINE) as server:
+        port = server.port
         sockets: list[socket.socket] = []
         try:
-            a = raw_get(port, k1)
+            a = raw_client(port, k1, DEADLINE)
             sockets.append(a)
             gate.wait_started()
-            b = raw_get(port, k2)
+            b = raw_client(port, k2, DEADLINE)
             sockets.append(b)
             wait_until("B queued", lambda: figures(app)["queued"] == 1)
-            c = raw_get(port, k2)
+            c = raw_client(port, k2, DEADLINE)
             sockets.append(c)
             wait_until("C following B", lambda: followers_of(app, f"{targets[1]}|30|g0") == 1)
 
@@ -504,120 +484,8 @@ def test_clients_that_leave_while_queued_or_building(
 # --------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def children(pid: int) -> set[int]:
-    """Live child processes of ``pid`` (read from /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry.name))
-    return found
-
-
-def http_get(port: int, path: str, timeout: float) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return (response.status, {k.lower(): v for k, v in response.getheaders()},
-                response.read())
-    finally:
-        conn.close()
-
-
-class ReachServer:
-    """The real service (webapp.wsgi:app with webapp/gunicorn.conf.py) under gunicorn."""
-
-    def __init__(self, log_dir: Path, db: Path, workers: int = 2, threads: int = 16) -> None:
-        self.log_dir = log_dir
-        self.db = db
-        self.workers = workers
-        self.threads = threads
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def start(self) -> None:
-        from gunicorn.config import KNOWN_SETTINGS
-
-        for _ in range(3):
-            self.port = free_port()
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("REACH_", "REACHLIMIT_", "GUNICORN_"))}
-            env.update(REACH_DB=str(self.db), PYTHONUNBUFFERED="1",
-                       REACH_BIND=f"{HOST}:{self.port}")
-            cmd = [sys.executable, "-m", "gunicorn", "-c", "webapp/gunicorn.conf.py",
-                   "--workers", str(self.workers), "--threads", str(self.threads),
-                   "--graceful-timeout", "5"]
-            if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS):
-                cmd.append("--no-control-socket")
-            cmd.append("webapp.wsgi:app")
-            with open(self.log_dir / "stdout", "ab") as out, \
-                    open(self.log_dir / "stderr", "ab") as err:
-                self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=out, stderr=err)
-            if self._ready():
-                return
-            self.stop()
-            if "Connection in use" not in self.stderr():
-                raise AssertionError(f"gunicorn did not start:\n{self.stderr()}")
-        raise AssertionError("no free port for gunicorn after 3 tries")
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + DEADLINE * 2
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if (http_get(self.port, "/api/health", 2)[0] == 200
-                        and len(self.worker_pids()) == self.workers):
-                    return True
-            time.sleep(0.05)
-        raise AssertionError(f"gunicorn not ready:\n{self.stderr()}")
-
-    def worker_pids(self) -> set[int]:
-        assert self.proc is not None
-        return children(self.proc.pid)
-
-    def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        workers = self.worker_pids() if proc.poll() is None else set()
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        for pid in workers:
-            wait_until(f"worker {pid} to exit", lambda pid=pid: not pid_alive(pid), 10)
-
-    def stderr(self) -> str:
-        path = self.log_dir / "stderr"
-        return path.read_text(errors="replace") if path.exists() else ""
+def http_get(port: int, path: str, timeout: float) -> Reply:
+    return http_request(port, "GET", path, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -631,13 +499,18 @@ def live_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory, live_db: Path) -> Iterator[ReachServer]:
-    server = ReachServer(tmp_path_factory.mktemp("gunicorn"), live_db)
-    try:
-        server.start()
+def live_server(
+    tmp_path_factory: pytest.TempPathFactory, live_db: Path,
+) -> Iterator[GunicornServer]:
+    """The real service (webapp.wsgi:app with webapp/gunicorn.conf.py) under gunicorn: two
+    workers of 16 threads; stopped by its PID, with a check that its workers are gone."""
+    server = reach_service(
+        tmp_path_factory.mktemp("gunicorn"), live_db, "faults",
+        workers=2, workers_env=None, threads=16, graceful_timeout=5,
+        ready_timeout=DEADLINE * 2, stripped_env=("REACH_", "REACHLIMIT_", "GUNICORN_"),
+    )
+    with serving(server, check_log=False):
         yield server
-    finally:
-        server.stop()
 
 
 CLIENT_TIMEOUT = 10.0  # longer than any bounded wait: 3 s queue wait + a sub-second build
@@ -700,7 +573,7 @@ class Load:
 
 @pytest.mark.gunicorn
 def test_a_worker_killed_under_load_is_replaced_and_no_request_outlives_its_bounds(
-    live_server: ReachServer, live_db: Path,
+    live_server: GunicornServer, live_db: Path,
 ) -> None:
     keys = path_capable_targets(live_db)
     workers = live_server.worker_pids()
@@ -714,7 +587,7 @@ def test_a_worker_killed_under_load_is_replaced_and_no_request_outlives_its_boun
         wait_until("the worker to die", lambda: not pid_alive(victim))
         replacement = wait_until(
             "the master to fork a replacement",
-            lambda: (live_server.worker_pids() - workers) or None,
+            lambda: (set(live_server.worker_pids()) - set(workers)) or None,
         )
         replaced_at = time.monotonic()
         after = load.count()
@@ -739,7 +612,7 @@ def test_a_worker_killed_under_load_is_replaced_and_no_request_outlives_its_boun
 
 
 @pytest.mark.gunicorn
-def test_clients_that_never_read_do_not_stop_the_server(live_server: ReachServer) -> None:
+def test_clients_that_never_read_do_not_stop_the_server(live_server: GunicornServer) -> None:
     """Four connections pipeline hundreds of /api/nodes requests (15 kB answers each) and
     never read: once the socket buffers fill, each pins one handler thread in a blocking
     send. Everybody else is still answered promptly; closing the sockets frees the threads."""

@@ -8,12 +8,10 @@ is certain, not a race: nothing frees a held slot until the test lets it go.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,19 +20,14 @@ from werkzeug.test import TestResponse
 
 from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, ColdPath, Grant, TTLCache
 from reachlimit.flask import ReachLimit, Settings
+from tests import servers
+from tests.helpers import LIMITER_FIELDS, PATH_FIELDS, slots_held
 
 DEADLINE = 10.0
 
 
 def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
-        time.sleep(0.001)
+    return servers.wait_until(what, probe, timeout=timeout, interval=0.001)
 
 
 class Harness:
@@ -107,17 +100,6 @@ class Harness:
         # no public figure shows it before the call ends.
         call = self.path.flight._calls.get(key)
         return call.followers if call is not None else 0
-
-
-@contextlib.contextmanager
-def slots_held(limiter: ColdLimiter) -> Iterator[list[Grant]]:
-    """Every build slot of ``limiter``, held by the test until the block ends."""
-    grants = [limiter.acquire() for _ in range(limiter.capacity_active)]
-    try:
-        yield grants
-    finally:
-        for grant in grants:
-            grant.__exit__(None, None, None)
 
 
 class Requests:
@@ -636,23 +618,7 @@ def test_health_view() -> None:
     body = resp.get_json()
     assert body["status"] == "ok"
     reach = body["reach"]
-    for name in (
-        "active",
-        "queued",
-        "peak_active",
-        "peak_queued",
-        "acquired",
-        "rejected_full",
-        "rejected_timeout",
-        "cancelled",
-        "capacity_active",
-        "capacity_queue",
-        "wait",
-        "hits",
-        "misses",
-        "builds",
-        "coalesced",
-    ):
+    for name in sorted(LIMITER_FIELDS | PATH_FIELDS):
         assert name in reach, name
     assert (reach["capacity_active"], reach["capacity_queue"], reach["wait"]) == (2, 8, 3.0)
     assert (reach["hits"], reach["misses"], reach["builds"], reach["acquired"]) == (1, 1, 1, 1)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -42,11 +41,7 @@ import pytest
 import urllib3
 from urllib3.util.retry import Retry
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the shared harness lives in tests/, beside this file
-    sys.path.insert(0, str(ROOT))
-
-from tests.servers import (  # noqa: E402
+from tests.servers import (
     CLIENT_TIMEOUT,
     HOST,
     GunicornServer,

@@ -26,13 +26,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import random
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,10 +39,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import webapp.reach
+from tests.servers import HOST, ROOT, reach_service, serving
 
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-DEADLINE = 20.0
 ALLOWED = {200, 400, 404, 405, 429}
 #: Every sentence an error body may carry: fixed texts, so no input is ever reflected.
 ERROR_SENTENCES = {
@@ -223,32 +216,6 @@ def test_options_is_answered_with_json(reach_app_factory: Any, known_keys: list[
 # -- the real server -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def raw_request(port: int, data: bytes, method: str, timeout: float = 10.0
                 ) -> tuple[int, str, bytes]:
     """Write ``data`` as it is and read one HTTP answer."""
@@ -260,54 +227,16 @@ def raw_request(port: int, data: bytes, method: str, timeout: float = 10.0
         return response.status, response.getheader("Content-Type") or "", body
 
 
-@contextlib.contextmanager
-def gunicorn_service(db: Path, log_dir: Path) -> Iterator[int]:
-    """The real service under gunicorn (webapp/gunicorn.conf.py, 1 worker, 16 threads),
-    stopped by its PID (SIGTERM, then SIGKILL) with a check that its worker is gone."""
-    from gunicorn.config import KNOWN_SETTINGS
-
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("REACH_", "REACHLIMIT_", "GUNICORN_"))}
-    env.update(REACH_DB=str(db), REACH_BIND=f"{HOST}:{port}", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "gunicorn", "-c", "webapp/gunicorn.conf.py", "--workers", "1"]
-    if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS):
-        cmd.append("--no-control-socket")
-    cmd.append("webapp.wsgi:app")
-    with open(log_dir / "stdout", "wb") as out, open(log_dir / "stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err)
-    workers: set[int] = set()
-    try:
-        deadline = time.monotonic() + DEADLINE
-        while True:
-            assert proc.poll() is None, (log_dir / "stderr").read_text()
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                get = "GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                if raw_request(port, get.encode(), "GET", 2)[0] == 200:
-                    break
-            assert time.monotonic() < deadline, (log_dir / "stderr").read_text()
-            time.sleep(0.05)
-        workers = _children(proc.pid)
-        yield port
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in workers):
-            assert time.monotonic() < deadline, "a gunicorn worker outlived its master"
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, reach_demo_db: Path) -> Iterator[int]:
-    with gunicorn_service(reach_demo_db, tmp_path_factory.mktemp("hostile-gunicorn")) as port:
-        yield port
+    """The real service under gunicorn (webapp/gunicorn.conf.py, 1 worker, 16 threads): its
+    port. Stopped by its PID (SIGTERM, then SIGKILL) with a check that its worker is gone."""
+    server = reach_service(
+        tmp_path_factory.mktemp("hostile-gunicorn"), reach_demo_db, "hostile",
+        workers_env=None, stripped_env=("REACH_", "REACHLIMIT_", "GUNICORN_"),
+    )
+    with serving(server, check_log=False):
+        yield server.port
 
 
 #: gunicorn's own limit on the request line (limit_request_line): beyond it, gunicorn - not

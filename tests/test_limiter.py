@@ -22,22 +22,9 @@ import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter, Grant, LimiterStats, ReachLimitError
 from reachlimit import _limiter as _limiter_module
+from tests.helpers import LIMITER_FIELDS as SPEC_STATS_FIELDS
 
 pytestmark = pytest.mark.timeout(30)
-
-SPEC_STATS_FIELDS = {
-    "active",
-    "queued",
-    "peak_active",
-    "peak_queued",
-    "acquired",
-    "rejected_full",
-    "rejected_timeout",
-    "cancelled",
-    "capacity_active",
-    "capacity_queue",
-    "wait",
-}
 
 MakeLimiter = Callable[..., ColdLimiter]
 

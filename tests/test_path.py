@@ -22,23 +22,9 @@ from reachlimit import (
     ColdPathStats,
     TTLCache,
 )
+from tests.helpers import LIMITER_FIELDS, PATH_FIELDS
 
 pytestmark = pytest.mark.timeout(30)
-
-LIMITER_FIELDS = {
-    "active",
-    "queued",
-    "peak_active",
-    "peak_queued",
-    "acquired",
-    "rejected_full",
-    "rejected_timeout",
-    "cancelled",
-    "capacity_active",
-    "capacity_queue",
-    "wait",
-}
-PATH_FIELDS = {"hits", "misses", "builds", "coalesced"}
 
 _DEFAULT = object()
 

@@ -60,6 +60,7 @@ from hypothesis.stateful import (
 )
 
 from reachlimit import NOT_FOUND, Busy, Cancelled, ColdLimiter, ColdPath, TTLCache
+from tests import servers
 
 LONG = os.environ.get("REACHLIMIT_STRESS", "").strip().lower() == "long"
 SEED = int(os.environ.get("REACHLIMIT_STRESS_SEED", "20261129"))
@@ -77,11 +78,7 @@ SHRINK = LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
     """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.0005)
+    servers.wait_until(what, predicate, timeout=timeout, interval=0.0005)
 
 
 def check_white_box(lim: ColdLimiter) -> None:

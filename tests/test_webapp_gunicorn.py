@@ -29,7 +29,6 @@ design:
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,24 +37,18 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the shared harness lives in tests/, beside this file
-    sys.path.insert(0, str(ROOT))
-
-from tests.servers import (  # noqa: E402
+from tests.servers import (
     GunicornServer,
     Herd,
     Reply,
     check_refusal,
     pid_alive,
+    reach_service,
     serving,
     wait_until,
 )
 
 pytestmark = pytest.mark.gunicorn
-
-APP = "webapp.wsgi:app"
-CONFIG = ROOT / "webapp" / "gunicorn.conf.py"
 
 #: Demo database size: a cold 7-day relay report takes tens of ms, the file takes ~3 s.
 DB_NODES = 800
@@ -116,29 +109,9 @@ def report_path(pubkey: str, days: int | None = 7) -> str:
 # -- the server -----------------------------------------------------------------------------
 
 
-def _is_webapp_health(server: GunicornServer, reply: Reply) -> bool:
-    body = reply.json()
-    return bool(body.get("status") == "ok" and "reach" in body)
-
-
 def webapp_server(log_dir: Path, db: Path, name: str, workers: int = 1) -> GunicornServer:
     """The service as an operator starts it: the config file, and the environment it reads."""
-    return GunicornServer(
-        APP,
-        log_dir,
-        name,
-        config=CONFIG,
-        env={"REACH_DB": str(db), "REACH_LOG_LEVEL": "debug"},
-        workers=workers,
-        workers_env="REACH_WORKERS",
-        bind_env="REACH_BIND",
-        threads=None,  # the config file's
-        worker_class=None,  # the config file's
-        access_log=False,  # the config file's ("-": stdout)
-        graceful_timeout=None,  # the config file's
-        ready_path="/api/health",
-        ready_check=_is_webapp_health,
-    )
+    return reach_service(log_dir, db, name, workers=workers, env={"REACH_LOG_LEVEL": "debug"})
 
 
 @pytest.fixture(scope="module")

@@ -4,87 +4,50 @@ design:
 
     The server runs in this process: ``werkzeug.serving.make_server(..., threaded=True)`` on
     127.0.0.1 port 0, ``serve_forever`` in a thread; shut down and joined (with a timeout) at
-    teardown. The test holds every build slot itself, by acquiring the app's limiter directly,
-    so requests can only queue; raw socket clients send a whole GET, sit in the queue, and
-    close. While the test holds the slots and the wait is 30 s, the only way out of the queue
-    is a cancellation: the checks are on what happened, and the delay from a close to its
-    place coming back is printed, never asserted.
+    teardown (``tests.servers.werkzeug_serving``). The test holds every build slot itself, by
+    acquiring the app's limiter directly, so requests can only queue; raw socket clients send
+    a whole GET, sit in the queue, and close. While the test holds the slots and the wait is
+    30 s, the only way out of the queue is a cancellation: the checks are on what happened,
+    and the delay from a close to its place coming back is printed, never asserted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import logging
 import socket
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from flask import Flask
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from reachlimit import ColdLimiter, Grant
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the test app lives in tests/apps, beside this file
-    sys.path.insert(0, str(ROOT))
-
-from tests.apps.slow_app import create_app  # noqa: E402
-
-HOST = "127.0.0.1"
-DEADLINE = 20.0
+from tests import servers
+from tests.apps.slow_app import create_app
+from tests.helpers import slots_held
+from tests.servers import DEADLINE, Reply, WerkzeugServer, werkzeug_serving
 
 
 def wait_until(
     what: str, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.002
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    return servers.wait_until(what, probe, timeout=timeout, interval=interval)
 
 
 def raw_client(port: int, path: str) -> socket.socket:
-    """A bare socket that has sent a whole GET for ``path`` and reads nothing."""
-    sock = socket.create_connection((HOST, port), timeout=DEADLINE)
-    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
-    sock.sendall(request.encode("ascii"))
-    return sock
+    return servers.raw_client(port, path, timeout=DEADLINE)
 
 
-def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=DEADLINE)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
+def get(port: int, path: str) -> Reply:
+    return servers.http_request(port, "GET", path, timeout=DEADLINE)
 
 
-@contextlib.contextmanager
-def serving(app: Flask) -> Iterator[BaseWSGIServer]:
-    server = make_server(HOST, 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="werkzeug-server", daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        thread.join(10)
-        server.server_close()
-        assert not thread.is_alive()
+def serving(app: Flask) -> contextlib.AbstractContextManager[WerkzeugServer]:
+    return werkzeug_serving(app, join_timeout=10)
 
 
 def limiter_of(app: Flask) -> ColdLimiter:
@@ -93,15 +56,8 @@ def limiter_of(app: Flask) -> ColdLimiter:
     return limiter
 
 
-@contextlib.contextmanager
-def all_slots_held(app: Flask) -> Iterator[list[Grant]]:
-    limiter = limiter_of(app)
-    grants = [limiter.acquire() for _ in range(limiter.capacity_active)]
-    try:
-        yield grants
-    finally:
-        for grant in grants:
-            grant.__exit__(None, None, None)
+def all_slots_held(app: Flask) -> contextlib.AbstractContextManager[list[Grant]]:
+    return slots_held(limiter_of(app))
 
 
 def key() -> str:
@@ -113,7 +69,7 @@ def test_clients_that_leave_the_queue_free_their_places(caplog: pytest.LogCaptur
     app = create_app(REACHLIMIT_WAIT=30)
     limiter = limiter_of(app)
     with serving(app) as server, all_slots_held(app):
-        port = server.socket.getsockname()[1]
+        port = server.port
         paths = [f"/report/gone-{key()}" for _ in range(limiter.capacity_queue)]
         sockets = []
         try:
@@ -166,7 +122,7 @@ def test_clients_that_leave_the_queue_free_their_places(caplog: pytest.LogCaptur
 
     # The slots are back: the places the leavers gave up are really free again.
     with serving(app) as server:
-        port = server.socket.getsockname()[1]
+        port = server.port
         status, _, body = get(port, "/report/after")
         assert status == 200
         assert json.loads(body)["key"] == "after"
@@ -180,7 +136,7 @@ def test_without_cancel_on_disconnect_a_leaver_waits_out_its_time() -> None:
     app = create_app(REACHLIMIT_WAIT="0.3", REACHLIMIT_CANCEL_ON_DISCONNECT="false")
     limiter = limiter_of(app)
     with serving(app) as server, all_slots_held(app):
-        port = server.socket.getsockname()[1]
+        port = server.port
         before = limiter.stats()
         sockets = []
         try:
