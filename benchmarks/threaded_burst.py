@@ -176,42 +176,41 @@ class BoundedPool(Policy):
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-class TimedSemaphore(Policy):
+class _SemaphorePolicy(Policy):
+    """A handler wrapped in a plain BoundedSemaphore(active): warm check, then take a slot
+    the way ``_take`` says (no queue cap, no singleflight, no recheck after waiting)."""
+
+    def __init__(self, work: ColdWork, cfg: Config) -> None:
+        super().__init__(work, cfg)
+        self.sem = threading.BoundedSemaphore(cfg.active)
+
+    def _take(self) -> bool:
+        raise NotImplementedError
+
+    def handle(self, key: str) -> bool:
+        if self.cache.get(key) is not None:
+            return True
+        if not self._take():
+            return False
+        try:
+            self._build_and_cache(key)
+        finally:
+            self.sem.release()
+        return True
+
+
+class TimedSemaphore(_SemaphorePolicy):
     name = "timed-sem"
 
-    def __init__(self, work: ColdWork, cfg: Config) -> None:
-        super().__init__(work, cfg)
-        self.sem = threading.BoundedSemaphore(cfg.active)
-
-    def handle(self, key: str) -> bool:
-        if self.cache.get(key) is not None:
-            return True
-        if not self.sem.acquire(timeout=self.cfg.wait):
-            return False
-        try:
-            self._build_and_cache(key)
-        finally:
-            self.sem.release()
-        return True
+    def _take(self) -> bool:
+        return self.sem.acquire(timeout=self.cfg.wait)  # every waiter parks up to `wait`
 
 
-class InstantRefusal(Policy):
+class InstantRefusal(_SemaphorePolicy):
     name = "refuse@2"
 
-    def __init__(self, work: ColdWork, cfg: Config) -> None:
-        super().__init__(work, cfg)
-        self.sem = threading.BoundedSemaphore(cfg.active)
-
-    def handle(self, key: str) -> bool:
-        if self.cache.get(key) is not None:
-            return True
-        if not self.sem.acquire(blocking=False):
-            return False
-        try:
-            self._build_and_cache(key)
-        finally:
-            self.sem.release()
-        return True
+    def _take(self) -> bool:
+        return self.sem.acquire(blocking=False)
 
 
 class Reachlimit(Policy):
