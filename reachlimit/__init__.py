@@ -6,9 +6,10 @@ lives in :mod:`reachlimit.flask`.
 """
 
 from ._cache import TTLCache
+from ._cancel import CancelToken, SocketWatch, watch_client
 from ._errors import Busy, Cancelled, ReachLimitError
 from ._flight import SingleFlight
-from ._limiter import CancelToken, ColdLimiter, Grant, LimiterStats
+from ._limiter import ColdLimiter, Grant, LimiterStats
 from ._path import NOT_FOUND, Cache, ColdPath, ColdPathStats, Limiter
 
 __version__ = "0.1.0"
@@ -27,5 +28,7 @@ __all__ = [
     "LimiterStats",
     "ReachLimitError",
     "SingleFlight",
+    "SocketWatch",
     "TTLCache",
+    "watch_client",
 ]

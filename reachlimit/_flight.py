@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Cancelled
-from ._limiter import CancelToken, ColdLimiter
 
 __all__ = ["SingleFlight"]
 
@@ -45,6 +45,10 @@ class _Call(Generic[T]):
 
 class SingleFlight(Generic[T]):
     """Collapse concurrent calls for one key into one call of ``fn``."""
+
+    #: Longest single wait of a follower that watches a cancel token; an instance attribute
+    #: of the same name overrides it.
+    CANCEL_POLL_INTERVAL = POLL_INTERVAL
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,7 +75,7 @@ class SingleFlight(Generic[T]):
                 leader = False
         if leader:
             return self._lead(key, call, fn), False
-        self._follow(call, cancel)
+        self._follow(call, cancel, self.CANCEL_POLL_INTERVAL)
         if call.error is not None:
             raise call.error
         return call.value, True  # type: ignore[return-value]  # set before done
@@ -94,10 +98,10 @@ class SingleFlight(Generic[T]):
             call.done.set()
 
     @staticmethod
-    def _follow(call: _Call[T], cancel: CancelToken | None) -> None:
+    def _follow(call: _Call[T], cancel: CancelToken | None, slice_s: float) -> None:
         if cancel is None:
             call.done.wait()
             return
-        while not call.done.wait(ColdLimiter.CANCEL_POLL_INTERVAL):
+        while not call.done.wait(slice_s):
             if cancel.is_set():
                 raise Cancelled()

@@ -41,21 +41,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
 
 # Module-level names: the refusal path is a handful of bytecodes, and lookups show.
 _QUEUE_FULL = Busy.QUEUE_FULL
 _Full = _queue.Full
 
-__all__ = ["ColdLimiter", "Grant", "LimiterStats", "CancelToken"]
-
-
-class CancelToken(Protocol):
-    """Anything with ``is_set()``: a ``threading.Event``, or a socket watcher."""
-
-    def is_set(self) -> bool: ...
+__all__ = ["ColdLimiter", "Grant", "LimiterStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +135,9 @@ class ColdLimiter:
     a monotonic clock in seconds, read only by callers that really wait.
     """
 
-    #: Longest single wait when a cancel object must be watched: a cancel object has no way
-    #: to wake us, so we look at it this often. 50 ms keeps the "place back within 100 ms of
-    #: the client leaving" promise with room to spare.
-    CANCEL_POLL_INTERVAL = 0.05
+    #: Longest single wait when a cancel token must be watched (see ``reachlimit._cancel``);
+    #: an instance attribute of the same name overrides it (tests wake waiters more often).
+    CANCEL_POLL_INTERVAL = POLL_INTERVAL
 
     def __init__(
         self,

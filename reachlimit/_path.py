@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from ._cache import TTLCache
+from ._cancel import CancelToken
 from ._errors import Cancelled
 from ._flight import SingleFlight
-from ._limiter import CancelToken, Grant, LimiterStats
+from ._limiter import Grant, LimiterStats
 
 __all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
 

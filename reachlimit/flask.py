@@ -32,12 +32,9 @@ import json
 import logging
 import math
 import re
-import select
-import socket
 import sys
-import threading
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import FrameType
 from typing import Any
 
@@ -45,8 +42,9 @@ from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
+from ._cancel import watch_client
 
-__all__ = ["ReachLimit", "ColdRefused", "ClientGone", "Settings"]
+__all__ = ["ReachLimit", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS"]
 
 log = logging.getLogger("reachlimit")
 
@@ -58,39 +56,37 @@ STATUS_CLIENT_GONE = 499
 SPARE_THREADS = 4
 
 
-@dataclass(frozen=True)
-class Settings:
-    """One app's configuration, read once by ``init_app``."""
+# -- settings: each option's name, default and check are written once, here ---------------
 
-    active: int = 2
-    queue: int = 8
-    wait: float = 3.0
-    retry_after: int = 2
-    cache_ttl: float = 300.0
-    cache_size: int = 256
-    status: int = 429
-    cancel_on_disconnect: bool = True
-
-    @property
-    def threads_needed(self) -> int:
-        return self.active + self.queue + SPARE_THREADS
+Check = Callable[[str, Any], Any]
 
 
-_CONFIG_PREFIX = "REACHLIMIT_"
-_OPTION_NAMES = frozenset(f.name for f in fields(Settings))
-
-
-def _as_int(key: str, value: Any, minimum: int, allowed: str | None = None) -> int:
+def _whole(minimum: int, allowed: str | None = None) -> Check:
     """A whole number >= minimum; numeric strings (from the environment) are accepted."""
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value, re.ASCII):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key} must be {allowed or f'a whole number >= {minimum}'}, "
-                         f"got {value!r}")
-    return value
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value, re.ASCII):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{key} must be {allowed or f'a whole number >= {minimum}'}, "
+                             f"got {value!r}")
+        return int(value)
+    return check
 
 
-def _as_positive_float(key: str, value: Any) -> float:
+def _one_of(*choices: int) -> Check:
+    allowed = " or ".join(map(str, choices))
+    whole = _whole(0, allowed)
+
+    def check(key: str, value: Any) -> int:
+        number: int = whole(key, value)
+        if number not in choices:
+            raise ValueError(f"{key} must be {allowed}, got {value!r}")
+        return number
+    return check
+
+
+def _seconds(key: str, value: Any) -> float:
+    """A finite number of seconds > 0."""
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
@@ -100,7 +96,7 @@ def _as_positive_float(key: str, value: Any) -> float:
     return number
 
 
-def _as_bool(key: str, value: Any) -> bool:
+def _flag(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -111,30 +107,50 @@ def _as_bool(key: str, value: Any) -> bool:
     raise ValueError(f"{key} must be true or false, got {value!r}")
 
 
+def _option(default: Any, check: Check) -> Any:
+    return field(default=default, metadata={"check": check})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One app's configuration, read once by ``init_app``.
+
+    Each field is an option: its name in upper case after ``REACHLIMIT_`` is the config key,
+    its name as it is the ``ReachLimit(...)`` argument, and its metadata holds its check."""
+
+    active: int = _option(2, _whole(1))
+    queue: int = _option(8, _whole(0))
+    wait: float = _option(3.0, _seconds)
+    retry_after: int = _option(2, _whole(1))
+    cache_ttl: float = _option(300.0, _seconds)
+    cache_size: int = _option(256, _whole(1))
+    status: int = _option(429, _one_of(429, 503))
+    cancel_on_disconnect: bool = _option(True, _flag)
+
+    @property
+    def threads_needed(self) -> int:
+        return self.active + self.queue + SPARE_THREADS
+
+
+_CONFIG_PREFIX = "REACHLIMIT_"
+_OPTION_NAMES = frozenset(f.name for f in fields(Settings))
+
+#: Every config key the extension reads, e.g. for an app that takes them from the environment.
+CONFIG_KEYS = tuple(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings))
+
+
 def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
     """Constructor arguments win over ``REACHLIMIT_*`` config keys, which win over defaults."""
-    defaults = Settings()
-
-    def pick(name: str) -> tuple[str, Any]:
-        key = _CONFIG_PREFIX + name.upper()
+    values: dict[str, Any] = {}
+    for option in fields(Settings):
+        name = option.name
         if name in overrides:
-            return f"{name} (ReachLimit argument)", overrides[name]
-        return key, config.get(key, getattr(defaults, name))
-
-    status_key, raw_status = pick("status")
-    status = _as_int(status_key, raw_status, 0, allowed="429 or 503")
-    if status not in (429, 503):
-        raise ValueError(f"{status_key} must be 429 or 503, got {raw_status!r}")
-    return Settings(
-        active=_as_int(*pick("active"), 1),
-        queue=_as_int(*pick("queue"), 0),
-        wait=_as_positive_float(*pick("wait")),
-        retry_after=_as_int(*pick("retry_after"), 1),
-        cache_ttl=_as_positive_float(*pick("cache_ttl")),
-        cache_size=_as_int(*pick("cache_size"), 1),
-        status=status,
-        cancel_on_disconnect=_as_bool(*pick("cancel_on_disconnect")),
-    )
+            key, raw = f"{name} (ReachLimit argument)", overrides[name]
+        else:
+            key = _CONFIG_PREFIX + name.upper()
+            raw = config.get(key, option.default)
+        values[name] = option.metadata["check"](key, raw)
+    return Settings(**values)
 
 
 class ColdRefused(HTTPException):
@@ -164,50 +180,6 @@ class _State:
     def __init__(self, settings: Settings, path: ColdPath) -> None:
         self.settings = settings
         self.path = path
-
-
-_POLLRDHUP: int | None = getattr(select, "POLLRDHUP", None)
-_warned_no_rdhup = threading.Event()
-
-
-class SocketWatch:
-    """A cancel token that is set once the client behind ``sock`` has closed its side.
-
-    ``is_set()`` polls with a zero timeout and never reads; the poll object is made on the
-    first call, so a warm hit that never waits pays nothing for it."""
-
-    __slots__ = ("_fd", "_poll", "_gone")
-
-    _GONE = select.POLLHUP | select.POLLERR | select.POLLNVAL | (_POLLRDHUP or 0)
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._fd = sock.fileno()
-        self._poll: select.poll | None = None
-        self._gone = False
-
-    def is_set(self) -> bool:
-        if self._gone:
-            return True
-        if self._poll is None:
-            self._poll = select.poll()
-            self._poll.register(self._fd, self._GONE)
-        for _fd, events in self._poll.poll(0):
-            if events & self._GONE:
-                self._gone = True
-        return self._gone
-
-
-def _client_watch(environ: Mapping[str, Any]) -> SocketWatch | None:
-    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
-    if sock is None or not hasattr(sock, "fileno"):
-        return None
-    if _POLLRDHUP is None:
-        if not _warned_no_rdhup.is_set():
-            _warned_no_rdhup.set()
-            log.warning("select.POLLRDHUP is not available here: clients that leave while "
-                        "queued keep their place until their wait ends")
-        return None
-    return SocketWatch(sock)
 
 
 def _gunicorn_threads() -> int | None:
@@ -278,7 +250,7 @@ class ReachLimit:
         left while waiting raises :class:`ClientGone` (499); ``build``'s own exceptions pass
         through unchanged and are never cached."""
         state = self._state()
-        cancel = _client_watch(request.environ) if state.settings.cancel_on_disconnect else None
+        cancel = watch_client(request.environ) if state.settings.cancel_on_disconnect else None
         try:
             return state.path.get(key, build, cancel)
         except Busy as busy:

@@ -44,6 +44,8 @@ from flask import Flask, Response
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, InternalServerError
 
+from reachlimit.flask import CONFIG_KEYS
+
 from .api import bp, json_error, reach_limit
 from .cli import demo_db_command
 from .reach import Visibility
@@ -57,15 +59,12 @@ log = logging.getLogger("webapp")
 DEFAULT_DB = Path(__file__).resolve().parent / "data" / "demo.sqlite"
 
 _ENV_KEYS = ("REACH_DB", "REACH_BLACKLIST", "REACH_HIDDEN_PREFIXES")
-_REACHLIMIT_KEYS = ("ACTIVE", "QUEUE", "WAIT", "RETRY_AFTER", "CACHE_TTL", "CACHE_SIZE",
-                    "STATUS", "CANCEL_ON_DISCONNECT")
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """The configuration keys present in the environment, as strings."""
     found: dict[str, Any] = {k: environ[k] for k in _ENV_KEYS if k in environ}
-    for name in _REACHLIMIT_KEYS:
-        key = f"REACHLIMIT_{name}"
+    for key in CONFIG_KEYS:
         if key in environ:
             found[key] = environ[key]  # the extension parses and validates the strings
     return found
