@@ -301,6 +301,8 @@ class ColdLimiter:
                     break
                 remaining = deadline - self._clock()
                 with self._lock:
+                    # Promotion is looked at before the deadline: a slot handed over before
+                    # the waiter noticed its time was up is kept (a grant, not a timeout).
                     if waiter.granted:
                         break
                     if remaining <= 0:

@@ -180,3 +180,23 @@ def test_matches_a_reference_model(maxsize: int, ops: list[tuple[str, int, int]]
             assert len(cache._data) <= maxsize  # never over the bound
         live = {k: v for k, (exp, v) in model.items() if exp > now[0]}
         assert {k: v for k, (exp, v) in cache._data.items() if exp > now[0]} == live
+
+
+def test_the_eviction_sweep_drops_entries_that_expire_exactly_now(fake_clock: Any) -> None:
+    """``get`` treats an entry whose expiry equals "now" as gone; so does the sweep."""
+    cache: TTLCache[str] = TTLCache(maxsize=2, ttl=10.0, clock=fake_clock)
+    cache.set("a", "A")
+    cache.set("b", "B")
+    fake_clock.advance(10.0)  # both expire exactly now
+    cache.set("c", "C")
+    assert len(cache) == 1  # both expired entries swept, not just the one oldest
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (None, None, "C")
+
+
+def test_ttls_below_one_second_are_accepted_and_honoured(fake_clock: Any) -> None:
+    cache: TTLCache[str] = TTLCache(ttl=0.25, clock=fake_clock)
+    cache.set("k", "v")
+    fake_clock.advance(0.2)
+    assert cache.get("k") == "v"
+    fake_clock.advance(0.05)
+    assert cache.get("k") is None

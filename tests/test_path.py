@@ -20,6 +20,7 @@ from reachlimit import (
     ColdLimiter,
     ColdPath,
     ColdPathStats,
+    SingleFlight,
     TTLCache,
 )
 from tests.helpers import LIMITER_FIELDS, PATH_FIELDS
@@ -568,3 +569,27 @@ def test_a_follower_can_cancel_without_disturbing_the_leader(threads: Any, wait_
     assert leader.value == "report:k"
     assert log.count() == 1
     assert path.stats().coalesced == 0
+
+
+def test_a_single_flight_passed_in_is_the_one_used() -> None:
+    class CountingFlight(SingleFlight[Any]):
+        calls = 0
+
+        def do(self, key: Any, fn: Callable[[], Any], cancel: Any = None) -> tuple[Any, bool]:
+            self.calls += 1
+            return super().do(key, fn, cancel)
+
+    flight = CountingFlight()
+    path = ColdPath(ColdLimiter(), flight=flight)
+    assert path.flight is flight
+    assert path.get("k", lambda: "v") == "v"
+    assert flight.calls == 1
+
+
+def test_a_fresh_path_and_limiter_report_all_zero_figures() -> None:
+    stats = ColdPath(ColdLimiter(active=3, queue=5, wait=2.5)).stats()
+    counters = {name: value for name, value in stats.as_dict().items()
+                if name not in ("capacity_active", "capacity_queue", "wait")}
+    assert counters and set(counters.values()) == {0}, counters
+    assert "peak_active" in counters and "peak_queued" in counters
+    assert (stats.capacity_active, stats.capacity_queue, stats.wait) == (3, 5, 2.5)
