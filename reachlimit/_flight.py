@@ -5,15 +5,19 @@ design:
     do(key, fn, cancel)
       lock held: look up the key's in-flight call
         none  -> register a new call; we are its leader
-        found -> we are a follower of that call
-      leader:   run fn() with no lock held; record its value or exception; forget the key
-                (only if it is still this call's); set the call's Event
+        found -> we are a follower of that call; the first follower gives it its Event
+      leader:   run fn() with no lock held; forget the key (only if it is still this
+                call's); if the call has an Event, record fn's value or exception, set it
       follower: wait on the call's Event (in short slices when a cancel object is given),
                 then return the same value or raise the same exception
 
-One ``threading.Lock`` guards ``_calls``. Each in-flight call has one ``threading.Event``, set
-exactly once, after its outcome is recorded; followers read the outcome only after the Event
-is set, so they never need the lock.
+One ``threading.Lock`` guards ``_calls`` and each call's ``done`` and ``followers``. A call
+gets its ``threading.Event`` only when a follower arrives: most calls never have one, and an
+Event (a Condition and a Lock) is the largest part of a lone leader's cost. The leader reads
+``done`` under the lock in the same step that forgets the key, so a follower either joined
+before that step (and its Event is set) or finds no call. The Event is set exactly once,
+after the outcome is recorded; followers read the outcome only after it is set, so they never
+need the lock for it.
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ T = TypeVar("T")
 
 
 class _Call(Generic[T]):
-    """One in-flight computation. Written by its leader before ``done`` is set; read by
-    followers only after."""
+    """One in-flight computation. ``value`` and ``error`` are written by its leader before
+    ``done`` is set and read by followers only after."""
 
     __slots__ = ("done", "value", "error", "followers")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done: threading.Event | None = None  # guarded by SingleFlight._lock
         self.value: T | None = None
         self.error: BaseException | None = None
         self.followers = 0  # guarded by SingleFlight._lock
@@ -67,15 +71,16 @@ class SingleFlight(Generic[T]):
         with self._lock:
             call = self._calls.get(key)
             if call is None:
-                call = _Call()
-                self._calls[key] = call
-                leader = True
+                call = self._calls[key] = _Call()
+                done = None  # we lead
             else:
                 call.followers += 1
-                leader = False
-        if leader:
+                done = call.done
+                if done is None:
+                    done = call.done = threading.Event()
+        if done is None:
             return self._lead(key, call, fn), False
-        self._follow(call, cancel, self.CANCEL_POLL_INTERVAL)
+        self._follow(done, cancel, self.CANCEL_POLL_INTERVAL)
         if call.error is not None:
             raise call.error
         return call.value, True  # type: ignore[return-value]  # set before done
@@ -86,22 +91,33 @@ class SingleFlight(Generic[T]):
 
     def _lead(self, key: Hashable, call: _Call[T], fn: Callable[[], T]) -> T:
         try:
-            call.value = value = fn()
-            return value
+            value = fn()
         except BaseException as exc:
-            call.error = exc
+            self._publish(key, call, None, exc)
             raise
-        finally:
-            with self._lock:
-                if self._calls.get(key) is call:
-                    del self._calls[key]
-            call.done.set()
+        self._publish(key, call, value, None)
+        return value
+
+    def _publish(
+        self, key: Hashable, call: _Call[T], value: T | None, error: BaseException | None
+    ) -> None:
+        """Forget the key (only if it is still this call's), then hand the outcome to the
+        followers, if any came. A call nobody followed keeps no outcome: its leader's
+        exception would otherwise hold the call through its traceback, a reference cycle
+        that only the garbage collector could free (one per refused leader)."""
+        with self._lock:
+            if self._calls.get(key) is call:
+                del self._calls[key]
+            done = call.done
+        if done is not None:
+            call.value, call.error = value, error
+            done.set()
 
     @staticmethod
-    def _follow(call: _Call[T], cancel: CancelToken | None, slice_s: float) -> None:
+    def _follow(done: threading.Event, cancel: CancelToken | None, slice_s: float) -> None:
         if cancel is None:
-            call.done.wait()
+            done.wait()
             return
-        while not call.done.wait(slice_s):
+        while not done.wait(slice_s):
             if cancel.is_set():
                 raise Cancelled()

@@ -7,6 +7,7 @@ promises "no database work" is checked by the build log staying unchanged.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -593,3 +594,28 @@ def test_a_fresh_path_and_limiter_report_all_zero_figures() -> None:
     assert counters and set(counters.values()) == {0}, counters
     assert "peak_active" in counters and "peak_queued" in counters
     assert (stats.capacity_active, stats.capacity_queue, stats.wait) == (3, 5, 2.5)
+
+
+@pytest.mark.parametrize("outcome", ["refused", "raised"])
+def test_a_lone_leader_that_fails_leaves_no_reference_cycle(outcome: str) -> None:
+    """Freed by reference counting alone: a saturated server refuses most often, and a cycle
+    per refusal (the error holding its flight call through its traceback) would leave that
+    much work to the garbage collector."""
+    limiter = ColdLimiter(active=1, queue=0)
+    path = ColdPath(limiter)
+
+    def failing_build() -> Any:
+        raise RuntimeError("scan failed")
+
+    held = limiter.acquire() if outcome == "refused" else None
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            with pytest.raises((Busy, RuntimeError)):
+                path.get("k", failing_build)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+        if held is not None:
+            held.release()

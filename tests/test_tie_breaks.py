@@ -107,17 +107,17 @@ def test_a_flight_forgets_its_key_before_anyone_sees_its_outcome(
     flight: SingleFlight[str] = SingleFlight()
     key_present_when_done: list[bool] = []
 
+    class RecordingEvent(threading.Event):
+        def set(self) -> None:
+            key_present_when_done.append("k" in flight._calls)
+            super().set()
+
     class RecordingCall(_flight._Call[str]):
+        """A call that has its Event from the start, as if a follower had already come."""
+
         def __init__(self) -> None:
             super().__init__()
-            recorded = self.done
-            original_set = recorded.set
-
-            def set_and_record() -> None:
-                key_present_when_done.append("k" in flight._calls)
-                original_set()
-
-            recorded.set = set_and_record  # type: ignore[method-assign]
+            self.done = RecordingEvent()
 
     monkeypatch.setattr(_flight, "_Call", RecordingCall)
     runs = []
