@@ -11,9 +11,14 @@ design:
         Cancelled .................... 499, logged; nobody is left to read it
         anything build raised ........ propagates unchanged to the app's own handlers
 
-The refusal is raised as a bare ``HTTPException`` carrying its finished response (code None),
-which Flask returns as it is without consulting any error handler: an app with its own
-``errorhandler(429)`` or ``errorhandler(Exception)`` still sends the JSON body and the header.
+The refusal is raised as an ``HTTPException`` subclass carrying its finished response, and
+``init_app`` registers the handler that returns that response for exactly that class. Flask
+looks for a handler under the exception's code first and, within a code, by the exception's own
+class before its bases, so ours is found before the app's ``errorhandler(429)`` (registered for
+``TooManyRequests``) or ``errorhandler(Exception)``: the JSON body and the header are sent
+whatever the app registered. Returning a finished ``Response`` from a handler is also the
+cheapest way out of a view: a bare exception would be run as a WSGI app and its answer copied.
+The refusal body and headers are rendered once per app and reused.
 
 The extension never stores the app: every figure lives in ``app.extensions["reachlimit"]``,
 so one ``ReachLimit`` can serve several apps, each with its own limiter and cache.
@@ -156,15 +161,22 @@ def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> S
 class ColdRefused(HTTPException):
     """A refusal turned into its finished JSON response; ``busy`` is the library's reason.
 
-    ``code`` stays None so Flask sends ``response`` as it is, past every error handler."""
+    ``init_app`` registers :func:`_send_finished` for this class, so Flask sends ``response``
+    as it is, before any handler of the app's own (see the module's design note). The class's
+    ``code`` is what Flask files that handler under; an instance's is its response's."""
+
+    code = 429
 
     def __init__(self, response: Response, busy: Busy) -> None:
         super().__init__(response=response)
+        self.code = response.status_code
         self.busy = busy
 
 
 class ClientGone(HTTPException):
     """The client left while its request waited; answered (and logged) as 499."""
+
+    code = STATUS_CLIENT_GONE
 
     def __init__(self) -> None:
         super().__init__(
@@ -172,14 +184,52 @@ class ClientGone(HTTPException):
         )
 
 
+def _send_finished(exc: ColdRefused | ClientGone) -> Response:
+    """The error handler of our own exceptions: their finished response, as it is."""
+    response = exc.response
+    assert isinstance(response, Response)
+    return response
+
+
+_REFUSAL_SENTENCES = {
+    Busy.QUEUE_FULL: "Too many reports are being built right now; please retry shortly.",
+    Busy.TIMEOUT: "Waited too long for a free build slot; please retry shortly.",
+}
+
+
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path")
+    __slots__ = ("settings", "path", "_refusals")
 
     def __init__(self, settings: Settings, path: ColdPath) -> None:
         self.settings = settings
         self.path = path
+        # (reason, retry_after) -> the refusal's body and headers, rendered once.
+        self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
+
+    def refusal(self, busy: Busy) -> Response:
+        """A fresh response for ``busy`` (a response is mutable, so never shared), built
+        from a body and headers rendered on the first refusal of each kind."""
+        rendered = self._refusals.get((busy.reason, busy.retry_after))
+        if rendered is None:
+            rendered = self._refusals[(busy.reason, busy.retry_after)] = _render_refusal(busy)
+        body, headers = rendered
+        # A one-item list rather than bytes: with Content-Length already among the headers,
+        # the response need not measure and set it again.
+        return Response([body], self.settings.status, headers)
+
+
+def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
+    retry_after = max(1, int(busy.retry_after))
+    sentence = _REFUSAL_SENTENCES.get(busy.reason, _REFUSAL_SENTENCES[Busy.TIMEOUT])
+    body = json.dumps({"error": sentence, "retryAfter": retry_after}).encode()
+    return body, [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("Retry-After", str(retry_after)),
+        ("Cache-Control", "no-store"),
+    ]
 
 
 def _gunicorn_threads() -> int | None:
@@ -232,6 +282,8 @@ class ReachLimit:
         )
         cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
         app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
+        for answered in (ColdRefused, ClientGone):
+            app.register_error_handler(answered, _send_finished)
         threads = _gunicorn_threads()
         if threads is not None and threads < settings.threads_needed:
             log.warning(
@@ -254,23 +306,10 @@ class ReachLimit:
         try:
             return state.path.get(key, build, cancel)
         except Busy as busy:
-            raise ColdRefused(self._refusal(busy, state.settings), busy) from None
+            raise ColdRefused(state.refusal(busy), busy) from None
         except Cancelled:
             log.info("client left while waiting for %r; answered 499", key)
             raise ClientGone() from None
-
-    @staticmethod
-    def _refusal(busy: Busy, settings: Settings) -> Response:
-        retry_after = max(1, int(busy.retry_after))
-        if busy.reason == Busy.QUEUE_FULL:
-            sentence = "Too many reports are being built right now; please retry shortly."
-        else:
-            sentence = "Waited too long for a free build slot; please retry shortly."
-        body = json.dumps({"error": sentence, "retryAfter": retry_after})
-        response = Response(body, status=settings.status, mimetype="application/json")
-        response.headers["Retry-After"] = str(retry_after)
-        response.headers["Cache-Control"] = "no-store"
-        return response
 
     # -- figures and housekeeping -------------------------------------------------------
 

@@ -648,3 +648,44 @@ def test_clear_cache() -> None:
         h.rl.clear_cache()
     assert h.get("a").get_json() == {"key": "a", "build": 2}
     assert h.built == ["a", "a"]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_refusal_stays_json_past_blueprint_handlers_and_trapping(status: int) -> None:
+    from flask import Blueprint
+    from werkzeug.exceptions import HTTPException
+
+    h = Harness({"REACHLIMIT_QUEUE": 0, "REACHLIMIT_STATUS": status,
+                 "TRAP_HTTP_EXCEPTIONS": True})
+    seen: list[str] = []
+    bp = Blueprint("reports", __name__)
+
+    @bp.get("/bp/<key>")
+    def bp_report(key: str) -> Any:
+        return jsonify(h.rl.cold(key, lambda: {"key": key}))
+
+    for registered in (429, 503, HTTPException, Exception):
+        def handler(e: Exception, registered: object = registered) -> Any:
+            seen.append(f"blueprint {registered}")
+            return "custom page", 500
+
+        bp.register_error_handler(registered, handler)
+
+    @h.app.errorhandler(HTTPException)
+    def app_http(e: HTTPException) -> Any:
+        seen.append("app HTTPException")
+        return "custom page", 500
+
+    @h.app.after_request
+    def stamp(response: Any) -> Any:
+        response.headers["X-Seen-By-App"] = "yes"
+        return response
+
+    h.app.register_blueprint(bp)
+    with slots_held(h.limiter):
+        refused = h.app.test_client().get("/bp/k")
+    assert_refusal(refused, status)
+    assert refused.headers["Content-Length"] == str(len(refused.data))
+    assert refused.headers["X-Seen-By-App"] == "yes"  # after_request hooks still run
+    assert seen == []
+
