@@ -46,8 +46,9 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 
 from .api import bp, json_error, reach_limit
 from .cli import demo_db_command
-from .reach import Visibility
-from .state import DatabaseError, ReachState, check_database
+from .db import DatabaseError, check_database
+from .state import ReachState
+from .visibility import Visibility
 
 __all__ = ["create_app", "DEFAULT_DB", "reach_state"]
 

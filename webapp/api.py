@@ -23,7 +23,7 @@ delay or fail a cached report. Only a promoted leader's build touches the databa
 in the leader's own handler thread, on that thread's connection, and reads its target again.
 
 The snapshot is the node index (names and roles, rebuilt at most once a minute by cold builds,
-and at once by a build whose target disagrees with it; see ``webapp.reach``). Consequences:
+and at once by a build whose target disagrees with it; see ``webapp.report``). Consequences:
 
 - A pubkey the snapshot does not know (unknown, or a node newer than the snapshot) costs one
   primary-key read on every request, warm or not, and fails with the 500 above while the
@@ -43,7 +43,7 @@ Decisions where the specification is silent:
 - ``/api/nodes``: ``limit`` (default 50) and ``offset`` (default 0) must be decimal integers
   when given (else 400 with a JSON error naming the parameter); integers out of range are
   clamped, ``limit`` to [1, 500] and ``offset`` to [0, 10**9]. ``q`` is trimmed and cut to 100
-  characters; see :func:`webapp.reach.list_nodes` for what it matches.
+  characters; see :func:`webapp.nodelist.list_nodes` for what it matches.
 - An integer parameter longer than :data:`MAX_INTEGER_TEXT` characters (spaces and leading
   zeros included) is not a number, whatever its digits: ``days`` then means 7 and ``limit`` /
   ``offset`` are a 400. The cap bounds the parser's work on any input.
@@ -63,8 +63,12 @@ from werkzeug.exceptions import HTTPException
 from reachlimit import NOT_FOUND
 from reachlimit.flask import ReachLimit
 
-from .reach import VisibilityRules, build_report, fetch_node, list_nodes, normalize_pubkey
+from .db import fetch_node
+from .meshcore import normalize_pubkey
+from .nodelist import list_nodes
+from .report import build_report
 from .state import ReachState
+from .visibility import VisibilityRules
 
 __all__ = ["bp", "reach_limit", "json_error", "parse_days"]
 
