@@ -1,7 +1,7 @@
 """The reach report and the node list: the data model, one small hand-built database per rule.
 
 Each test builds its mesh with :class:`Mesh` in ``tmp_path`` using only the columns that
-``shared/reach-reference.md`` lists, so the report is checked against the contract rather
+``webapp/README.md`` lists, so the report is checked against those rules rather
 than against the demo generator.
 """
 

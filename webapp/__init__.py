@@ -1,7 +1,8 @@
 """webapp: mesh reach reports over a CoreScope SQLite database, served by Flask.
 
 ``create_app(config=None)`` builds the app. Configuration comes from the environment, read
-here and never at import time, and ``config`` overrides it:
+here and never at import time, and ``config`` overrides it (``webapp/README.md``,
+"Configuration"):
 
 ===========================  ===============================================================
 ``REACH_DB``                 the database to serve, opened read-only. Unset or empty: the

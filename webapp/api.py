@@ -18,8 +18,8 @@ design: the reach report is the one expensive endpoint. Its request runs, in ord
                                                           never cached
 
 So a warm hit, a queued leader and a refused leader for a node the snapshot knows run no SQL
-and open no connection (SPEC §1 layer 1, §6 scenario 7): a locked or missing database does not
-delay or fail a cached report. Only a promoted leader's build touches the database; it runs
+and open no connection: a locked or missing database does not delay or fail a cached report
+(``webapp/README.md``, "Caching"). Only a promoted leader's build touches the database; it runs
 in the leader's own handler thread, on that thread's connection, and reads its target again.
 
 The snapshot is the node index (names and roles, rebuilt at most once a minute by cold builds,
@@ -36,7 +36,7 @@ and at once by a build whose target disagrees with it; see ``webapp.report``). C
   the database. This is the price of a warm path without database work; before this, the
   target's row was read on every request, warm or not.
 
-Decisions where the specification is silent:
+Parameter rules (also in ``webapp/README.md``, "Endpoints and errors" and "Decisions"):
 
 - ``days`` must be a decimal integer (optional sign, surrounding spaces allowed); anything
   else, including ``7.5`` and an empty value, means 7. Integers are clamped to [1, 30].
