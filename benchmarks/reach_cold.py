@@ -41,19 +41,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _common  # noqa: E402
 from _common import pct  # noqa: E402
 
-from webapp import create_app, reach  # noqa: E402
+from webapp import create_app  # noqa: E402
+from webapp.db import open_readonly  # noqa: E402
 from webapp.demodb import read_meta, write_demo_db  # noqa: E402
+from webapp.meshcore import is_path_capable  # noqa: E402
+from webapp.report import build_report  # noqa: E402
+from webapp.snapshot import load_degrees, load_node_index  # noqa: E402
+from webapp.visibility import Visibility  # noqa: E402
 
 
 def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict[str, Any]:
     meta = read_meta(db)
     now = float(meta["now"]) if "now" in meta else time.time()
-    conn = reach.open_readonly(db)
-    index = reach.load_node_index(conn)
-    degrees = reach.load_degrees(conn)
-    rules = reach.Visibility().current
+    conn = open_readonly(db)
+    index = load_node_index(conn)
+    degrees = load_degrees(conn)
+    rules = Visibility().current
     capable = sorted(k for k, n in index.nodes.items()
-                     if reach.is_path_capable(n.role) and index.reliable_tokens(k))
+                     if is_path_capable(n.role) and index.reliable_tokens(k))
     sample = random.Random(seed).sample(capable, min(targets, len(capable)))
     [(rows,)] = conn.execute("SELECT COUNT(*) FROM observations")
     result: dict[str, Any] = {
@@ -73,8 +78,8 @@ def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict
         times = []
         for key in sample:
             t0 = time.perf_counter()
-            reach.build_report(conn, key, days, now=now, visibility=rules,
-                               degrees=degrees, index=index)
+            build_report(conn, key, days, now=now, visibility=rules,
+                         degrees=degrees, index=index)
             times.append(time.perf_counter() - t0)
         median = statistics.median(times)
         ratio = median / baseline if baseline > 0 else float("inf")

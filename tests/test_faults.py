@@ -47,7 +47,9 @@ from typing import Any
 import pytest
 
 import webapp.api
-import webapp.reach
+import webapp.db
+import webapp.meshcore
+import webapp.snapshot
 import webapp.state
 from tests import servers
 from tests.servers import (
@@ -89,14 +91,14 @@ def assert_json_error(status: int, content_type: str, body: bytes, want_status: 
 
 def path_capable_targets(db: Path) -> list[str]:
     """Pubkeys whose report runs a real scan (path-capable, with a reliable token)."""
-    conn = webapp.reach.open_readonly(db)
+    conn = webapp.db.open_readonly(db)
     try:
-        index = webapp.reach.load_node_index(conn)
+        index = webapp.snapshot.load_node_index(conn)
     finally:
         conn.close()
     return sorted(
         key for key, node in index.nodes.items()
-        if webapp.reach.is_path_capable(node.role) and index.reliable_tokens(key)
+        if webapp.meshcore.is_path_capable(node.role) and index.reliable_tokens(key)
     )
 
 
@@ -273,7 +275,7 @@ def short_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     """Handler connections wait 0.3 s (not 5 s) for a locked database: same path, quicker."""
     timeout = 0.3
     monkeypatch.setattr(webapp.state, "open_readonly",
-                        functools.partial(webapp.reach.open_readonly, timeout=timeout))
+                        functools.partial(webapp.db.open_readonly, timeout=timeout))
     return timeout
 
 
@@ -353,7 +355,7 @@ def test_a_warm_report_is_served_at_once_while_the_database_is_locked(
     delays nor fails it (from a fresh handler thread, which has no connection open)."""
     busy_timeout = 3.0  # what a warm hit would wait if it touched the database
     monkeypatch.setattr(webapp.state, "open_readonly",
-                        functools.partial(webapp.reach.open_readonly, timeout=busy_timeout))
+                        functools.partial(webapp.db.open_readonly, timeout=busy_timeout))
     app = reach_app_factory(REACH_DB=str(db_copy))
     url = f"/api/nodes/{targets[1]}/reach?days=7"
     status, _, warm = get(app, url)

@@ -38,7 +38,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import webapp.reach
+import webapp.db
 from tests.servers import HOST, ROOT, reach_service, serving
 
 ALLOWED = {200, 400, 404, 405, 429}
@@ -163,7 +163,7 @@ def requests(draw: st.DrawFn, known: list[str]) -> tuple[str, str]:
 
 @pytest.fixture
 def known_keys(reach_demo_db: Path) -> list[str]:
-    conn = webapp.reach.open_readonly(reach_demo_db)
+    conn = webapp.db.open_readonly(reach_demo_db)
     try:
         return [row[0] for row in conn.execute("SELECT public_key FROM nodes ORDER BY 1")][:40]
     finally:

@@ -1,7 +1,7 @@
-"""webapp.reach: the reach report's data model, one small hand-built database per rule.
+"""The reach report and the node list: the data model, one small hand-built database per rule.
 
 Each test builds its mesh with :class:`Mesh` in ``tmp_path`` using only the columns that
-``shared/reach-reference.md`` lists, so the report is checked against the contract rather
+``webapp/README.md`` lists, so the report is checked against those rules rather
 than against the demo generator.
 """
 
@@ -17,17 +17,12 @@ from typing import Any
 
 import pytest
 
-from webapp import reach
-from webapp.reach import (
-    DegreeTable,
-    NodeIndex,
-    PeriodicSnapshot,
-    Visibility,
-    build_report,
-    haversine_km,
-    list_nodes,
-    normalize_pubkey,
-)
+from webapp import db, meshcore, scan, snapshot
+from webapp.meshcore import haversine_km, normalize_pubkey
+from webapp.nodelist import list_nodes
+from webapp.report import build_report
+from webapp.snapshot import DegreeTable, NodeIndex, PeriodicSnapshot
+from webapp.visibility import Visibility
 
 NOW = 1_780_000_000
 DAY = 86_400
@@ -96,7 +91,7 @@ class Mesh:
     def report(self, target: str, days: int = 7, *,
                visibility: Visibility | None = None) -> dict[str, Any] | None:
         self.conn.commit()
-        conn = reach.open_readonly(self.path)
+        conn = db.open_readonly(self.path)
         try:
             return build_report(conn, target, days, now=NOW,
                                 visibility=visibility or Visibility())
@@ -165,7 +160,7 @@ class TestReliableTokens:
         ("Room", True), ("chatroom", False), ("companion", False), ("", False),
     ])
     def test_path_capable_roles(self, role: str, capable: bool) -> None:
-        assert reach.is_path_capable(role) is capable
+        assert meshcore.is_path_capable(role) is capable
 
     def test_three_byte_token_when_two_bytes_collide(self, mesh: Mesh) -> None:
         target = mesh.node(pk("ab12cd"))
@@ -185,7 +180,7 @@ class TestReliableTokens:
         target = mesh.node(pk("e0"), name="Phone", role="companion")
         mesh.obs(["E0"])
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         statements: list[str] = []
         conn.set_trace_callback(statements.append)
         report = build_report(conn, target, 7, now=NOW, visibility=Visibility())
@@ -341,19 +336,19 @@ class TestAttribution:
         target = mesh.node(pk("a1a1"))
         for _ in range(5):
             mesh.obs([h(target)])
-        monkeypatch.setattr(reach, "SCAN_ROW_CAP", 3)
-        sql, _params = reach.scan_query([h(target)], NOW)
+        monkeypatch.setattr(db, "SCAN_ROW_CAP", 3)
+        sql, _params = db.scan_query([h(target)], NOW)
         assert sql.endswith("LIMIT 3")
         report = mesh.report(target)
         assert report is not None and report["importance"]["relay_observations"] == 3
 
     def test_scan_query_binds_sorted_tokens(self) -> None:
-        sql, params = reach.scan_query(["AB12CD", "AB", "AB12"], 123)
+        sql, params = db.scan_query(["AB12CD", "AB", "AB12"], 123)
         assert params == {"since": 123, "tok0": '%"AB"%', "tok1": '%"AB12"%',
                           "tok2": '%"AB12CD"%'}
         assert "o.timestamp >= :since AND (o.path_json LIKE :tok0 OR " in sql
         assert "LEFT JOIN observers obs ON obs.rowid = o.observer_idx" in sql
-        assert sql.endswith(f"LIMIT {reach.SCAN_ROW_CAP}")
+        assert sql.endswith(f"LIMIT {db.SCAN_ROW_CAP}")
 
 
 # -- the JSON --------------------------------------------------------------------------------
@@ -513,7 +508,7 @@ class TestListNodes:
         keys = [mesh.node(pk(f"{i:x}0"), name, role="companion") for i, name in enumerate(names)]
         mesh.node(pk("ff"), "Zulu", lat=0, lon=0)
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         vis = Visibility(blacklist=[keys[4]], hidden_prefixes=["hidden"])
         page, total = list_nodes(conn, limit=3, offset=0, visibility=vis)
         assert total == 6
@@ -625,9 +620,9 @@ class TestPeriodicSnapshot:
 
 def test_node_index_resolves_only_unique_path_capable_prefixes() -> None:
     nodes = [
-        reach.NodeInfo("ab" + "1" * 62, "", "repeater", None, None, ""),
-        reach.NodeInfo("ab" + "2" * 62, "", "repeater", None, None, ""),
-        reach.NodeInfo("cd" + "3" * 62, "", "companion", None, None, ""),
+        db.NodeInfo("ab" + "1" * 62, "", "repeater", None, None, ""),
+        db.NodeInfo("ab" + "2" * 62, "", "repeater", None, None, ""),
+        db.NodeInfo("cd" + "3" * 62, "", "companion", None, None, ""),
     ]
     index = NodeIndex.build(nodes, [])
     assert index.resolve("AB") is None
@@ -640,8 +635,8 @@ def test_node_index_resolves_only_unique_path_capable_prefixes() -> None:
 def test_a_target_newer_than_the_node_index_is_still_reported(mesh: Mesh) -> None:
     old = mesh.node(pk("b2b2"))
     mesh.conn.commit()
-    conn = reach.open_readonly(mesh.path)
-    stale_index = reach.load_node_index(conn)  # taken before the target existed
+    conn = db.open_readonly(mesh.path)
+    stale_index = snapshot.load_node_index(conn)  # taken before the target existed
     target = mesh.node(pk("a1a1"))
     mesh.obs([h(old), h(target)])
     mesh.conn.commit()
@@ -686,9 +681,9 @@ class TestHostileData:
         assert [(o["pubkey"], o["name"]) for o in report["direct_observers"]] == [
             (station, "\ufffdA")]
         assert report["importance"]["relay_observations"] == 1  # the bad path is skipped
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            assert reach.load_node_index(conn).nodes[peer].name == "\ufffdA"
+            assert snapshot.load_node_index(conn).nodes[peer].name == "\ufffdA"
             page, total = list_nodes(conn, visibility=Visibility())
             assert total == 2 and {n["name"] for n in page} == {"\ufffdA"}
         finally:
@@ -702,7 +697,7 @@ class TestHostileData:
     def test_deeply_nested_path_is_skipped(self, mesh: Mesh) -> None:
         target = mesh.node(pk("a1a1"))
         deep = "[" * 100_000 + f'"{h(target)}"' + "]" * 100_000
-        assert reach._parse_path(deep) is None
+        assert scan._parse_path(deep) is None
         mesh.obs(deep)
         mesh.obs([h(target)])
         report = mesh.report(target)
@@ -756,9 +751,9 @@ class TestStaleIndex:
         peer = mesh.node(pk("aa"), "A")
         mesh.obs([h(peer), h(target)])
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            stale = reach.load_node_index(conn)
+            stale = snapshot.load_node_index(conn)
             mesh.conn.execute("UPDATE nodes SET role = 'repeater' WHERE public_key = ?",
                               (target,))
             mesh.conn.commit()
@@ -775,15 +770,15 @@ class TestStaleIndex:
         """The webapp passes its snapshot's ``refresh`` so the fresh index is kept."""
         mesh.node(pk("b2b2"))
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            stale = reach.load_node_index(conn)
+            stale = snapshot.load_node_index(conn)
             target = mesh.node(pk("a1a1"), "New")  # newer than the index
             mesh.conn.commit()
             reloads: list[NodeIndex] = []
 
             def reload(c: sqlite3.Connection) -> NodeIndex:
-                reloads.append(reach.load_node_index(c))
+                reloads.append(snapshot.load_node_index(c))
                 return reloads[-1]
 
             report = build_report(conn, target, 7, now=NOW, visibility=Visibility(),
@@ -797,9 +792,9 @@ class TestStaleIndex:
         target = mesh.node(pk("01fa01"), "T")
         mesh.obs([h(target)])
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            stale = reach.load_node_index(conn)
+            stale = snapshot.load_node_index(conn)
             mesh.conn.execute("UPDATE nodes SET role = 'companion' WHERE public_key = ?",
                               (target,))
             mesh.conn.commit()
@@ -812,9 +807,9 @@ class TestStaleIndex:
     def test_an_index_that_agrees_with_the_target_is_not_reloaded(self, mesh: Mesh) -> None:
         target = mesh.node(pk("a1a1"), "T")
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            index = reach.load_node_index(conn)
+            index = snapshot.load_node_index(conn)
 
             def reload(c: sqlite3.Connection) -> NodeIndex:
                 raise AssertionError("no reload needed")
@@ -895,9 +890,9 @@ class TestStaleIndexForHiddenTargets:
     ) -> None:
         target = mesh.node(pk("a1a1"), "Roof")
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            stale = reach.load_node_index(conn)
+            stale = snapshot.load_node_index(conn)
             if change == "rename":
                 mesh.conn.execute("UPDATE nodes SET name = 'ZZ private' WHERE public_key = ?",
                                   (target,))
@@ -907,7 +902,7 @@ class TestStaleIndexForHiddenTargets:
             reloads: list[NodeIndex] = []
 
             def reload(c: sqlite3.Connection) -> NodeIndex:
-                reloads.append(reach.load_node_index(c))
+                reloads.append(snapshot.load_node_index(c))
                 return reloads[-1]
 
             vis = Visibility(hidden_prefixes=["zz"])
@@ -925,9 +920,9 @@ class TestStaleIndexForHiddenTargets:
 
     def test_an_unknown_target_missing_from_the_index_reloads_nothing(self, mesh: Mesh) -> None:
         mesh.conn.commit()
-        conn = reach.open_readonly(mesh.path)
+        conn = db.open_readonly(mesh.path)
         try:
-            index = reach.load_node_index(conn)
+            index = snapshot.load_node_index(conn)
 
             def reload(c: sqlite3.Connection) -> NodeIndex:
                 raise AssertionError("the index agrees: the node is in neither")

@@ -23,7 +23,10 @@ from typing import Any
 import pytest
 
 import webapp.api
-import webapp.reach
+import webapp.db
+import webapp.report
+import webapp.snapshot
+import webapp.visibility
 from webapp import reach_state
 from webapp.api import reach_limit
 
@@ -47,15 +50,15 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(reach_demo_db: Path) -> Mesh:
-    conn = webapp.reach.open_readonly(reach_demo_db)
+    conn = webapp.db.open_readonly(reach_demo_db)
     try:
-        index = webapp.reach.load_node_index(conn)
-        no_rules = webapp.reach.Visibility()
+        index = webapp.snapshot.load_node_index(conn)
+        no_rules = webapp.visibility.Visibility()
         linked: Counter[str] = Counter()
         observers: Counter[str] = Counter()
         report_of: dict[str, str] = {}
         for key in sorted(index.nodes):
-            report = webapp.reach.build_report(conn, key, 30, now=NOW, visibility=no_rules,
+            report = webapp.report.build_report(conn, key, 30, now=NOW, visibility=no_rules,
                                                index=index)
             assert report is not None
             for entry in report["links"] + report["direct_observers"]:
@@ -81,7 +84,7 @@ def db_copy(reach_demo_db: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def hidden_set(mesh: Mesh, rules: webapp.reach.VisibilityRules) -> set[str]:
+def hidden_set(mesh: Mesh, rules: webapp.visibility.VisibilityRules) -> set[str]:
     return {key for key, name in mesh.names.items() if rules.is_hidden(key, name)}
 
 
@@ -98,7 +101,7 @@ class Reader:
         self.requests = 0
 
     @property
-    def rules(self) -> webapp.reach.VisibilityRules:
+    def rules(self) -> webapp.visibility.VisibilityRules:
         return reach_state(self.app).visibility.current
 
     def check_body(self, body: bytes, hidden: set[str], where: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import webapp.api
-import webapp.reach
+import webapp.report
 from webapp import create_app, reach_state
 from webapp.demodb import write_demo_db
 
@@ -38,17 +38,21 @@ def query(db: Path, sql: str, *args: Any) -> list[Any]:
 @pytest.fixture(scope="module")
 def busy_repeater(reach_demo_db: Path) -> str:
     """A repeater whose 30-day report has links and direct observers."""
-    from webapp import reach
+    from webapp.db import open_readonly
+    from webapp.meshcore import is_path_capable
+    from webapp.report import build_report
+    from webapp.snapshot import load_node_index
+    from webapp.visibility import Visibility
 
-    conn = reach.open_readonly(reach_demo_db)
+    conn = open_readonly(reach_demo_db)
     try:
-        index = reach.load_node_index(conn)
+        index = load_node_index(conn)
         best, best_links = "", -1
         for key, node in sorted(index.nodes.items()):
-            if not reach.is_path_capable(node.role) or not index.reliable_tokens(key):
+            if not is_path_capable(node.role) or not index.reliable_tokens(key):
                 continue
-            report = reach.build_report(conn, key, 30, now=1_780_000_000,
-                                        visibility=reach.Visibility(), index=index)
+            report = build_report(conn, key, 30, now=1_780_000_000,
+                                  visibility=Visibility(), index=index)
             assert report is not None
             score = len(report["links"]) if report["direct_observers"] else -1
             if score > best_links:
@@ -219,7 +223,7 @@ def test_a_database_failure_is_500_and_not_cached(
     reach_client: Any, busy_repeater: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"/api/nodes/{busy_repeater}/reach"
-    real_build = webapp.reach.build_report
+    real_build = webapp.report.build_report
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise sqlite3.OperationalError("database is locked")
@@ -274,7 +278,7 @@ def test_refusals_pass_through_untouched(
     """The extension's 429 reaches the client as the extension made it."""
     app = reach_app_factory(REACHLIMIT_ACTIVE=1, REACHLIMIT_QUEUE=0)
     started, release = threading.Event(), threading.Event()
-    real_build = webapp.reach.build_report
+    real_build = webapp.report.build_report
 
     def slow_build(*args: Any, **kwargs: Any) -> Any:
         started.set()

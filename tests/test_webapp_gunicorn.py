@@ -82,8 +82,9 @@ class DemoDb:
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory: pytest.TempPathFactory) -> DemoDb:
+    from webapp.db import open_readonly
     from webapp.demodb import write_demo_db
-    from webapp.reach import load_node_index, open_readonly
+    from webapp.snapshot import load_node_index
 
     path = tmp_path_factory.mktemp("webapp-gunicorn-db") / "demo.sqlite"
     # `now` is the default (the start of this hour): the server's report windows end at the

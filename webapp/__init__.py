@@ -1,7 +1,8 @@
 """webapp: mesh reach reports over a CoreScope SQLite database, served by Flask.
 
 ``create_app(config=None)`` builds the app. Configuration comes from the environment, read
-here and never at import time, and ``config`` overrides it:
+here and never at import time, and ``config`` overrides it (``webapp/README.md``,
+"Configuration"):
 
 ===========================  ===============================================================
 ``REACH_DB``                 the database to serve, opened read-only. Unset or empty: the
@@ -48,8 +49,9 @@ from reachlimit.flask import CONFIG_KEYS
 
 from .api import bp, json_error, reach_limit
 from .cli import demo_db_command
-from .reach import Visibility
-from .state import DatabaseError, ReachState, check_database
+from .db import DatabaseError, check_database
+from .state import ReachState
+from .visibility import Visibility
 
 __all__ = ["create_app", "DEFAULT_DB", "reach_state"]
 

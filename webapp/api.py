@@ -18,12 +18,12 @@ design: the reach report is the one expensive endpoint. Its request runs, in ord
                                                           never cached
 
 So a warm hit, a queued leader and a refused leader for a node the snapshot knows run no SQL
-and open no connection (SPEC §1 layer 1, §6 scenario 7): a locked or missing database does not
-delay or fail a cached report. Only a promoted leader's build touches the database; it runs
+and open no connection: a locked or missing database does not delay or fail a cached report
+(``webapp/README.md``, "Caching"). Only a promoted leader's build touches the database; it runs
 in the leader's own handler thread, on that thread's connection, and reads its target again.
 
 The snapshot is the node index (names and roles, rebuilt at most once a minute by cold builds,
-and at once by a build whose target disagrees with it; see ``webapp.reach``). Consequences:
+and at once by a build whose target disagrees with it; see ``webapp.report``). Consequences:
 
 - A pubkey the snapshot does not know (unknown, or a node newer than the snapshot) costs one
   primary-key read on every request, warm or not, and fails with the 500 above while the
@@ -36,14 +36,14 @@ and at once by a build whose target disagrees with it; see ``webapp.reach``). Co
   the database. This is the price of a warm path without database work; before this, the
   target's row was read on every request, warm or not.
 
-Decisions where the specification is silent:
+Parameter rules (also in ``webapp/README.md``, "Endpoints and errors" and "Decisions"):
 
 - ``days`` must be a decimal integer (optional sign, surrounding spaces allowed); anything
   else, including ``7.5`` and an empty value, means 7. Integers are clamped to [1, 30].
 - ``/api/nodes``: ``limit`` (default 50) and ``offset`` (default 0) must be decimal integers
   when given (else 400 with a JSON error naming the parameter); integers out of range are
   clamped, ``limit`` to [1, 500] and ``offset`` to [0, 10**9]. ``q`` is trimmed and cut to 100
-  characters; see :func:`webapp.reach.list_nodes` for what it matches.
+  characters; see :func:`webapp.nodelist.list_nodes` for what it matches.
 - An integer parameter longer than :data:`MAX_INTEGER_TEXT` characters (spaces and leading
   zeros included) is not a number, whatever its digits: ``days`` then means 7 and ``limit`` /
   ``offset`` are a 400. The cap bounds the parser's work on any input.
@@ -63,8 +63,12 @@ from werkzeug.exceptions import HTTPException
 from reachlimit import NOT_FOUND
 from reachlimit.flask import ReachLimit
 
-from .reach import VisibilityRules, build_report, fetch_node, list_nodes, normalize_pubkey
+from .db import fetch_node
+from .meshcore import normalize_pubkey
+from .nodelist import list_nodes
+from .report import build_report
 from .state import ReachState
+from .visibility import VisibilityRules
 
 __all__ = ["bp", "reach_limit", "json_error", "parse_days"]
 

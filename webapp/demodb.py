@@ -46,11 +46,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .db import SCHEMA, iso_utc, open_readonly
+from .meshcore import ADVERT, HOP_HASH_SIZES, is_path_capable
+
 __all__ = [
     "DEFAULT_NODES",
     "DEFAULT_OBSERVATIONS",
     "DEFAULT_SEED",
-    "SCHEMA",
     "DemoSummary",
     "demo_now",
     "ensure_demo_db",
@@ -72,56 +74,9 @@ _RANGE_KM = 11.0  # radio range between relays, and between a relay and an obser
 _MAX_DEPTH = 6  # an observer hears packets at most 7 relays away (the flood dies out)
 _GROWTH_START = 0.2  # row density at the window's start, relative to the mean (see _when)
 
-#: A subset of the CoreScope ingestor's tables, column for column; the report reads only
-#: some of these columns.
-SCHEMA = """
-CREATE TABLE nodes (
-    public_key TEXT PRIMARY KEY,
-    name TEXT,
-    role TEXT,
-    lat REAL,
-    lon REAL,
-    last_seen TEXT,
-    first_seen TEXT,
-    advert_count INTEGER DEFAULT 0
-);
-CREATE TABLE observers (
-    id TEXT PRIMARY KEY,
-    name TEXT,
-    iata TEXT,
-    last_seen TEXT,
-    first_seen TEXT,
-    packet_count INTEGER DEFAULT 0
-);
-CREATE TABLE transmissions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    hash TEXT NOT NULL UNIQUE,
-    first_seen TEXT NOT NULL,
-    route_type INTEGER,
-    payload_type INTEGER,
-    payload_version INTEGER,
-    decoded_json TEXT,
-    from_pubkey TEXT
-);
-CREATE TABLE observations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    transmission_id INTEGER NOT NULL REFERENCES transmissions(id),
-    observer_idx INTEGER,
-    direction TEXT,
-    snr REAL,
-    rssi REAL,
-    score INTEGER,
-    path_json TEXT,
-    timestamp INTEGER NOT NULL
-);
-CREATE TABLE neighbor_edges (
-    node_a TEXT NOT NULL,
-    node_b TEXT NOT NULL,
-    count INTEGER DEFAULT 1,
-    PRIMARY KEY (node_a, node_b)
-);
-CREATE TABLE demo_meta (key TEXT PRIMARY KEY, value TEXT);
-"""
+#: The demo's own table, beside the CoreScope ones: how the file was made, so a stale demo
+#: database can be rewritten with the same seed and sizes.
+_DEMO_META = "CREATE TABLE demo_meta (key TEXT PRIMARY KEY, value TEXT);"
 
 # Built after the rows are in: faster than maintaining them row by row.
 _INDEXES = """
@@ -133,7 +88,6 @@ _INSERT_TX = "INSERT INTO transmissions VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 _INSERT_OBS = "INSERT INTO observations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 # MeshCore payload types: REQ 0, RESPONSE 1, TXT_MSG 2, ACK 3, ADVERT 4, GRP_TXT 5, PATH 8.
-ADVERT = 4
 _TYPES_RELAY = ((4, 45), (8, 20), (1, 15), (3, 10), (0, 10))  # (type, weight)
 _TYPES_CLIENT = ((4, 15), (2, 25), (5, 30), (3, 15), (0, 5), (1, 5), (8, 5))
 _HASH_BYTES = ((1, 55), (2, 35), (3, 10))  # (bytes per hop hash, weight)
@@ -182,9 +136,8 @@ def demo_now(at: float | None = None) -> int:
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, str]:
     """The ``demo_meta`` of a demo database ({} for a database that is not one)."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        conn = open_readonly(path)
     except sqlite3.Error:
         return {}
     try:
@@ -196,10 +149,6 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _iso(unix_s: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_s))
 
 
 def _weighted(rng: random.Random, table: Sequence[tuple[int, int]]) -> int:
@@ -304,7 +253,7 @@ def _make_nodes(rng: random.Random, count: int) -> list[_Node]:
             lat = lon = None
         pubkey = f"{rng.getrandbits(256):064x}"
         nodes.append(_Node(pubkey, name, role, x, y, lat, lon,
-                           relay=role in ("repeater", "room_server", "room")))
+                           relay=is_path_capable(role)))
     # Prefix collisions beyond the 1-byte ones that happen by themselves: some relays share
     # a 2-byte prefix with another (only their 3-byte token is reliable), a few even a
     # 3-byte prefix (they have no reliable token at all).
@@ -409,7 +358,7 @@ class _Traffic:
         self.now = now
         self.mesh = mesh = _Mesh(nodes, observers)
         relays = mesh.relays
-        self.hashes = [[n.pubkey[: 2 * size].upper() for size in (1, 2, 3)] for n in relays]
+        self.hashes = [[n.pubkey[:chars].upper() for chars in HOP_HASH_SIZES] for n in relays]
         # where each node's packets enter the mesh: a relay's neighbours, else the relays
         # within range of the node (at most six), else the nearest relay
         self.entries: list[list[int]] = []
@@ -492,7 +441,7 @@ class _Traffic:
                 self.adverts[oi] += 1
             done += len(rows)
             # decoded_json stays NULL: the demo carries routes, not payloads
-            yield ((self.transmissions, tx_hash, _iso(t), 1, ptype, 1, None,
+            yield ((self.transmissions, tx_hash, iso_utc(t), 1, ptype, 1, None,
                     origin.pubkey if carries_origin else None), rows)
 
 
@@ -533,20 +482,20 @@ def write_demo_db(
     try:
         conn.execute("PRAGMA journal_mode = OFF")  # a throw-away file until the rename
         conn.execute("PRAGMA synchronous = OFF")
-        conn.executescript(SCHEMA)
+        conn.executescript(SCHEMA + _DEMO_META)
         with conn:
             conn.executemany(
                 "INSERT INTO nodes (public_key, name, role, lat, lon, last_seen, first_seen) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(n.pubkey, n.name, n.role, n.lat, n.lon,
-                  _iso(now - rng.randrange(0, 3 * _DAY_S)),
-                  _iso(now - rng.randrange(30 * _DAY_S, 200 * _DAY_S))) for n in node_list],
+                  iso_utc(now - rng.randrange(0, 3 * _DAY_S)),
+                  iso_utc(now - rng.randrange(30 * _DAY_S, 200 * _DAY_S))) for n in node_list],
             )
             conn.executemany(
                 "INSERT INTO observers (rowid, id, name, iata, last_seen, first_seen) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(k + 1, key.upper(), name, "DEM", _iso(now - rng.randrange(0, 3600)),
-                  _iso(now - rng.randrange(40 * _DAY_S, 90 * _DAY_S)))
+                [(k + 1, key.upper(), name, "DEM", iso_utc(now - rng.randrange(0, 3600)),
+                  iso_utc(now - rng.randrange(40 * _DAY_S, 90 * _DAY_S)))
                  for k, (key, name, _x, _y) in enumerate(observers)],
             )
 

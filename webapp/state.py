@@ -22,44 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import demodb
-from .reach import (
-    DegreeTable,
-    NodeIndex,
-    PeriodicSnapshot,
-    Visibility,
-    check_schema,
-    load_degrees,
-    load_node_index,
-    open_readonly,
-)
+from .db import check_database, open_readonly
+from .snapshot import DegreeTable, NodeIndex, PeriodicSnapshot, load_degrees, load_node_index
+from .visibility import Visibility
 
-__all__ = ["ReachState", "DatabaseError", "check_database"]
+__all__ = ["ReachState"]
 
 log = logging.getLogger("webapp")
-
-
-class DatabaseError(Exception):
-    """The configured database cannot be served; the message is one line for an operator."""
-
-
-def check_database(path: Path) -> None:
-    """Raise :class:`DatabaseError` unless ``path`` is a readable CoreScope-schema database."""
-    if not path.exists():
-        raise DatabaseError(f"no database file at {path}")
-    if not path.is_file():
-        raise DatabaseError(f"{path} is not a file")
-    try:
-        conn = open_readonly(path)
-    except sqlite3.Error as exc:
-        raise DatabaseError(f"cannot open {path}: {exc}") from None
-    try:
-        check_schema(conn)
-    except sqlite3.OperationalError as exc:  # no such table / column
-        raise DatabaseError(f"{path} is not a CoreScope database ({exc})") from None
-    except sqlite3.Error as exc:  # "file is not a database", corruption
-        raise DatabaseError(f"cannot read {path}: {exc}") from None
-    finally:
-        conn.close()
 
 
 class ReachState:

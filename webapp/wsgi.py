@@ -9,7 +9,7 @@ configuration stops the master with one line instead of crash-looping workers.
 from __future__ import annotations
 
 from webapp import create_app, reach_state
-from webapp.state import DatabaseError
+from webapp.db import DatabaseError
 
 app = create_app()
 try:
