@@ -16,13 +16,17 @@ What the map promises, and what each test checks:
   bottleneck, and only the node labelled on the map (no label soup with dozens of links);
 * pointing at or focusing a marker names it; a click, Enter or Space opens that node's report;
 * hidden and blacklisted nodes never appear;
-* a report without a positioned neighbour says so instead of drawing an empty box.
+* a report without a positioned neighbour says so instead of drawing an empty box;
+* points on one spot are spread so each can be pointed at, and a lone point still gets a map
+  of a sensible size (the one test that changes a real report, in the network, to get there).
 
 Screenshots (desktop, phone, a crowded map, an empty one) go to ``test-artifacts/reach-map*.png``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -237,8 +241,8 @@ def test_map_draws_the_node_and_its_positioned_neighbours(
     open_map(page, live_server, report["node"]["pubkey"])
     assert_map_matches(page, report)
 
-    figure = page.locator("figure.reach-map")
-    assert figure.locator("figcaption").inner_text().startswith("Map of")
+    figure = page.get_by_role("figure", name=re.compile("^Map of"))
+    assert figure.count() == 1  # its accessible name is the caption
     for both in link_and_observer(report):  # drawn once, as an observer on the link's line
         mark = figure.locator(f'svg [data-pubkey="{both}"]')
         assert "observer" in (mark.get_attribute("class") or "")
@@ -270,7 +274,7 @@ def test_pointing_names_a_node_and_activating_opens_its_report(
     then has a map of its own; the URL follows, as for the links in the table."""
     report = richest(relay_reports(live_server), node_placed=True)
     start = report["node"]["pubkey"]
-    targets = [link for link in positioned_links(report)][:3]
+    targets = positioned_links(report)[:3]
     assert len(targets) == 3, "the demo database is too thin for this test"
     open_map(page, live_server, start)
     figure = page.locator("figure.reach-map")
@@ -315,6 +319,55 @@ def test_pointing_names_a_node_and_activating_opens_its_report(
     page.keyboard.press("Space")
     wait_for_report(page, third["pubkey"], DAYS)
     assert query_of(page) == {"node": third["pubkey"], "days": str(DAYS)}
+
+
+def marker_centres(tab: Any) -> dict[str, tuple[float, float]]:
+    """Where each drawn pubkey's marker is on the screen (the centre of its bounding box)."""
+    boxes = tab.eval_on_selector_all(
+        "svg.map [data-pubkey]",
+        """els => els.map(el => {
+               const dot = el.querySelector('.map-dot, .map-self-dot').getBoundingClientRect();
+               return [el.dataset.pubkey, dot.x + dot.width / 2, dot.y + dot.height / 2];
+           })""",
+    )
+    return {key: (x, y) for key, x, y in boxes}
+
+
+@pytest.mark.parametrize("neighbours", [1, 6])
+def test_points_on_one_spot_are_spread_and_a_lone_point_fits(
+    page: Any, live_server: LiveServer, neighbours: int
+) -> None:
+    """A real report whose positioned neighbours are moved (in the network, on the way to the
+    page) onto the node's own spot: every marker still has a place of its own, inside the
+    map, and the map keeps a sensible size instead of zooming into nothing."""
+    report = richest(relay_reports(live_server), node_placed=True)
+    node = report["node"]
+    moved = positioned_links(report)[:neighbours]
+    assert len(moved) == neighbours, "the demo database is too thin for this test"
+    keep = {link["pubkey"] for link in moved}
+    crafted = {
+        **report,
+        "links": [{**link, "lat": node["lat"], "lon": node["lon"]} for link in moved],
+        "direct_observers": [o for o in report["direct_observers"] if o["pubkey"] in keep],
+    }
+    page.route(
+        re.compile(rf".*/api/nodes/{node['pubkey']}/reach.*"),
+        lambda route: route.fulfill(status=200, content_type="application/json",
+                                    body=json.dumps(crafted)),
+    )
+    open_map(page, live_server, node["pubkey"])
+    assert set(drawn_keys(page)) == expected_keys(crafted) == {node["pubkey"], *keep}
+    svg = page.locator("svg.map").bounding_box()
+    assert svg is not None and svg["height"] >= 200, svg
+    centres = marker_centres(page)
+    for key, (x, y) in centres.items():
+        assert svg["x"] < x < svg["x"] + svg["width"] and svg["y"] < y < svg["y"] + svg["height"]
+        for other, (ox, oy) in centres.items():
+            if other != key:
+                assert math.hypot(x - ox, y - oy) >= 10, (key, other)
+    # The node keeps its place; the others ring it.
+    nx, ny = centres[node["pubkey"]]
+    assert abs(nx - (svg["x"] + svg["width"] / 2)) < 2
 
 
 def _has_positioned_neighbours(report: Report) -> bool:

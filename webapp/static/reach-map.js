@@ -36,7 +36,7 @@
   const SPREAD_PX = 16; // radius of the ring that coincident points are spread on
   const SAME_SPOT_PX = 3;
   // A two-way line is LINE_MIN_PX wide plus LINE_RANGE_PX times log10(1 + bottleneck) / 3, so
-  // widths mean the same on every map: 1 -> 3.0 px, 10 -> 5.0, 100 -> 6.8, 1,000 and more -> 8.5.
+  // widths mean the same on every map: 1 -> 2.2 px, 10 -> 3.9, 100 -> 6.2, 1,000 and more -> 8.5.
   // One-way lines (bottleneck 0) are LINE_MIN_PX.
   const LINE_MIN_PX = 1.5;
   const LINE_RANGE_PX = 7;
