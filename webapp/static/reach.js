@@ -17,6 +17,9 @@
 // stale response or timer finds its number out of date and does nothing: a newer choice is
 // never overwritten by an older one.
 //
+// The map of the report is drawn by reach-map.js (window.reachMap), and numbers and names are
+// written by reach-format.js (window.reachFormat); both are loaded before this file.
+//
 // The URL mirrors the choice (?node=<pubkey>&days=N): a report can be linked and reloaded, and
 // the browser's back and forward buttons move between reports.
 "use strict";
@@ -60,15 +63,10 @@
     linksEmpty: $("links-empty"),
     observers: $("observers"),
     observersEmpty: $("observers-empty"),
+    map: $("reach-map"),
   };
 
-  const numberFormat = new Intl.NumberFormat("en");
-  const fmtInt = (n) => numberFormat.format(n);
-  const fmtKm = (km) => (km == null ? "—" : `${km.toFixed(1)} km`);
-  const fmtSnr = (snr) => (snr == null ? "—" : `${snr.toFixed(1)} dB`);
-  const shortKey = (pubkey) => (pubkey ? `${pubkey.slice(0, 8)}…` : "");
-  const label = (item) => item.name || shortKey(item.pubkey) || "(unnamed)";
-  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  const { fmtInt, fmtKm, fmtSnr, shortKey, label, plural } = window.reachFormat;
 
   // -- Retry-After ------------------------------------------------------------------------
 
@@ -395,6 +393,8 @@
     els.report.classList.remove("stale");
     els.report.removeAttribute("aria-busy");
     els.report.hidden = false;
+    // Drawn once the section is visible: the map is fitted to the width it is given.
+    window.reachMap.render(els.map, data, days);
     report.shown = { node, days };
     // Opened from a link, the box shows the pubkey until the name is known.
     const untouched = !els.search.value || els.search.value === node;
