@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import WerkzeugServer
+from tests.support.werkzeug_server import WerkzeugServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

@@ -16,7 +16,7 @@ design:
       a client leaves while queued ... its queue place comes back; a follower of it leads
       a client leaves while building . the build completes, its value is cached, the slot
                                        comes back
-    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID; tests/servers.py)
+    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID; tests/support/)
       a worker SIGKILLed under load .. the master replaces it, the service answers again,
                                        every client request ends within its timeout
       clients that never read ........ the server keeps answering everybody else
@@ -49,19 +49,12 @@ import pytest
 import webapp.api
 import webapp.reach
 import webapp.state
-from tests import servers
-from tests.servers import (
-    HOST,
-    ROOT,
-    GunicornServer,
-    Reply,
-    http_request,
-    pid_alive,
-    raw_client,
-    reach_service,
-    serving,
-    werkzeug_serving,
-)
+from tests.support import HOST, ROOT
+from tests.support.clients import Reply, http_request, raw_client
+from tests.support.gunicorn_server import GunicornServer, reach_service, serving
+from tests.support.processes import pid_alive
+from tests.support.waiting import wait_until
+from tests.support.werkzeug_server import werkzeug_serving
 from webapp.api import reach_limit
 
 #: Bound on anything a passing test waits for; only a failing run gets near it.
@@ -71,10 +64,6 @@ INTERNAL = {"error": "Internal server error"}
 #: Text that must never reach a client: a traceback, a source line, a server path.
 LEAKS = (b"Traceback", b'File "', b"/work", b"/tmp", b"site-packages", str(ROOT).encode())
 
-
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    """Poll ``probe`` until it returns something true; fail after ``timeout`` seconds."""
-    return servers.wait_until(what, probe, timeout=timeout, interval=0.002)
 
 
 def assert_json_error(status: int, content_type: str, body: bytes, want_status: int,

@@ -20,14 +20,11 @@ from werkzeug.test import TestResponse
 
 from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, ColdPath, Grant, TTLCache
 from reachlimit.flask import ReachLimit, Settings
-from tests import servers
-from tests.helpers import LIMITER_FIELDS, PATH_FIELDS, slots_held
+from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, slots_held
+from tests.support.waiting import wait_until
 
 DEADLINE = 10.0
 
-
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    return servers.wait_until(what, probe, timeout=timeout, interval=0.001)
 
 
 class Harness:

@@ -7,8 +7,8 @@ design:
     it taken), waited for through ``/health`` with a bounded deadline, and stopped by its PID
     at teardown: SIGTERM, SIGKILL after a timeout, a bounded wait, then a check that the master
     and its worker are really gone. Servers are module-scoped so the file runs in seconds.
-    The generic part of that harness is ``tests/servers.py`` (``GunicornServer``); this file
-    adds what is particular to the slow app.
+    The generic part of that harness is ``GunicornServer`` (``tests/support/gunicorn_server.py``);
+    this file adds what is particular to the slow app.
 
     The app is ``tests/apps/slow_app.py``: every cold build waits on a gate the test opens
     (``POST /debug/release``), so "the builds are still held" is a fact read back from the
@@ -41,18 +41,17 @@ import pytest
 import urllib3
 from urllib3.util.retry import Retry
 
-from tests.servers import (
+from tests.support import HOST
+from tests.support.clients import (
     CLIENT_TIMEOUT,
-    HOST,
-    GunicornServer,
     Herd,
     Reply,
     check_refusal,
     http_request,
     raw_client,
-    serving,
-    wait_until,
 )
+from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.gunicorn
 

@@ -9,8 +9,8 @@ design:
     ``REACH_DB`` (a demo database written once for this module) and ``REACH_LOG_LEVEL=debug``
     (so gunicorn prints the configuration it runs with, and the test can check that the
     config file's own settings - gthread, 16 threads, preload - are the ones in force). It
-    is stopped by its PID; ``tests/servers.py`` checks that the master and its workers are
-    gone.
+    is stopped by its PID; ``tests/support/gunicorn_server.py`` checks that the master and
+    its workers are gone.
 
     The demo database (800 nodes, 200,000 observations, written in about 3 s) is sized so
     that a cold 7-day report of a relay scans tens of thousands of rows - tens of ms - and a
@@ -37,16 +37,10 @@ from typing import Any
 
 import pytest
 
-from tests.servers import (
-    GunicornServer,
-    Herd,
-    Reply,
-    check_refusal,
-    pid_alive,
-    reach_service,
-    serving,
-    wait_until,
-)
+from tests.support.clients import Herd, Reply, check_refusal
+from tests.support.gunicorn_server import GunicornServer, reach_service, serving
+from tests.support.processes import pid_alive
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.gunicorn
 

@@ -1,6 +1,4 @@
-"""Races, faults and long randomized runs against the core: ColdLimiter and ColdPath.
-
-Four tests, each driving the real classes from real threads:
+"""ColdLimiter against a model, step by step, and the same races free running.
 
 * ``test_limiter_state_machine``: a Hypothesis ``RuleBasedStateMachine``. Every rule starts,
   releases (normally, early, twice, or from a raising body), cancels, expires or breaks (a
@@ -15,25 +13,19 @@ Four tests, each driving the real classes from real threads:
 * ``test_release_races``: the same races free running (a release against a cancel, an expiry,
   a raising cancel object or clock, started together from a Barrier with a random skew):
   either side may win, exactly one does, nothing is lost.
-* ``test_limiter_thread_storm``: seeded ``random.Random`` threads doing thousands of acquires
-  with every kind of cancel object, timeouts, early/double releases and raising bodies, while
-  a sampler checks the invariants continuously; afterwards the counters must add up and the
-  full capacity (every slot, every queue place) must still be usable.
-* ``test_coldpath_storm``: the same kind of storm through ColdPath (singleflight, cache,
-  builds that raise or return NOT_FOUND/None, leaders whose client leaves).
 
 Each test prints what it tried (run with ``-s`` to see it).
 
-Short form (the default, part of every run; about 20 s on 2 cores)::
+Short form (the default, part of every run)::
 
-    python -m pytest tests/test_stress.py -s
+    python -m pytest tests/test_limiter_state_machine.py -s
 
-Long form (about 10x the examples, rounds and operations, with shrinking)::
+Long form (about 10x the examples and rounds, with shrinking)::
 
-    REACHLIMIT_STRESS=long python -m pytest tests/test_stress.py -s -m stress
+    REACHLIMIT_STRESS=long python -m pytest tests/test_limiter_state_machine.py -s
 
-``REACHLIMIT_STRESS_SEED=<int>`` changes the seed of every test (default 20261129); a failure
-prints the seed and the state machine's failing program of rules (every step), which
+``REACHLIMIT_STRESS_SEED=<int>`` changes the seed (default 20261129); a failure prints the
+seed and the state machine's failing program of rules (every step), which
 ``REACHLIMIT_STRESS_SHRINK=1`` (implied by the long form) shrinks to a minimal one.
 """
 
@@ -47,7 +39,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -59,52 +50,37 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from reachlimit import NOT_FOUND, Busy, Cancelled, ColdLimiter, ColdPath, TTLCache
-from tests import servers
+from reachlimit import Busy, Cancelled, ColdLimiter
+from tests.support.limiter import check_white_box
+from tests.support.stress import (
+    LONG,
+    MARKS,
+    SEED,
+    STEP_TIMEOUT,
+    BodyError,
+    TokenBroken,
+    wait_for_step,
+)
 
-LONG = os.environ.get("REACHLIMIT_STRESS", "").strip().lower() == "long"
-SEED = int(os.environ.get("REACHLIMIT_STRESS_SEED", "20261129"))
+pytestmark = MARKS
 
-pytestmark = [pytest.mark.stress, pytest.mark.timeout(1800 if LONG else 60)]
-
-#: How long one step may wait for the effect it caused. A healthy run needs milliseconds; the
-#: bound only turns a lost wake-up or a leaked slot into a failure instead of a hang.
-STEP_TIMEOUT = 3.0
 #: Shrinking a failure that shows up as a hang costs STEP_TIMEOUT per attempt, far beyond the
 #: short form's budget: the short form reports the failing program as found (every step is
 #: printed); the long form, or REACHLIMIT_STRESS_SHRINK=1, shrinks it to a minimal one.
 SHRINK = LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    servers.wait_until(what, predicate, timeout=timeout, interval=0.0005)
-
-
-def check_white_box(lim: ColdLimiter) -> None:
-    """Under the limiter's own lock: one gate place per queued waiter, and no idle slot while
-    anybody waits (a slot that is neither held nor handed on is a leak)."""
-    with lim._lock:
-        waiters = len(lim._waiters)
-        gate = lim._gate.qsize() if lim._gate is not None else 0
-        active = lim._active
-    assert gate == waiters, f"gate holds {gate} places for {waiters} queued waiters"
-    assert waiters == 0 or active == lim.capacity_active, (
-        f"{waiters} waiter(s) queued while only {active}/{lim.capacity_active} slots are held"
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # The state machine
-# --------------------------------------------------------------------------------------------
-
 #: Each client's clock starts at 0 and moves only when a rule moves it, so a waiter's deadline
 #: is exactly WAIT and "expire" is an exact event. A client without a cancel object waits in
 #: one real timed wait of this length: it leaves only by promotion (or the final drain).
 WAIT = 100_000.0
+
+
 #: Cancel-slice length used by the machine (the library allows at most 50 ms); a documented
 #: class attribute, shortened on the instance so a cancel or an expiry lands in a few ms.
 SLICE = 0.002
+
 
 _tls = threading.local()
 
@@ -113,16 +89,8 @@ _tls = threading.local()
 MACHINE_COUNTS: Counter[str] = Counter()
 
 
-class TokenBroken(Exception):
-    """Raised by a cancel object's is_set() on purpose."""
-
-
 class ClockBroken(Exception):
     """Raised by the clock on purpose."""
-
-
-class BodyError(Exception):
-    """Raised inside a grant's with-block on purpose."""
 
 
 class Token:
@@ -326,9 +294,8 @@ class LimiterMachine(RuleBasedStateMachine):
         """Wait until the limiter shows the model's state, then check no waiter moved."""
         lim = self.limiter
         want = (len(self.holders), len(self.queue))
-        wait_until(
-            lambda: (lim.stats().active, lim.stats().queued) == want,
-            f"active/queued == {want}",
+        wait_for_step(
+            f"active/queued == {want}", lambda: (lim.stats().active, lim.stats().queued) == want
         )
         for waiter in self.queue:
             assert not waiter.done.is_set(), (
@@ -370,7 +337,7 @@ class LimiterMachine(RuleBasedStateMachine):
             MACHINE_COUNTS["fast_path"] += 1
         elif len(self.queue) < lim.capacity_queue:
             self.queue.append(client)
-            wait_until(lambda: lim.stats().queued == len(self.queue), f"{client} admitted")
+            wait_for_step(f"{client} admitted", lambda: lim.stats().queued == len(self.queue))
             if client.token is not None:  # its deadline must be fixed before it may expire
                 assert client.deadline_fixed.wait(STEP_TIMEOUT), f"{client} never read the clock"
             MACHINE_COUNTS["queued"] += 1
@@ -468,8 +435,9 @@ class LimiterMachine(RuleBasedStateMachine):
         self.holders.remove(holder)
         holder.leave(mode)
         self._wait_finished(holder)
-        wait_until(lambda: self.limiter.stats().queued == len(self.queue) - 1,
-                   f"the hand-off to {victim}")
+        wait_for_step(
+            f"the hand-off to {victim}", lambda: self.limiter.stats().queued == len(self.queue) - 1
+        )
         assert not victim.done.is_set()
         trigger(victim, what)
         victim.token.resume.set()
@@ -504,8 +472,9 @@ class LimiterMachine(RuleBasedStateMachine):
         assert 0 <= s.queued <= s.capacity_queue
         assert s.peak_active <= s.capacity_active and s.peak_queued <= s.capacity_queue
         assert (s.active, s.queued) == (len(self.holders), len(self.queue))
-        got = {k: getattr(s, k) for k in ("acquired", "rejected_full", "rejected_timeout",
-                                          "cancelled")}
+        got = {
+            k: getattr(s, k) for k in ("acquired", "rejected_full", "rejected_timeout", "cancelled")
+        }
         want = {k: self.expected[k] for k in got}
         assert got == want, f"counters {got} != model {want}"
         check_white_box(self.lim)
@@ -524,8 +493,10 @@ class LimiterMachine(RuleBasedStateMachine):
                 assert not self.queue
                 s = self.lim.stats()
                 assert (s.active, s.queued) == (0, 0), s
-                assert s.acquired == self.expected["acquired"] == sum(
-                    c.outcome == "grant" for c in self.clients
+                assert (
+                    s.acquired
+                    == self.expected["acquired"]
+                    == sum(c.outcome == "grant" for c in self.clients)
                 ), s
                 check_white_box(self.lim)
         finally:
@@ -576,11 +547,7 @@ def test_limiter_state_machine() -> None:
     assert MACHINE_COUNTS["steps"] > 0
 
 
-# --------------------------------------------------------------------------------------------
 # Free-running races: a release and a cancel / expiry / failure of the oldest waiter
-# --------------------------------------------------------------------------------------------
-
-
 def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
     """One holder, the victim (oldest waiter) and a second waiter; the holder's release and
     the victim's trigger start together from a Barrier, with a random skew. Whoever wins,
@@ -598,7 +565,7 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
         assert victim.deadline_fixed.wait(STEP_TIMEOUT)
         second = Client(2, lim, cancel=rng.random() < 0.5).start()
         clients.append(second)
-        wait_until(lambda: lim.stats().queued == 2, "two waiters queued")
+        wait_for_step("two waiters queued", lambda: lim.stats().queued == 2)
         barrier = threading.Barrier(2, timeout=STEP_TIMEOUT)
         # A random skew (up to about one cancel slice) for one side: who gets there first.
         skew = rng.choice([0.0, rng.uniform(0, 0.0002), rng.uniform(0, 0.003)])
@@ -611,15 +578,22 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
                     # the very thread it waits for).
                     time.sleep(delay)
                 action()
+
             return run
 
         releaser_first = rng.random() < 0.5
         mode = rng.choice(["exit", "release", "raise"])
         racers = [
-            threading.Thread(target=after_barrier(lambda: holder.leave(mode),
-                                                  0.0 if releaser_first else skew), daemon=True),
-            threading.Thread(target=after_barrier(lambda: trigger(victim, what),
-                                                  skew if releaser_first else 0.0), daemon=True),
+            threading.Thread(
+                target=after_barrier(lambda: holder.leave(mode), 0.0 if releaser_first else skew),
+                daemon=True,
+            ),
+            threading.Thread(
+                target=after_barrier(
+                    lambda: trigger(victim, what), skew if releaser_first else 0.0
+                ),
+                daemon=True,
+            ),
         ]
         for racer in racers:
             racer.start()
@@ -635,8 +609,10 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
             assert victim.outcome == LOSER_OUTCOME[what], (victim.outcome, victim.error)
             assert second.done.wait(STEP_TIMEOUT), "the slot the victim gave up was lost"
             owner, queued = second, 0
-        wait_until(lambda: (lim.stats().active, lim.stats().queued) == (1, queued),
-                   f"one owner and {queued} waiter(s)")
+        wait_for_step(
+            f"one owner and {queued} waiter(s)",
+            lambda: (lim.stats().active, lim.stats().queued) == (1, queued),
+        )
         check_white_box(lim)
         assert owner.outcome == "grant"
         if queued:
@@ -669,428 +645,8 @@ def test_release_races() -> None:
     started = time.monotonic()
     for _ in range(rounds):
         _race_round(rng, rng.choice(["cancel", "expire", "token", "clock"]), outcomes)
-    print(f"\n[release races] seed={SEED} {rounds} rounds in {time.monotonic() - started:.1f} s: "
-          f"{dict(sorted(outcomes.items()))}")
+    print(
+        f"\n[release races] seed={SEED} {rounds} rounds in {time.monotonic() - started:.1f} s: "
+        f"{dict(sorted(outcomes.items()))}"
+    )
     assert sum(outcomes.values()) == rounds
-
-
-# --------------------------------------------------------------------------------------------
-# The thread storm
-# --------------------------------------------------------------------------------------------
-
-
-class LateToken:
-    """A cancel object that becomes set at a given monotonic instant (a client that leaves
-    at a random moment), with no thread behind it."""
-
-    def __init__(self, at: float) -> None:
-        self.at = at
-
-    def is_set(self) -> bool:
-        return time.monotonic() >= self.at
-
-
-class FailingToken:
-    """A cancel object whose ``is_set()`` raises on its n-th call."""
-
-    def __init__(self, calls_before_failing: int) -> None:
-        self.left = calls_before_failing
-
-    def is_set(self) -> bool:
-        if self.left <= 0:
-            raise TokenBroken("cancel object failed")
-        self.left -= 1
-        return False
-
-
-class StormClock:
-    """The real monotonic clock, counting reads per thread (to prove which paths read it).
-    ``freeze()`` stops it, so that no wait can time out any more: the final capacity check
-    then depends on no machine's speed."""
-
-    def __init__(self) -> None:
-        self.frozen: float | None = None
-
-    def __call__(self) -> float:
-        _tls.reads = getattr(_tls, "reads", 0) + 1
-        frozen = self.frozen
-        return time.monotonic() if frozen is None else frozen
-
-    def freeze(self) -> None:
-        self.frozen = time.monotonic()
-
-
-def _reads() -> int:
-    return int(getattr(_tls, "reads", 0))
-
-
-class Storm:
-    """Shared state of one storm: the set of live cancel Events, violations, figures."""
-
-    def __init__(self, active: int) -> None:
-        self.active = active
-        self.lock = threading.Lock()
-        self.holding = 0  # guarded by lock: grants held by storm threads right now
-        self.max_holding = 0  # guarded by lock
-        self.events: list[threading.Event] = []  # guarded by lock: cancel Events in use
-        self.violations: list[str] = []  # appended from any thread (list.append is atomic)
-        self.stop = threading.Event()
-
-    def hold(self, delta: int) -> None:
-        with self.lock:
-            self.holding += delta
-            self.max_holding = max(self.max_holding, self.holding)
-            if self.holding > self.active:
-                self.violations.append(f"{self.holding} grants held at once")
-
-
-def _storm_worker(lim: ColdLimiter, storm: Storm, rng: random.Random, ops: int,
-                  tally: Counter[str]) -> None:
-    wait = lim.wait
-    for _ in range(ops):
-        if storm.stop.is_set():
-            return
-        kind = rng.random()
-        cancel: Any = None
-        event: threading.Event | None = None
-        preset = False
-        if kind < 0.35:
-            cancel = None
-        elif kind < 0.55:
-            event = cancel = threading.Event()
-            with storm.lock:
-                storm.events.append(event)
-        elif kind < 0.72:
-            cancel = LateToken(time.monotonic() + rng.uniform(0, 2 * wait))
-        elif kind < 0.77:
-            cancel = threading.Event()
-            cancel.set()
-            preset = True
-        elif kind < 0.82:
-            cancel = FailingToken(rng.randint(1, 4))
-        else:
-            cancel = threading.Event()  # never set
-        reads_before = _reads()
-        try:
-            grant = lim.acquire(cancel)
-        except Busy as busy:
-            tally[busy.reason] += 1
-            if busy.reason == "queue_full" and _reads() != reads_before:
-                storm.violations.append("a queue_full refusal read the clock")
-            if busy.retry_after != lim.retry_after:
-                storm.violations.append(f"retry_after {busy.retry_after}")
-            continue
-        except Cancelled:
-            # A cancel seen before waiting raises at once, reads no clock and moves no
-            # counter; a cancel seen while waiting has fixed a deadline first.
-            waited = _reads() != reads_before
-            tally["cancelled" if waited else "cancelled_at_once"] += 1
-            if preset and waited:
-                storm.violations.append("a pre-set cancel read the clock")
-            continue
-        except TokenBroken:
-            tally["token_error"] += 1
-            continue
-        except BaseException as exc:  # noqa: BLE001
-            storm.violations.append(f"acquire raised {exc!r}")
-            continue
-        finally:
-            if event is not None:
-                with storm.lock:
-                    storm.events.remove(event)
-        if preset:
-            storm.violations.append("a pre-set cancel got a grant")
-        tally["grant"] += 1
-        tally["fast_path" if _reads() == reads_before else "promoted"] += 1
-        mode = rng.choice(("exit", "exit", "release", "raise", "double"))
-        storm.hold(+1)
-        try:
-            with grant:
-                # The build's work (not synchronisation): mostly short, sometimes longer than
-                # the wait, so that queued waiters time out.
-                pick = rng.random()
-                if pick < 0.2:
-                    time.sleep(rng.uniform(wait / 2, wait * 1.5))
-                elif pick < 0.5:
-                    time.sleep(rng.uniform(0, wait / 4))
-                storm.hold(-1)
-                if mode == "release":
-                    grant.release()
-                elif mode == "double":
-                    grant.release()
-                    try:
-                        grant.release()
-                    except RuntimeError:
-                        tally["double_release_refused"] += 1
-                    else:
-                        storm.violations.append("a double release did not raise")
-                elif mode == "raise":
-                    raise BodyError()
-        except BodyError:
-            tally["body_raised"] += 1
-
-
-def _storm_canceller(storm: Storm, rng: random.Random, pause: float, tally: Counter[str]) -> None:
-    """Sets random live cancel Events at random moments: clients leaving from outside."""
-    while not storm.stop.wait(rng.uniform(0, pause)):
-        with storm.lock:
-            event = rng.choice(storm.events) if storm.events else None
-        if event is not None:
-            event.set()
-            tally["events_set"] += 1
-
-
-def _storm_sampler(lim: ColdLimiter, storm: Storm, tally: Counter[str]) -> None:
-    """Checks the invariants continuously while the storm runs."""
-    while not storm.stop.is_set():
-        s = lim.stats()
-        tally["samples"] += 1
-        if not (0 <= s.active <= s.capacity_active and 0 <= s.queued <= s.capacity_queue):
-            storm.violations.append(f"bounds broken: {s}")
-        if s.peak_active > s.capacity_active or s.peak_queued > s.capacity_queue:
-            storm.violations.append(f"peak beyond capacity: {s}")
-        try:
-            check_white_box(lim)
-        except AssertionError as exc:
-            storm.violations.append(str(exc))
-        tally["saturated_samples"] += s.queued > 0
-        time.sleep(0)  # yield: let the storm threads take the lock too
-
-
-def _assert_full_capacity_usable(lim: ColdLimiter, clock: StormClock) -> None:
-    """Every slot and every queue place is still there: ``active`` fast-path grants with no
-    clock read, then ``queue`` admitted waiters, then an immediate queue_full refusal.
-    (The clock is frozen first: the waiters leave only when cancelled.)"""
-    clock.freeze()
-    before = _reads()
-    grants = [lim.acquire() for _ in range(lim.capacity_active)]
-    assert _reads() == before, "a fast-path acquire read the clock"
-    tokens = [threading.Event() for _ in range(lim.capacity_queue)]
-    results: list[str] = []
-
-    def wait_in_queue(token: threading.Event) -> None:
-        try:
-            lim.acquire(token).release()
-            results.append("grant")
-        except Cancelled:
-            results.append("cancelled")
-        except Busy as busy:
-            results.append(busy.reason)
-
-    threads = [threading.Thread(target=wait_in_queue, args=(t,), daemon=True) for t in tokens]
-    try:
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: lim.stats().queued == lim.capacity_queue, "the queue to fill")
-        with pytest.raises(Busy) as refused:
-            lim.acquire()
-        assert refused.value.reason == "queue_full"
-    finally:
-        for token in tokens:
-            token.set()
-        for thread in threads:
-            thread.join(STEP_TIMEOUT)
-        for grant in grants:
-            grant.release()
-    assert all(not t.is_alive() for t in threads)
-    assert results == ["cancelled"] * lim.capacity_queue, results
-    s = lim.stats()
-    assert (s.active, s.queued) == (0, 0), s
-
-
-STORM_CONFIGS = [  # (active, queue, wait seconds, threads)
-    (2, 8, 0.02, 16),
-    (1, 0, 0.02, 6),
-    (3, 2, 0.005, 10),
-    (1, 3, 0.01, 8),
-]
-
-
-@pytest.mark.parametrize("active,queue,wait,threads", STORM_CONFIGS)
-def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int) -> None:
-    ops = 2500 if LONG else 250
-    rng = random.Random(f"{SEED}-{active}-{queue}-{wait}")
-    clock = StormClock()
-    lim = ColdLimiter(active, queue, wait=wait, retry_after=2, clock=clock)
-    storm = Storm(active)
-    tallies = [Counter[str]() for _ in range(threads + 2)]
-    workers = [
-        threading.Thread(
-            target=_storm_worker,
-            args=(lim, storm, random.Random(rng.random()), ops, tallies[i]),
-            name=f"storm-{i}",
-            daemon=True,
-        )
-        for i in range(threads)
-    ]
-    helpers = [
-        threading.Thread(target=_storm_sampler, args=(lim, storm, tallies[-1]), daemon=True),
-        threading.Thread(
-            target=_storm_canceller,
-            args=(storm, random.Random(rng.random()), wait / 2, tallies[-2]),
-            daemon=True,
-        ),
-    ]
-    started = time.monotonic()
-    for thread in helpers + workers:
-        thread.start()
-    # Bounded: each operation waits at most `wait`, plus a hold of at most 1.5 x wait.
-    bound = 30.0 + ops * wait * 4
-    deadline = time.monotonic() + bound
-    for thread in workers:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    storm.stop.set()
-    for thread in helpers:
-        thread.join(STEP_TIMEOUT)
-    elapsed = time.monotonic() - started
-    stuck = [t.name for t in workers + helpers if t.is_alive()]
-    assert not stuck, f"threads did not finish within {bound:.0f} s: {stuck}"
-
-    tally: Counter[str] = sum(tallies, Counter())
-    operations = ops * threads
-    print(
-        f"\n[storm A={active} Q={queue} wait={wait}] seed={SEED} {operations} operations on "
-        f"{threads} threads in {elapsed:.1f} s: {dict(sorted(tally.items()))}"
-    )
-    assert not storm.violations, storm.violations[:10]
-    s = lim.stats()
-    assert (s.active, s.queued) == (0, 0), s
-    assert s.acquired == tally["grant"]
-    assert s.rejected_full == tally["queue_full"]
-    assert s.rejected_timeout == tally["timeout"]
-    assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
-    outcomes = ("grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error")
-    assert sum(tally[k] for k in outcomes) == operations
-    assert storm.max_holding <= active and s.peak_active <= active and s.peak_queued <= queue
-    # The storm really exercised the paths it claims to.
-    assert tally["grant"] and tally["fast_path"] and tally["cancelled_at_once"]
-    assert tally["queue_full"], "the storm never filled the queue"
-    if queue:
-        assert tally["promoted"] and tally["cancelled"], tally
-    if queue and active <= 2:  # with 3 slots a timeout needs 3 long holds at once: rare
-        assert tally["timeout"], tally
-    _assert_full_capacity_usable(lim, clock)
-
-
-# --------------------------------------------------------------------------------------------
-# The ColdPath storm
-# --------------------------------------------------------------------------------------------
-
-
-class BuildError(Exception):
-    """What a failing build raises; carries its key."""
-
-
-def test_coldpath_storm() -> None:
-    """Many threads, few keys, builds that succeed / raise / return NOT_FOUND or None, cancel
-    objects of every kind, a cache small enough to evict: every answer is the right one for
-    its key, at most one build per key and at most ``active`` builds at a time, errors and
-    misses are never cached, and nothing is left in flight or held afterwards."""
-    active, queue, wait, threads = 2, 4, 0.02, 14
-    ops = 1500 if LONG else 200
-    rng = random.Random(f"{SEED}-coldpath")
-    clock = StormClock()
-    lim = ColdLimiter(active, queue, wait=wait, clock=clock)
-    cache: TTLCache[Any] = TTLCache(maxsize=4, ttl=3600)
-    path = ColdPath(lim, cache)
-    keys = list(range(12))
-    lock = threading.Lock()
-    running: Counter[int] = Counter()  # guarded by lock: builds running per key
-    total_running = [0, 0]  # guarded by lock: now, peak
-    builds: Counter[int] = Counter()  # guarded by lock
-    violations: list[str] = []
-
-    def expected(key: int) -> Any:
-        return {0: BuildError, 1: NOT_FOUND, 2: None}.get(key % 6, f"value-{key}")
-
-    def make_build(key: int, pause: float) -> Callable[[], Any]:
-        def build() -> Any:
-            with lock:
-                running[key] += 1
-                builds[key] += 1
-                total_running[0] += 1
-                total_running[1] = max(total_running)
-                if running[key] > 1:
-                    violations.append(f"two builds of key {key} at once")
-                if total_running[0] > active:
-                    violations.append(f"{total_running[0]} builds at once")
-            try:
-                time.sleep(pause)  # the scan's work, not synchronisation
-                result = expected(key)
-                if result is BuildError:
-                    raise BuildError(key)
-                return result
-            finally:
-                with lock:
-                    running[key] -= 1
-                    total_running[0] -= 1
-
-        return build
-
-    def worker(wrng: random.Random, tally: Counter[str]) -> None:
-        for _ in range(ops):
-            key = wrng.choice(keys)
-            kind = wrng.random()
-            if kind < 0.5:
-                cancel: Any = None
-            elif kind < 0.8:
-                cancel = LateToken(time.monotonic() + wrng.uniform(0, 2 * wait))
-            elif kind < 0.85:
-                cancel = threading.Event()
-                cancel.set()
-            else:
-                cancel = threading.Event()
-            try:
-                value = path.get(key, make_build(key, wrng.uniform(0, wait / 2)), cancel)
-            except BuildError as exc:
-                tally["build_error"] += 1
-                if exc.args != (key,) or expected(key) is not BuildError:
-                    violations.append(f"key {key} got another key's error {exc!r}")
-                continue
-            except Busy as busy:
-                tally[busy.reason] += 1
-                continue
-            except Cancelled:
-                tally["cancelled"] += 1
-                continue
-            except BaseException as exc:  # noqa: BLE001
-                violations.append(f"get({key}) raised {exc!r}")
-                continue
-            tally["value"] += 1
-            if value is not expected(key):
-                if value != expected(key):
-                    violations.append(f"key {key} got {value!r}")
-
-    tallies = [Counter[str]() for _ in range(threads)]
-    workers = [
-        threading.Thread(target=worker, args=(random.Random(rng.random()), tallies[i]),
-                         daemon=True)
-        for i in range(threads)
-    ]
-    started = time.monotonic()
-    for thread in workers:
-        thread.start()
-    deadline = time.monotonic() + 30.0 + ops * wait * 3
-    for thread in workers:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    elapsed = time.monotonic() - started
-    assert not [t for t in workers if t.is_alive()], "ColdPath storm threads did not finish"
-    tally: Counter[str] = sum(tallies, Counter())
-    s = path.stats()
-    print(
-        f"\n[coldpath storm] seed={SEED} {ops * threads} gets on {threads} threads in "
-        f"{elapsed:.1f} s: {dict(sorted(tally.items()))} builds={s.builds} hits={s.hits} "
-        f"coalesced={s.coalesced} peak builds at once={total_running[1]}"
-    )
-    assert not violations, violations[:10]
-    assert (s.active, s.queued) == (0, 0), s
-    assert path.flight.in_flight() == 0
-    assert s.builds == sum(builds.values())
-    assert sum(tally.values()) == ops * threads
-    for key in keys:  # only real values were ever cached
-        cached = cache.get(key)
-        assert cached is None or cached == expected(key), (key, cached)
-        if expected(key) in (BuildError, NOT_FOUND, None):
-            assert cached is None, f"key {key}: {cached!r} was cached"
-    assert tally["value"] and tally["build_error"] and tally["cancelled"] and s.coalesced
-    _assert_full_capacity_usable(lim, clock)

@@ -1,12 +1,13 @@
-"""Real servers for the tests: a gunicorn master run as a subprocess, and small HTTP helpers.
+"""A gunicorn master run as a subprocess, on 127.0.0.1 only, for the tests and the HTTP
+benchmark alike.
 
 design:
 
-    A :class:`GunicornServer` is one ``sys.executable -m gunicorn`` subprocess of the test
-    process, on 127.0.0.1 only. What it serves and how is a parameter: the WSGI app spec, a
-    config file (``-c``), extra environment, workers, threads, extra command-line options, and
-    whether the bind address and the worker count go on the command line or into environment
-    variables that a config file reads (``REACH_BIND``, ``REACH_WORKERS``).
+    A :class:`GunicornServer` is one ``sys.executable -m gunicorn`` subprocess of the calling
+    process. What it serves and how is a parameter: the WSGI app spec, a config file (``-c``),
+    extra environment, workers, threads, extra command-line options, the folder it runs in,
+    and whether the bind address and the worker count go on the command line or into
+    environment variables that a config file reads (``REACH_BIND``, ``REACH_WORKERS``).
 
     start   pick a free loopback port (bind to port 0, close), spawn, and wait - with one
             bounded deadline - until (1) the master holds the listening socket of that port
@@ -19,312 +20,46 @@ design:
             after a bounded wait, SIGKILL to any recorded descendant still alive (checked to be
             the same process by its start time, never a recycled PID), and a bounded wait
             until the master and every worker ever seen are gone. A process that is still
-            there fails the test.
+            there is an ``AssertionError``.
     logs    stdout and stderr of the master go to ``<log_dir>/<name>.stdout`` / ``.stderr``
             (gunicorn's access log is on stdout when it is ``-``, its error log on stderr).
 
     :func:`reach_service` is the reach service (``webapp.wsgi:app``) set up that way, as an
     operator starts it: ``-c webapp/gunicorn.conf.py`` and the environment that file reads.
-
-    In-process, :class:`WerkzeugServer` (and the context manager :func:`werkzeug_serving`)
-    runs a WSGI app on Werkzeug's threaded server on 127.0.0.1 port 0, ``serve_forever`` in a
-    daemon thread; shut down and joined with a timeout, and a thread still alive fails the test.
-
-The helpers below (``Reply``, ``http_request``, ``raw_client``, ``wait_until``, ``free_port``,
-``pid_alive``, ``check_refusal``, ``Herd``) are shared by the tests that talk to real servers;
-``wait_until`` is also the one polling loop behind the in-process tests' ``wait_until`` of
-``tests/conftest.py``. Nothing here sleeps to make a test pass: waits are for a state, with a
-deadline that only a failing or hopelessly overloaded run ever reaches.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
-if TYPE_CHECKING:
-    from werkzeug.serving import BaseWSGIServer
+from tests.support import HOST, ROOT
+from tests.support.clients import CLIENT_TIMEOUT, Reply, http_request
+from tests.support.processes import (
+    children,
+    descendants,
+    die_with_parent,
+    free_port,
+    holds_listener,
+    pid_alive,
+    same_process_alive,
+    start_time,
+)
+from tests.support.waiting import DEADLINE, wait_until
 
-__all__ = [
-    "CLIENT_TIMEOUT",
-    "DEADLINE",
-    "HOST",
-    "ROOT",
-    "GunicornServer",
-    "Herd",
-    "Reply",
-    "WerkzeugServer",
-    "check_refusal",
-    "children",
-    "free_port",
-    "gunicorn_has",
-    "http_request",
-    "is_webapp_health",
-    "pid_alive",
-    "raw_client",
-    "reach_service",
-    "serving",
-    "wait_until",
-    "werkzeug_serving",
-]
-
-#: The repository root: gunicorn runs there, so ``tests.apps`` and ``webapp`` import.
-ROOT = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-#: Upper bound on anything a test waits for that is certain to happen. Only a failing (or
-#: hopelessly overloaded) run ever reaches it; no assertion depends on how close it gets.
-DEADLINE = 20.0
-#: Socket timeout of every client: longer than any wait a passing test can see.
-CLIENT_TIMEOUT = 40.0
 #: How long a master has to exit after SIGTERM (and again after SIGKILL), and its workers
 #: after that. Longer than any graceful_timeout the tests' servers use (10 s at most).
 STOP_TIMEOUT = 15.0
 #: gunicorn's error line when the address it binds is taken (it then retries for ~5 s).
 PORT_TAKEN = "Connection in use"
-
-
-# -- small HTTP helpers ---------------------------------------------------------------------
-
-
-class Reply(NamedTuple):
-    """One answer; a tuple too, so ``status, headers, body = reply`` and ``reply[0]`` work."""
-
-    status: int
-    headers: dict[str, str]  # names in lower case
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http_request(port: int, method: str, path: str, timeout: float = CLIENT_TIMEOUT) -> Reply:
-    """One request on its own connection, closed afterwards."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        resp = conn.getresponse()
-        body = resp.read()
-        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
-    finally:
-        conn.close()
-
-
-def raw_client(port: int, path: str, timeout: float = CLIENT_TIMEOUT) -> socket.socket:
-    """A bare socket that has sent a whole GET for ``path`` and reads nothing."""
-    sock = socket.create_connection((HOST, port), timeout=timeout)
-    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
-    sock.sendall(request.encode("ascii"))
-    return sock
-
-
-def wait_until(
-    what: object, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.005
-) -> Any:
-    """Call ``probe`` until it returns something true (and return that); fail with
-    ``AssertionError`` after ``timeout`` seconds. ``what`` names the state in the failure."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the caller retries if it is taken since)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def check_refusal(reply: Reply) -> None:
-    """The refusal of spec §4: 429, Retry-After: 2, JSON {"error": str, "retryAfter": 2}."""
-    assert reply.status == 429, reply
-    assert reply.headers["retry-after"] == "2"
-    assert reply.headers["content-type"].split(";")[0].strip() == "application/json"
-    assert "no-store" in reply.headers.get("cache-control", "")
-    body = reply.json()
-    assert set(body) == {"error", "retryAfter"}
-    assert isinstance(body["error"], str) and body["error"]
-    assert body["retryAfter"] == 2
-
-
-# -- in-process servers (Werkzeug) ----------------------------------------------------------
-
-
-class WerkzeugServer:
-    """``app`` on Werkzeug's threaded server in this process, on HOST port 0, served by a
-    daemon thread from the start. :meth:`close` shuts it down and joins the thread."""
-
-    def __init__(
-        self, app: Any, *, poll_interval: float = 0.5, name: str = "werkzeug-server"
-    ) -> None:
-        from werkzeug.serving import make_server
-
-        self.server: BaseWSGIServer = make_server(HOST, 0, app, threaded=True)
-        self.port: int = self.server.server_port
-        self.url = f"http://{HOST}:{self.port}"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever,
-            kwargs={"poll_interval": poll_interval},
-            name=name,
-            daemon=True,
-        )
-        self.thread.start()
-
-    def close(self, timeout: float = DEADLINE) -> None:
-        """Shut the server down and join its thread within ``timeout`` s (alive: a failure)."""
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), f"the server thread {self.thread.name!r} did not stop"
-
-
-@contextlib.contextmanager
-def werkzeug_serving(
-    app: Any, *, poll_interval: float = 0.5, join_timeout: float = DEADLINE
-) -> Iterator[WerkzeugServer]:
-    """A :class:`WerkzeugServer` for the block; closed (and its thread joined) on the way out."""
-    server = WerkzeugServer(app, poll_interval=poll_interval)
-    try:
-        yield server
-    finally:
-        server.close(join_timeout)
-
-
-# -- processes (Linux /proc) ------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` from field 3 (state) on, or None if it is gone.
-    The command name (field 2) may hold spaces and parentheses: split after its last ')'."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()
-
-
-def _start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot; field 22): with the PID, it names one
-    process for good, so a recycled PID is never taken for the process we saw."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _stat_fields(pid)
-    if fields is None:
-        return True  # no /proc to tell a zombie from a live process: assume live
-    return fields[0] != "Z"
-
-
-def _same_process_alive(pid: int, started: int | None) -> bool:
-    """``pid`` is alive and is still the process that started at ``started``."""
-    if not pid_alive(pid):
-        return False
-    return started is None or _start_time(pid) in (None, started)
-
-
-def children(pid: int) -> list[int]:
-    """The live child processes of ``pid``, from ``/proc/<pid>/task/<tid>/children`` (every
-    thread of it: a child belongs to the thread that forked it). Without that file (a kernel
-    without CONFIG_PROC_CHILDREN) the parent field of every ``/proc/<n>/stat`` is read."""
-    found: set[int] = set()
-    tasks = Path(f"/proc/{pid}/task")
-    try:
-        task_dirs = list(tasks.iterdir())
-    except OSError:
-        return []
-    have_children_files = False
-    for task in task_dirs:
-        try:
-            text = (task / "children").read_text()
-        except OSError:  # no such file, or the thread ended meanwhile
-            continue
-        have_children_files = True
-        found.update(int(c) for c in text.split())
-    if not have_children_files:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                fields = _stat_fields(int(entry.name))
-                if fields is not None and int(fields[1]) == pid:
-                    found.add(int(entry.name))
-    return sorted(c for c in found if pid_alive(c))
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under ``pid`` (children, their children, ...), parents first."""
-    out: list[int] = []
-    frontier = [pid]
-    while frontier:
-        following: list[int] = []
-        for p in frontier:
-            for c in children(p):
-                if c not in out:
-                    out.append(c)
-                    following.append(c)
-        frontier = following
-    return out
-
-
-def _listening_inodes(port: int) -> set[str]:
-    """Socket inodes listening on TCP ``port`` (IPv4 and IPv6), from /proc/net/tcp{,6}."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
-                continue
-            if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def holds_listener(pid: int, port: int) -> bool:
-    """True when process ``pid`` holds a socket listening on TCP ``port``."""
-    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    if not wanted:
-        return False
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(fd) in wanted:
-                return True
-        except OSError:
-            continue  # closed meanwhile
-    return False
-
-
-# -- gunicorn -------------------------------------------------------------------------------
 
 
 def gunicorn_has(setting: str) -> bool:
@@ -351,6 +86,8 @@ class GunicornServer:
     are passed only when not None. ``ready_path`` must answer 200 and ``ready_check(server,
     reply)`` return true before :meth:`start` returns (return False for "this is not the
     server I started", which counts as a failed start); ``ready_timeout`` bounds that wait.
+    ``chdir`` is where gunicorn runs (the repository root unless told otherwise); with
+    ``die_with_parent`` Linux stops the master should the process that started it die.
     """
 
     def __init__(
@@ -373,6 +110,8 @@ class GunicornServer:
         ready_check: Callable[[GunicornServer, Reply], bool] | None = None,
         ready_timeout: float = DEADLINE,
         stripped_env: Sequence[str] = STRIPPED_ENV,
+        chdir: Path = ROOT,
+        die_with_parent: bool = False,
     ) -> None:
         self.app = app
         self.name = name
@@ -390,6 +129,8 @@ class GunicornServer:
         self.ready_check = ready_check
         self.ready_timeout = ready_timeout
         self.stripped_env = tuple(stripped_env)
+        self.chdir = chdir
+        self.die_with_parent = die_with_parent
         self.stdout_path = log_dir / f"{name}.stdout"  # the access log, when it is "-"
         self.stderr_path = log_dir / f"{name}.stderr"  # gunicorn's and the app's log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -420,7 +161,7 @@ class GunicornServer:
             cmd += ["--access-logfile", "-"]
         if self.graceful_timeout is not None:
             cmd += ["--graceful-timeout", f"{self.graceful_timeout:g}"]
-        cmd += ["--chdir", str(ROOT)]
+        cmd += ["--chdir", str(self.chdir)]
         if gunicorn_has("control_socket_disable"):
             # gunicorn >= 25.1 opens a control socket at one fixed path per user by default;
             # several test servers at once (or a developer's own gunicorn) would collide.
@@ -456,11 +197,13 @@ class GunicornServer:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 self.command(),
-                cwd=ROOT,
+                cwd=self.chdir,
                 env=self.environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
+                # Only a prctl runs in the child (see processes.die_with_parent).
+                preexec_fn=die_with_parent() if self.die_with_parent else None,
             )
 
     def _wait_ready(self) -> bool:
@@ -491,7 +234,7 @@ class GunicornServer:
             return []
         pids = children(self.proc.pid)
         for pid in pids:
-            self.seen.setdefault(pid, _start_time(pid))
+            self.seen.setdefault(pid, start_time(pid))
         return pids
 
     def stop(self) -> None:
@@ -502,7 +245,7 @@ class GunicornServer:
             return
         if proc.poll() is None:
             for pid in descendants(proc.pid):
-                self.seen.setdefault(pid, _start_time(pid))
+                self.seen.setdefault(pid, start_time(pid))
             os.kill(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=STOP_TIMEOUT)
@@ -514,13 +257,13 @@ class GunicornServer:
         # A master killed by SIGKILL leaves its workers behind (they notice and exit, but
         # only after a while); kill those that are still the processes we saw.
         for pid, started in self.seen.items():
-            if _same_process_alive(pid, started):
+            if same_process_alive(pid, started):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for pid, started in self.seen.items():
 
             def gone(pid: int = pid, started: int | None = started) -> bool:
-                return not _same_process_alive(pid, started)
+                return not same_process_alive(pid, started)
 
             wait_until(f"worker {pid} to exit", gone, timeout=STOP_TIMEOUT)
 
@@ -530,7 +273,7 @@ class GunicornServer:
             return True
         if self.proc.poll() is None or pid_alive(self.proc.pid):
             return False
-        return not any(_same_process_alive(p, s) for p, s in self.seen.items())
+        return not any(same_process_alive(p, s) for p, s in self.seen.items())
 
     # -- talking to it ------------------------------------------------------------------------
 
@@ -611,62 +354,3 @@ def reach_service(
     }
     settings.update(options)
     return GunicornServer(WEBAPP_APP, log_dir, name, **settings)
-
-
-# -- clients --------------------------------------------------------------------------------
-
-
-class Herd:
-    """Clients released together by a Barrier, each on its own connection, one per path.
-
-    ``order`` lists the indexes of the replies in the order they came back."""
-
-    def __init__(self, port: int, paths: list[str]) -> None:
-        self.paths = paths
-        self.replies: list[Reply | BaseException | None] = [None] * len(paths)
-        self.order: list[int] = []  # guarded by _cond
-        self._cond = threading.Condition()
-        self._done = 0  # guarded by _cond
-        self._barrier = threading.Barrier(len(paths))
-        self._threads = [
-            threading.Thread(target=self._run, args=(port, i, p), daemon=True)
-            for i, p in enumerate(paths)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, port: int, i: int, path: str) -> None:
-        reply: Reply | BaseException
-        try:
-            self._barrier.wait(timeout=DEADLINE)
-            reply = http_request(port, "GET", path)
-        except BaseException as exc:  # recorded, and failed on in results()
-            reply = exc
-        with self._cond:
-            self.replies[i] = reply
-            self.order.append(i)
-            self._done += 1
-            self._cond.notify_all()
-
-    def wait_done(self, n: int) -> list[Reply]:
-        """Wait until ``n`` replies are in; return the ones in so far."""
-        with self._cond:
-            assert self._cond.wait_for(lambda: self._done >= n, DEADLINE), (
-                f"only {self._done} of {n} replies after {DEADLINE} s"
-            )
-            finished = [r for r in self.replies if r is not None]
-        for r in finished:
-            assert isinstance(r, Reply), r
-        return finished  # type: ignore[return-value]
-
-    def join(self) -> None:
-        deadline = time.monotonic() + CLIENT_TIMEOUT + 5
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-            assert not t.is_alive(), "a client thread did not finish"
-
-    def results(self) -> list[Reply]:
-        self.join()
-        for r in self.replies:
-            assert isinstance(r, Reply), r
-        return self.replies  # type: ignore[return-value]
