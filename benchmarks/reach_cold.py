@@ -36,13 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _common  # also puts the repository root on sys.path, for webapp
+from _common import pct
 
-import _common  # noqa: E402
-from _common import pct  # noqa: E402
-
-from webapp import create_app, reach  # noqa: E402
-from webapp.demodb import read_meta, write_demo_db  # noqa: E402
+from webapp import create_app, reach
+from webapp.demodb import read_meta, write_demo_db
 
 
 def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict[str, Any]:

@@ -29,7 +29,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from tests.support.clients import (
     Herd,
     Reply,
     check_refusal,
+    close_one_by_one,
     http_request,
     raw_client,
 )
@@ -323,17 +323,11 @@ def test_clients_that_leave_the_queue_free_their_places(server: Gunicorn) -> Non
 
         # The gate is closed and a wait lasts 30 s: the only way out of the queue now is
         # a cancellation. Close the clients one by one and see each place come back.
-        delays = []
-        for n, sock in enumerate(sockets, start=1):
-            closed_at = time.monotonic()
-            sock.close()
+        def place_back(n: int) -> bool:
+            h = server.health()
+            return bool(h["cancelled"] - before["cancelled"] == n and h["queued"] == 8 - n)
 
-            def place_back(n: int = n) -> bool:
-                h = server.health()
-                return bool(h["cancelled"] - before["cancelled"] == n and h["queued"] == 8 - n)
-
-            wait_until(f"place {n} back", place_back, timeout=5.0, interval=0.002)
-            delays.append(time.monotonic() - closed_at)
+        delays = close_one_by_one(sockets, place_back)
         print(
             "gunicorn: client close -> queue place back (incl. one /health poll): "
             + ", ".join(f"{d * 1000:.1f} ms" for d in delays)

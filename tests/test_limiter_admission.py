@@ -11,14 +11,8 @@ import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter
 from tests.support.clock import FakeClock
-from tests.support.limiter import (
-    gate_size,
-    start_acquire,
-    stats_diff,
-)
-from tests.support.limiter_checks import (
-    check_queue_bound,
-)
+from tests.support.limiter import gate_size, start_acquire, stats_diff
+from tests.support.limiter_checks import check_queue_bound
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 

@@ -11,10 +11,7 @@ import pytest
 
 from reachlimit import ColdLimiter
 from tests.support.clock import FakeClock
-from tests.support.limiter import (
-    PausingCancel,
-    start_acquire,
-)
+from tests.support.limiter import PausingCancel, start_acquire
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 

@@ -37,7 +37,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
@@ -51,23 +50,15 @@ from hypothesis.stateful import (
 )
 
 from reachlimit import Busy, Cancelled, ColdLimiter
+from tests.support import stress
 from tests.support.limiter import check_white_box
-from tests.support.stress import (
-    LONG,
-    MARKS,
-    SEED,
-    STEP_TIMEOUT,
-    BodyError,
-    TokenBroken,
-    wait_for_step,
-)
 
-pytestmark = MARKS
+pytestmark = stress.MARKS
 
-#: Shrinking a failure that shows up as a hang costs STEP_TIMEOUT per attempt, far beyond the
+#: Shrinking a failure that shows up as a hang costs stress.STEP_TIMEOUT per attempt, far beyond the
 #: short form's budget: the short form reports the failing program as found (every step is
 #: printed); the long form, or REACHLIMIT_STRESS_SHRINK=1, shrinks it to a minimal one.
-SHRINK = LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
+SHRINK = stress.LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
 
 
 # The state machine
@@ -112,9 +103,9 @@ class Token:
         if self._pause_next:
             self._pause_next = False
             self.paused.set()
-            self.resume.wait(STEP_TIMEOUT)
+            self.resume.wait(stress.STEP_TIMEOUT)
         if self.broken:
-            raise TokenBroken("cancel object failed")
+            raise stress.TokenBroken("cancel object failed")
         return self.event.is_set()
 
 
@@ -199,33 +190,15 @@ class Client:
             self.done.set()
             if self.outcome != "grant":
                 return
-            if not self.go.wait(STEP_TIMEOUT * 6):
+            if not self.go.wait(stress.STEP_TIMEOUT * 6):
                 self.exit_result = "never told to leave"
-            self.exit_result = self._leave(grant) if self.exit_result is None else self.exit_result
+            self.exit_result = (
+                stress.leave_grant(grant, self.mode)
+                if self.exit_result is None
+                else self.exit_result
+            )
         finally:
             self.finished.set()
-
-    def _leave(self, grant: Any) -> str:
-        mode = self.mode
-        try:
-            with grant:
-                if mode == "release":
-                    grant.release()
-                elif mode == "double":
-                    grant.release()
-                    try:
-                        grant.release()
-                    except RuntimeError:
-                        pass
-                    else:
-                        return "a second release() did not raise RuntimeError"
-                elif mode == "raise":
-                    raise BodyError()
-        except BodyError:
-            return "ok" if mode == "raise" else "unexpected BodyError"
-        except BaseException as exc:  # noqa: BLE001
-            return f"leaving the grant raised {exc!r}"
-        return "ok" if mode != "raise" else "the body's exception was swallowed"
 
 
 def trigger(victim: Client, what: str) -> None:
@@ -272,7 +245,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _outcome(client: Client) -> str:
-        assert client.done.wait(STEP_TIMEOUT), f"{client}: acquire() did not return"
+        assert client.done.wait(stress.STEP_TIMEOUT), f"{client}: acquire() did not return"
         assert client.outcome is not None
         return client.outcome
 
@@ -294,7 +267,7 @@ class LimiterMachine(RuleBasedStateMachine):
         """Wait until the limiter shows the model's state, then check no waiter moved."""
         lim = self.limiter
         want = (len(self.holders), len(self.queue))
-        wait_for_step(
+        stress.wait_for_step(
             f"active/queued == {want}", lambda: (lim.stats().active, lim.stats().queued) == want
         )
         for waiter in self.queue:
@@ -303,7 +276,7 @@ class LimiterMachine(RuleBasedStateMachine):
             )
 
     def _wait_finished(self, client: Client) -> None:
-        assert client.finished.wait(STEP_TIMEOUT), f"{client} did not finish"
+        assert client.finished.wait(stress.STEP_TIMEOUT), f"{client} did not finish"
         if client.outcome == "grant":
             assert client.exit_result == "ok", f"{client}: {client.exit_result}"
 
@@ -337,9 +310,13 @@ class LimiterMachine(RuleBasedStateMachine):
             MACHINE_COUNTS["fast_path"] += 1
         elif len(self.queue) < lim.capacity_queue:
             self.queue.append(client)
-            wait_for_step(f"{client} admitted", lambda: lim.stats().queued == len(self.queue))
+            stress.wait_for_step(
+                f"{client} admitted", lambda: lim.stats().queued == len(self.queue)
+            )
             if client.token is not None:  # its deadline must be fixed before it may expire
-                assert client.deadline_fixed.wait(STEP_TIMEOUT), f"{client} never read the clock"
+                assert client.deadline_fixed.wait(stress.STEP_TIMEOUT), (
+                    f"{client} never read the clock"
+                )
             MACHINE_COUNTS["queued"] += 1
         else:
             self._expect(client, "queue_full")
@@ -398,7 +375,7 @@ class LimiterMachine(RuleBasedStateMachine):
         else:
             victim.break_clock()
         self._expect(victim, "error")
-        wanted = TokenBroken if what == "token" else ClockBroken
+        wanted = stress.TokenBroken if what == "token" else ClockBroken
         assert isinstance(victim.error, wanted), repr(victim.error)
         self.queue.remove(victim)
         self._settle()
@@ -431,11 +408,11 @@ class LimiterMachine(RuleBasedStateMachine):
         mode = data.draw(st.sampled_from(["exit", "release", "raise"]), label="mode")
         assert victim.token is not None
         victim.token.pause_next_call()
-        assert victim.token.paused.wait(STEP_TIMEOUT), f"{victim} never looked at cancel"
+        assert victim.token.paused.wait(stress.STEP_TIMEOUT), f"{victim} never looked at cancel"
         self.holders.remove(holder)
         holder.leave(mode)
         self._wait_finished(holder)
-        wait_for_step(
+        stress.wait_for_step(
             f"the hand-off to {victim}", lambda: self.limiter.stats().queued == len(self.queue) - 1
         )
         assert not victim.done.is_set()
@@ -504,14 +481,14 @@ class LimiterMachine(RuleBasedStateMachine):
                 if client.token is not None:
                     client.token.event.set()
                 client.go.set()
-            deadline = time.monotonic() + STEP_TIMEOUT
+            deadline = time.monotonic() + stress.STEP_TIMEOUT
             for client in self.clients:
                 client.thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [c for c in self.clients if c.thread.is_alive()]
         assert not stuck, f"threads still running after the drain: {stuck}"
 
 
-seed(SEED)(LimiterMachine)
+seed(stress.SEED)(LimiterMachine)
 
 
 def test_limiter_state_machine() -> None:
@@ -521,8 +498,8 @@ def test_limiter_state_machine() -> None:
         run_state_machine_as_test(
             LimiterMachine,
             settings=settings(
-                max_examples=3000 if LONG else 250,
-                stateful_step_count=80 if LONG else 50,
+                max_examples=3000 if stress.LONG else 250,
+                stateful_step_count=80 if stress.LONG else 50,
                 database=None,
                 deadline=None,
                 print_blob=True,
@@ -531,13 +508,13 @@ def test_limiter_state_machine() -> None:
             ),
         )
     except BaseException as exc:
-        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={SEED}")
+        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={stress.SEED}")
         raise
     finally:
         elapsed = time.monotonic() - started
         races = {k: v for k, v in sorted(MACHINE_COUNTS.items()) if k.startswith("race")}
         print(
-            f"\n[state machine] seed={SEED} examples={MACHINE_COUNTS['examples']} "
+            f"\n[state machine] seed={stress.SEED} examples={MACHINE_COUNTS['examples']} "
             f"steps={MACHINE_COUNTS['steps']} threads={MACHINE_COUNTS['threads']} "
             f"fast={MACHINE_COUNTS['fast_path']} queued={MACHINE_COUNTS['queued']} "
             f"promotions={MACHINE_COUNTS['promotions']} "
@@ -559,14 +536,14 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
     try:
         holder = Client(0, lim, cancel=False).start()
         clients.append(holder)
-        assert holder.done.wait(STEP_TIMEOUT) and holder.outcome == "grant"
+        assert holder.done.wait(stress.STEP_TIMEOUT) and holder.outcome == "grant"
         victim = Client(1, lim, cancel=True).start()
         clients.append(victim)
-        assert victim.deadline_fixed.wait(STEP_TIMEOUT)
+        assert victim.deadline_fixed.wait(stress.STEP_TIMEOUT)
         second = Client(2, lim, cancel=rng.random() < 0.5).start()
         clients.append(second)
-        wait_for_step("two waiters queued", lambda: lim.stats().queued == 2)
-        barrier = threading.Barrier(2, timeout=STEP_TIMEOUT)
+        stress.wait_for_step("two waiters queued", lambda: lim.stats().queued == 2)
+        barrier = threading.Barrier(2, timeout=stress.STEP_TIMEOUT)
         # A random skew (up to about one cancel slice) for one side: who gets there first.
         skew = rng.choice([0.0, rng.uniform(0, 0.0002), rng.uniform(0, 0.003)])
 
@@ -598,18 +575,18 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
         for racer in racers:
             racer.start()
         for racer in racers:
-            racer.join(STEP_TIMEOUT)
+            racer.join(stress.STEP_TIMEOUT)
         assert not any(r.is_alive() for r in racers)
-        assert victim.done.wait(STEP_TIMEOUT), "the victim never left its wait"
-        assert holder.finished.wait(STEP_TIMEOUT) and holder.exit_result == "ok"
+        assert victim.done.wait(stress.STEP_TIMEOUT), "the victim never left its wait"
+        assert holder.finished.wait(stress.STEP_TIMEOUT) and holder.exit_result == "ok"
         outcomes[f"{what}: {victim.outcome}"] += 1
         if victim.outcome == "grant":
             owner, queued = victim, 1
         else:
             assert victim.outcome == LOSER_OUTCOME[what], (victim.outcome, victim.error)
-            assert second.done.wait(STEP_TIMEOUT), "the slot the victim gave up was lost"
+            assert second.done.wait(stress.STEP_TIMEOUT), "the slot the victim gave up was lost"
             owner, queued = second, 0
-        wait_for_step(
+        stress.wait_for_step(
             f"one owner and {queued} waiter(s)",
             lambda: (lim.stats().active, lim.stats().queued) == (1, queued),
         )
@@ -618,10 +595,10 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
         if queued:
             assert not second.done.is_set()
             owner.leave("exit")
-            assert second.done.wait(STEP_TIMEOUT) and second.outcome == "grant"
+            assert second.done.wait(stress.STEP_TIMEOUT) and second.outcome == "grant"
         second.leave("exit")
         for client in clients:
-            assert client.finished.wait(STEP_TIMEOUT), f"{client} did not finish"
+            assert client.finished.wait(stress.STEP_TIMEOUT), f"{client} did not finish"
         s = lim.stats()
         assert (s.active, s.queued) == (0, 0), s
         assert s.acquired == sum(c.outcome == "grant" for c in clients)
@@ -633,20 +610,20 @@ def _race_round(rng: random.Random, what: str, outcomes: Counter[str]) -> None:
                 client.token.event.set()
             client.go.set()
         for client in clients:
-            client.thread.join(STEP_TIMEOUT)
+            client.thread.join(stress.STEP_TIMEOUT)
 
 
 def test_release_races() -> None:
     """Release racing cancel / expiry / a failing cancel object / a failing clock, free
     running: either side may win, exactly one does, and no slot or place is lost."""
-    rounds = 4000 if LONG else 400
-    rng = random.Random(f"{SEED}-races")
+    rounds = 4000 if stress.LONG else 400
+    rng = random.Random(f"{stress.SEED}-races")
     outcomes: Counter[str] = Counter()
     started = time.monotonic()
     for _ in range(rounds):
         _race_round(rng, rng.choice(["cancel", "expire", "token", "clock"]), outcomes)
     print(
-        f"\n[release races] seed={SEED} {rounds} rounds in {time.monotonic() - started:.1f} s: "
-        f"{dict(sorted(outcomes.items()))}"
+        f"\n[release races] seed={stress.SEED} {rounds} rounds in "
+        f"{time.monotonic() - started:.1f} s: {dict(sorted(outcomes.items()))}"
     )
     assert sum(outcomes.values()) == rounds

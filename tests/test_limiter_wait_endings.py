@@ -10,12 +10,7 @@ import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter
 from tests.support.clock import FakeClock
-from tests.support.limiter import (
-    assert_exact_capacity,
-    gate_size,
-    start_acquire,
-    stats_diff,
-)
+from tests.support.limiter import assert_exact_capacity, gate_size, start_acquire, stats_diff
 from tests.support.limiter_checks import (
     check_gate_place_returned_after_cancel,
     check_gate_place_returned_after_promotion,

@@ -13,15 +13,7 @@ from typing import Any
 
 import pytest
 
-from reachlimit import (
-    NOT_FOUND,
-    Busy,
-    Cancelled,
-    ColdLimiter,
-    ColdPath,
-    ColdPathStats,
-    TTLCache,
-)
+from reachlimit import NOT_FOUND, Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
 from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, start_acquire
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until

@@ -26,19 +26,11 @@ from typing import Any
 import pytest
 
 from reachlimit import NOT_FOUND, Busy, Cancelled, ColdLimiter, ColdPath, TTLCache
+from tests.support import stress
 from tests.support.limiter import assert_exact_capacity, check_white_box, gate_size
-from tests.support.stress import (
-    LONG,
-    MARKS,
-    SEED,
-    STEP_TIMEOUT,
-    BodyError,
-    TokenBroken,
-    wait_for_step,
-)
 from tests.support.threads import ThreadRunner
 
-pytestmark = MARKS
+pytestmark = stress.MARKS
 
 _tls = threading.local()
 
@@ -157,7 +149,7 @@ class FailingToken:
 
     def is_set(self) -> bool:
         if self.left <= 0:
-            raise TokenBroken("cancel object failed")
+            raise stress.TokenBroken("cancel object failed")
         self.left -= 1
         return False
 
@@ -248,7 +240,7 @@ def _storm_worker(
             if preset and waited:
                 storm.violations.append("a pre-set cancel read the clock")
             continue
-        except TokenBroken:
+        except stress.TokenBroken:
             tally["token_error"] += 1
             continue
         except BaseException as exc:  # noqa: BLE001
@@ -264,29 +256,23 @@ def _storm_worker(
         tally["fast_path" if _reads() == reads_before else "promoted"] += 1
         mode = rng.choice(("exit", "exit", "release", "raise", "double"))
         storm.hold(+1)
-        try:
-            with grant:
-                # The build's work (not synchronisation): mostly short, sometimes longer than
-                # the wait, so that queued waiters time out.
-                pick = rng.random()
-                if pick < 0.2:
-                    time.sleep(rng.uniform(wait / 2, wait * 1.5))
-                elif pick < 0.5:
-                    time.sleep(rng.uniform(0, wait / 4))
-                storm.hold(-1)
-                if mode == "release":
-                    grant.release()
-                elif mode == "double":
-                    grant.release()
-                    try:
-                        grant.release()
-                    except RuntimeError:
-                        tally["double_release_refused"] += 1
-                    else:
-                        storm.violations.append("a double release did not raise")
-                elif mode == "raise":
-                    raise BodyError()
-        except BodyError:
+
+        def build() -> None:
+            # The build's work (not synchronisation): mostly short, sometimes longer than the
+            # wait, so that queued waiters time out.
+            pick = rng.random()
+            if pick < 0.2:
+                time.sleep(rng.uniform(wait / 2, wait * 1.5))
+            elif pick < 0.5:
+                time.sleep(rng.uniform(0, wait / 4))
+            storm.hold(-1)
+
+        left = stress.leave_grant(grant, mode, work=build)
+        if left != "ok":
+            storm.violations.append(f"leaving a grant ({mode}): {left}")
+        elif mode == "double":
+            tally["double_release_refused"] += 1
+        elif mode == "raise":
             tally["body_raised"] += 1
 
 
@@ -341,7 +327,7 @@ def _assert_full_capacity_usable(lim: ColdLimiter, clock: StormClock) -> None:
     try:
         for thread in threads:
             thread.start()
-        wait_for_step("the queue to fill", lambda: lim.stats().queued == lim.capacity_queue)
+        stress.wait_for_step("the queue to fill", lambda: lim.stats().queued == lim.capacity_queue)
         with pytest.raises(Busy) as refused:
             lim.acquire()
         assert refused.value.reason == "queue_full"
@@ -349,7 +335,7 @@ def _assert_full_capacity_usable(lim: ColdLimiter, clock: StormClock) -> None:
         for token in tokens:
             token.set()
         for thread in threads:
-            thread.join(STEP_TIMEOUT)
+            thread.join(stress.STEP_TIMEOUT)
         for grant in grants:
             grant.release()
     assert all(not t.is_alive() for t in threads)
@@ -368,8 +354,8 @@ STORM_CONFIGS = [  # (active, queue, wait seconds, threads)
 
 @pytest.mark.parametrize("active,queue,wait,threads", STORM_CONFIGS)
 def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int) -> None:
-    ops = 2500 if LONG else 250
-    rng = random.Random(f"{SEED}-{active}-{queue}-{wait}")
+    ops = 2500 if stress.LONG else 250
+    rng = random.Random(f"{stress.SEED}-{active}-{queue}-{wait}")
     clock = StormClock()
     lim = ColdLimiter(active, queue, wait=wait, retry_after=2, clock=clock)
     storm = Storm(active)
@@ -401,7 +387,7 @@ def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int
         thread.join(max(0.0, deadline - time.monotonic()))
     storm.stop.set()
     for thread in helpers:
-        thread.join(STEP_TIMEOUT)
+        thread.join(stress.STEP_TIMEOUT)
     elapsed = time.monotonic() - started
     stuck = [t.name for t in workers + helpers if t.is_alive()]
     assert not stuck, f"threads did not finish within {bound:.0f} s: {stuck}"
@@ -409,7 +395,7 @@ def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int
     tally: Counter[str] = sum(tallies, Counter())
     operations = ops * threads
     print(
-        f"\n[storm A={active} Q={queue} wait={wait}] seed={SEED} {operations} operations on "
+        f"\n[storm A={active} Q={queue} wait={wait}] seed={stress.SEED} {operations} operations on "
         f"{threads} threads in {elapsed:.1f} s: {dict(sorted(tally.items()))}"
     )
     assert not storm.violations, storm.violations[:10]
@@ -443,8 +429,8 @@ def test_coldpath_storm() -> None:
     its key, at most one build per key and at most ``active`` builds at a time, errors and
     misses are never cached, and nothing is left in flight or held afterwards."""
     active, queue, wait, threads = 2, 4, 0.02, 14
-    ops = 1500 if LONG else 200
-    rng = random.Random(f"{SEED}-coldpath")
+    ops = 1500 if stress.LONG else 200
+    rng = random.Random(f"{stress.SEED}-coldpath")
     clock = StormClock()
     lim = ColdLimiter(active, queue, wait=wait, clock=clock)
     cache: TTLCache[Any] = TTLCache(maxsize=4, ttl=3600)
@@ -533,7 +519,7 @@ def test_coldpath_storm() -> None:
     tally: Counter[str] = sum(tallies, Counter())
     s = path.stats()
     print(
-        f"\n[coldpath storm] seed={SEED} {ops * threads} gets on {threads} threads in "
+        f"\n[coldpath storm] seed={stress.SEED} {ops * threads} gets on {threads} threads in "
         f"{elapsed:.1f} s: {dict(sorted(tally.items()))} builds={s.builds} hits={s.hits} "
         f"coalesced={s.coalesced} peak builds at once={total_running[1]}"
     )

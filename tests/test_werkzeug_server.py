@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import socket
-import time
 import uuid
 
 import pytest
@@ -27,7 +26,7 @@ from flask import Flask
 from reachlimit import ColdLimiter, Grant
 from tests.apps.slow_app import create_app
 from tests.support import clients
-from tests.support.clients import Reply
+from tests.support.clients import Reply, close_one_by_one
 from tests.support.limiter import slots_held
 from tests.support.waiting import DEADLINE, wait_until
 from tests.support.werkzeug_server import WerkzeugServer, werkzeug_serving
@@ -83,17 +82,12 @@ def test_clients_that_leave_the_queue_free_their_places(caplog: pytest.LogCaptur
             assert json.loads(body)["retryAfter"] == 2
 
             before = limiter.stats()
-            delays = []
-            for n, sock in enumerate(sockets, start=1):
-                closed_at = time.monotonic()
-                sock.close()
 
-                def place_back(n: int = n) -> bool:
-                    s = limiter.stats()
-                    return s.cancelled - before.cancelled == n and s.queued == before.queued - n
+            def place_back(n: int) -> bool:
+                s = limiter.stats()
+                return s.cancelled - before.cancelled == n and s.queued == before.queued - n
 
-                wait_until(f"place {n} back", place_back, timeout=5.0)
-                delays.append(time.monotonic() - closed_at)
+            delays = close_one_by_one(sockets, place_back)
         finally:
             for sock in sockets:
                 sock.close()

@@ -8,11 +8,11 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tests.support import HOST
-from tests.support.waiting import DEADLINE
+from tests.support.waiting import DEADLINE, wait_until
 
 #: Socket timeout of every client: longer than any wait a passing test can see.
 CLIENT_TIMEOUT = 40.0
@@ -53,6 +53,21 @@ def raw_client(port: int, path: str, timeout: float = CLIENT_TIMEOUT) -> socket.
     request = f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n"
     sock.sendall(request.encode("ascii"))
     return sock
+
+
+def close_one_by_one(
+    sockets: Sequence[socket.socket], placed_back: Callable[[int], bool]
+) -> list[float]:
+    """Close queued clients' ``sockets`` one by one; after the n-th, wait until
+    ``placed_back(n)`` (n queue places came back). Returns the delay from each close to its
+    place coming back, in seconds: the tests print these, never assert on them."""
+    delays = []
+    for n, sock in enumerate(sockets, start=1):
+        closed_at = time.monotonic()
+        sock.close()
+        wait_until(f"place {n} back", lambda n=n: placed_back(n), timeout=5.0, interval=0.002)
+        delays.append(time.monotonic() - closed_at)
+    return delays
 
 
 def check_refusal(reply: Reply) -> None:

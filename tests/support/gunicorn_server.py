@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.support import HOST, ROOT
 from tests.support.clients import CLIENT_TIMEOUT, Reply, http_request
@@ -299,8 +299,11 @@ class GunicornServer:
         return self.stderr_path.read_text(errors="replace")
 
 
+ServerT = TypeVar("ServerT", bound="GunicornServer")
+
+
 @contextlib.contextmanager
-def serving(server: GunicornServer, check_log: bool = True) -> Iterator[GunicornServer]:
+def serving(server: ServerT, check_log: bool = True) -> Iterator[ServerT]:
     """Start ``server``; stop it (and check it is gone) on the way out, whatever happened;
     then, unless ``check_log`` is false, fail if its log holds a traceback."""
     try:

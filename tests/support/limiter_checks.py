@@ -15,7 +15,7 @@ import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter, Grant
 from tests.support.clock import FakeClock
-from tests.support.limiter import ProbeCancel, gate_size, start_acquire
+from tests.support.limiter import Attempt, ProbeCancel, gate_size, start_acquire
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 
@@ -81,6 +81,27 @@ def check_gate_place_returned_after_timeout(
         holder.release()
 
 
+def admit_a_waiter(
+    threads: ThreadRunner,
+    lim: ColdLimiter,
+    cancels: list[threading.Event],
+    attempt: int,
+    after: str,
+) -> Attempt:
+    """A waiter with its own cancel Event (added to ``cancels``, for the caller to set at the
+    end), checked to be admitted and waiting: a refusal means the previous ``after`` kept its
+    gate place, and fails with that message."""
+    cancel = threading.Event()
+    cancels.append(cancel)
+    waiter = start_acquire(threads, lim, cancel, name=f"waiter-{attempt}")
+    wait_until("waiter refused or queued", lambda: waiter.done.is_set() or lim.stats().queued == 1)
+    assert not waiter.done.is_set(), (
+        f"gate place not returned after {after}: attempt {attempt} got {waiter.error!r}"
+        " instead of being admitted"
+    )
+    return waiter
+
+
 def check_gate_place_returned_after_cancel(
     make_limiter: MakeLimiter, threads: ThreadRunner
 ) -> None:
@@ -91,18 +112,8 @@ def check_gate_place_returned_after_cancel(
     cancels: list[threading.Event] = []
     try:
         for attempt in range(3):
-            cancel = threading.Event()
-            cancels.append(cancel)
-            waiter = start_acquire(threads, lim, cancel, name=f"waiter-{attempt}")
-            wait_until(
-                "waiter refused or queued",
-                lambda waiter=waiter: waiter.done.is_set() or lim.stats().queued == 1,
-            )
-            assert not waiter.done.is_set(), (
-                f"gate place not returned after cancel: attempt {attempt} got {waiter.error!r}"
-                " instead of being admitted"
-            )
-            cancel.set()
+            waiter = admit_a_waiter(threads, lim, cancels, attempt, "cancel")
+            cancels[-1].set()
             waiter.wait_done()
             assert isinstance(waiter.error, Cancelled)
             assert gate_size(lim) == 0, "gate place not returned after cancel (qsize != 0)"
@@ -125,17 +136,7 @@ def check_gate_place_returned_after_promotion(
     cancels: list[threading.Event] = []
     try:
         for attempt in range(3):
-            cancel = threading.Event()
-            cancels.append(cancel)
-            waiter = start_acquire(threads, lim, cancel, name=f"waiter-{attempt}")
-            wait_until(
-                "waiter refused or queued",
-                lambda waiter=waiter: waiter.done.is_set() or lim.stats().queued == 1,
-            )
-            assert not waiter.done.is_set(), (
-                f"gate place not returned after promotion: attempt {attempt} got "
-                f"{waiter.error!r} instead of being admitted"
-            )
+            waiter = admit_a_waiter(threads, lim, cancels, attempt, "promotion")
             assert holder is not None
             holder.release()
             holder = None

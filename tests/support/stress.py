@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -35,3 +37,31 @@ class TokenBroken(Exception):
 
 class BodyError(Exception):
     """Raised inside a grant's with-block on purpose."""
+
+
+def leave_grant(grant: Any, mode: str, work: Callable[[], object] | None = None) -> str:
+    """Hold ``grant`` in a with-block, run ``work()`` there, and leave the way ``mode`` says:
+    ``exit`` (the block's end releases), ``release`` (released early, inside the block),
+    ``double`` (released twice: the second must raise RuntimeError) or ``raise`` (the body
+    raises BodyError, which must come out of the block). Returns "ok", or what went wrong."""
+    try:
+        with grant:
+            if work is not None:
+                work()
+            if mode == "release":
+                grant.release()
+            elif mode == "double":
+                grant.release()
+                try:
+                    grant.release()
+                except RuntimeError:
+                    pass
+                else:
+                    return "a second release() did not raise RuntimeError"
+            elif mode == "raise":
+                raise BodyError()
+    except BodyError:
+        return "ok" if mode == "raise" else "unexpected BodyError"
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        return f"leaving the grant raised {exc!r}"
+    return "ok" if mode != "raise" else "the body's exception was swallowed"
