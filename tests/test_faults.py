@@ -208,8 +208,8 @@ def targets(reach_demo_db: Path) -> list[str]:
 
 @pytest.mark.parametrize("error,want", [
     (sqlite3.OperationalError("disk I/O error at /work/secret.sqlite"), FAILED),
-    # The specification names only database failures; any JSON sentence of the service will
-    # do for a bug, as long as it is the same for everybody and shows no detail.
+    # Only a database failure has a fixed answer (the reach 500); for a bug, any JSON sentence
+    # of the service will do, as long as it is the same for everybody and shows no detail.
     (RuntimeError("boom in /work/main/webapp/reach.py"), [FAILED, INTERNAL]),
 ], ids=["sqlite-error", "unexpected-error"])
 def test_a_build_that_raises_fails_its_followers_frees_its_slot_and_is_not_cached(
@@ -338,8 +338,9 @@ def test_a_database_locked_mid_build_is_500_not_cached_and_recovers(
 def test_a_warm_report_is_served_at_once_while_the_database_is_locked(
     reach_app_factory: Any, db_copy: Path, targets: list[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SPEC §1 layer 1: a cached answer is served at once, so a locked database neither
-    delays nor fails it (from a fresh handler thread, which has no connection open)."""
+    """The warm bypass, the first layer of a request: a cached answer is served at once, so a
+    locked database neither delays nor fails it (from a fresh handler thread, which has no
+    connection open)."""
     busy_timeout = 3.0  # what a warm hit would wait if it touched the database
     monkeypatch.setattr(webapp.state, "open_readonly",
                         functools.partial(webapp.reach.open_readonly, timeout=busy_timeout))

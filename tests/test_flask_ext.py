@@ -126,7 +126,8 @@ class Requests:
 
 
 def assert_refusal(resp: TestResponse, status: int = 429, retry_after: int = 2) -> str:
-    """Spec §4's refusal; returns its human sentence."""
+    """The refusal: ``status`` (429 unless configured otherwise), ``Retry-After`` and a JSON
+    body saying when to retry; returns its human sentence."""
     assert resp.status_code == status
     assert resp.headers["Retry-After"] == str(retry_after)
     assert resp.mimetype == "application/json"

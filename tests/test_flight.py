@@ -1,4 +1,4 @@
-"""Tests of SingleFlight (SPEC §3): one call per in-flight key, its outcome shared."""
+"""Tests of SingleFlight: one call per in-flight key, its outcome shared."""
 
 from __future__ import annotations
 

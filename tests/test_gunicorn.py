@@ -1,4 +1,4 @@
-"""Scenario 12 and the client-gone path under a real gunicorn ``-k gthread`` on 127.0.0.1.
+"""Saturation and the client-gone path under a real gunicorn ``-k gthread`` on 127.0.0.1.
 
 design:
 
@@ -210,7 +210,7 @@ def saturate(held: Held, prefix: str) -> Herd:
     return herd
 
 
-# -- scenario 12 ----------------------------------------------------------------------------
+# -- saturation: a burst, a herd, warm hits, clients that leave or retry --------------------
 
 
 def test_forty_distinct_cold_keys_get_only_200s_and_429s(server: Gunicorn) -> None:

@@ -1,4 +1,5 @@
-"""Tests of ColdPath (SPEC §1, §3; acceptance scenarios 1, 5, 6, 7 and 9 at library level).
+"""Tests of ColdPath: the layers of a request (warm-cache bypass, same-key singleflight, cache
+recheck, the cold limiter, then build and publish), each test named after what it checks.
 
 A "build" here is a counted callable standing in for the database scan: a scenario that
 promises "no database work" is checked by the build log staying unchanged.
@@ -248,7 +249,7 @@ def test_cancel_already_set_raises_cancelled_and_builds_nothing() -> None:
     assert path.flight.in_flight() == 0
 
 
-# -- scenario 1 -------------------------------------------------------------------------------
+# -- a leader beyond the queue ----------------------------------------------------------------
 
 
 def test_a_leader_beyond_the_queue_is_refused_at_once_without_a_deadline_or_a_build(
@@ -298,7 +299,7 @@ def test_a_leader_beyond_the_queue_is_refused_at_once_without_a_deadline_or_a_bu
     )
 
 
-# -- scenario 5 -------------------------------------------------------------------------------
+# -- warm hits under saturation ---------------------------------------------------------------
 
 
 def test_warm_hits_succeed_while_the_limiter_is_saturated(threads: Any) -> None:
@@ -331,7 +332,7 @@ def test_warm_hits_succeed_while_the_limiter_is_saturated(threads: Any) -> None:
         grant.release()
 
 
-# -- scenario 6 -------------------------------------------------------------------------------
+# -- same-key requests: one build -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [2, 8])
@@ -355,7 +356,7 @@ def test_same_key_requests_run_one_build(threads: Any, n: int) -> None:
     assert path.cache.get("k") is report
 
 
-# -- scenario 7 -------------------------------------------------------------------------------
+# -- only promoted leaders build --------------------------------------------------------------
 
 
 def test_only_a_promoted_leader_builds(threads: Any) -> None:
@@ -387,7 +388,7 @@ def test_only_a_promoted_leader_builds(threads: Any) -> None:
     assert lim.stats().active == 0
 
 
-# -- scenario 9 -------------------------------------------------------------------------------
+# -- build errors -----------------------------------------------------------------------------
 
 
 def test_a_build_error_reaches_everyone_is_not_cached_and_frees_the_slot(threads: Any) -> None:

@@ -1,4 +1,4 @@
-"""Scenario 12 on the real service: ``webapp`` under a real gunicorn, on 127.0.0.1.
+"""Saturation of the real service: ``webapp`` under a real gunicorn, on 127.0.0.1.
 
 design:
 
@@ -208,7 +208,7 @@ def test_config_file_settings_apply(server: GunicornServer) -> None:
     )
 
 
-# -- scenario 12 ----------------------------------------------------------------------------
+# -- saturation: a burst, a herd, a warm report ---------------------------------------------
 
 
 def test_forty_distinct_cold_keys_get_only_200s_and_429s(
