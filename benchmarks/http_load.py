@@ -67,7 +67,7 @@ from typing import Any
 import _common
 from _common import fmt, ms, pct
 
-from tests.support.clients import Reply, http_request
+from tests.support.clients import http_request
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.waiting import wait_until
 
@@ -196,8 +196,6 @@ class Server(GunicornServer):
     def __init__(self, policy: str, threads: int, cfg: Config, log_dir: Path) -> None:
         self.app_policy = "none" if policy == "pool2" else policy
         self.cfg = cfg
-        self.token = uuid.uuid4().hex
-        self.worker_pid: int | None = None
         super().__init__(
             APP,
             log_dir,
@@ -208,7 +206,6 @@ class Server(GunicornServer):
                 "BENCH_WAIT": repr(cfg.wait),
                 "BENCH_ACTIVE": str(cfg.active),
                 "BENCH_RATE": cfg.rate,
-                "BENCH_TOKEN": self.token,
             },
             workers=1,
             threads=threads,
@@ -216,19 +213,12 @@ class Server(GunicornServer):
             access_log=False,
             graceful_timeout=5,
             ready_path="/stats",
-            ready_check=Server._is_ours,
+            token_env="BENCH_TOKEN",
             ready_timeout=READY_DEADLINE_S,
             stripped_env=("REACHLIMIT_", "BENCH_"),
             chdir=HERE,
             die_with_parent=True,
         )
-
-    def _is_ours(self, reply: Reply) -> bool:
-        figures = reply.json()
-        if figures["token"] != self.token:
-            return False  # somebody else's server answered on "our" port
-        self.worker_pid = figures["pid"]
-        return True
 
     def stats(self, key: str | None = None) -> dict[str, Any]:
         path = "/stats" if key is None else f"/stats?key={key}"

@@ -44,7 +44,6 @@ from tests.support import HOST
 from tests.support.clients import (
     CLIENT_TIMEOUT,
     Herd,
-    Reply,
     check_refusal,
     close_one_by_one,
     http_request,
@@ -73,7 +72,6 @@ class Gunicorn(GunicornServer):
     """One gunicorn master (and its one gthread worker) serving the slow app."""
 
     def __init__(self, log_dir: Path, threads: int, name: str, extra: tuple[str, ...]) -> None:
-        self.token = uuid.uuid4().hex
         super().__init__(
             APP,
             log_dir,
@@ -82,22 +80,14 @@ class Gunicorn(GunicornServer):
                 # No queued request may time out while a test holds the gate (see the design).
                 "REACHLIMIT_WAIT": "30",
                 "SLOW_GATE_TIMEOUT": "45",
-                "SLOW_APP_TOKEN": self.token,
             },
             workers=1,
             threads=threads,
             args=extra,
             ready_path="/health",
-            ready_check=Gunicorn._is_ours,
+            token_env="SLOW_APP_TOKEN",
+            identity_path="/debug/builds",
         )
-        self.worker_pid: int | None = None
-
-    def _is_ours(self, reply: Reply) -> bool:
-        figures = self.builds()
-        if figures["token"] != self.token:
-            return False  # somebody else's server answered on "our" port
-        self.worker_pid = figures["pid"]
-        return True
 
     # -- talking to it ------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,6 +89,10 @@ class GunicornServer:
     server I started", which counts as a failed start); ``ready_timeout`` bounds that wait.
     ``chdir`` is where gunicorn runs (the repository root unless told otherwise); with
     ``die_with_parent`` Linux stops the master should the process that started it die.
+    With ``token_env``, the app gets a fresh token in that environment variable and must show
+    it, with its ``pid``, in the JSON of ``identity_path`` (the readiness reply when None)
+    before the server counts as ready: an answer without it is somebody else's server on
+    "our" port. The PID is kept as ``worker_pid``.
     """
 
     def __init__(
@@ -112,6 +117,8 @@ class GunicornServer:
         stripped_env: Sequence[str] = STRIPPED_ENV,
         chdir: Path = ROOT,
         die_with_parent: bool = False,
+        token_env: str | None = None,
+        identity_path: str | None = None,
     ) -> None:
         self.app = app
         self.name = name
@@ -131,6 +138,11 @@ class GunicornServer:
         self.stripped_env = tuple(stripped_env)
         self.chdir = chdir
         self.die_with_parent = die_with_parent
+        self.token_env = token_env
+        self.identity_path = identity_path
+        #: This server's own token (see ``token_env``), and its worker's PID once it answered.
+        self.token = uuid.uuid4().hex
+        self.worker_pid: int | None = None
         self.stdout_path = log_dir / f"{name}.stdout"  # the access log, when it is "-"
         self.stderr_path = log_dir / f"{name}.stderr"  # gunicorn's and the app's log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -178,6 +190,8 @@ class GunicornServer:
             env[self.bind_env] = f"{HOST}:{self.port}"
         if self.workers_env is not None:
             env[self.workers_env] = str(self.workers)
+        if self.token_env is not None:
+            env[self.token_env] = self.token
         return env
 
     def start(self, attempts: int = 3) -> None:
@@ -220,12 +234,23 @@ class GunicornServer:
                 except (OSError, http.client.HTTPException):
                     reply = None
                 if reply is not None and reply.status == 200:
+                    if self.token_env is not None and not self._shows_our_token(reply):
+                        return False
                     if self.ready_check is not None and not self.ready_check(self, reply):
                         return False
                     if len(self.worker_pids()) >= self.workers:
                         return True
             time.sleep(0.05)
         raise AssertionError(f"gunicorn not ready after {self.ready_timeout} s:\n{self.stderr()}")
+
+    def _shows_our_token(self, reply: Reply) -> bool:
+        if self.identity_path is not None:
+            reply = http_request(self.port, "GET", self.identity_path, timeout=5)
+        figures = reply.json() if reply.status == 200 else {}
+        if figures.get("token") != self.token:
+            return False  # somebody else's server answered on "our" port
+        self.worker_pid = figures["pid"]
+        return True
 
     def worker_pids(self) -> list[int]:
         """The master's live child processes now (gunicorn's workers); each is remembered,
