@@ -345,9 +345,13 @@ def test_stop_leaves_no_master_and_no_worker(
         workers = srv.worker_pids()
         assert len(workers) == 2
         assert master not in workers
+        # A worker is a process (seen above) a moment before it logs its boot line: wait for
+        # the lines, then check there are exactly two, one for each worker.
+        wait_until(
+            "a boot line from each worker",
+            lambda: all(f"Booting worker with pid: {pid}" in srv.stderr() for pid in workers),
+        )
         assert srv.stderr().count("Booting worker with pid:") == 2
-        for pid in workers:
-            assert f"Booting worker with pid: {pid}" in srv.stderr()
         assert srv.get("/api/health").status == 200
         assert all(pid_alive(pid) for pid in [master, *workers])
     # serving() has stopped it by PID and checked; check again, in plain words.
