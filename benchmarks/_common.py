@@ -1,16 +1,25 @@
 """What every benchmark script reports the same way: the machine, and percentiles.
 
 The scripts run standalone (``python benchmarks/NAME.py``), so this folder is on ``sys.path``
-and they import this module as ``_common``.
+and they import this module as ``_common``. Importing it also puts the repository root on
+``sys.path``, so that a script can use the harness the tests use (``tests/support``: the
+gunicorn server, ports, processes, waiting for a state) rather than a copy of its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def machine() -> dict[str, Any]:
@@ -45,3 +54,79 @@ def pct(xs: list[float], p: float) -> float | None:
 
 def ms(x: float | None) -> float | None:
     return None if x is None else x * 1000
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def load_titles(config: dict[str, Any]) -> dict[str, str]:
+    """The titles of the cold scenarios both load benchmarks run, from their configuration."""
+    return {
+        "burst": f"burst: {config['burst_keys']} distinct cold keys at once",
+        "steady": f"steady: distinct cold keys at 2x capacity for {config['steady_s']:g} s",
+        "herd": f"herd: {config['herd']} requests for one cold key at once",
+    }
+
+
+def scenario_tables(
+    results: list[dict[str, Any]],
+    titles: dict[str, str],
+    head: str,
+    line: Callable[[dict[str, Any]], str],
+) -> list[str]:
+    """One table a scenario that has results, in the order of ``titles``: its title, ``head``,
+    a rule, ``line(row)`` for each of its rows, and a blank line."""
+    out: list[str] = []
+    for scenario, title in titles.items():
+        rows = [r for r in results if r["scenario"] == scenario]
+        if rows:
+            out += [title, head, "-" * len(head), *(line(r) for r in rows), ""]
+    return out
+
+
+def holders(goals: list[dict[str, Any]]) -> str:
+    """The closing line of a goals table."""
+    names = [g["policy"] for g in goals if g["all"]]
+    return f"policies holding every goal: {', '.join(names) or 'none'}"
+
+
+# -- the command line every script shares ----------------------------------------------------
+
+
+def parser(description: str, quick: str) -> argparse.ArgumentParser:
+    """An argument parser with the two options every script takes: ``--json`` and
+    ``--quick`` (``quick`` says what the quick run is)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def add_selection(
+    p: argparse.ArgumentParser, policies: Sequence[str], scenarios: Sequence[str]
+) -> None:
+    """``--policies`` and ``--scenarios``: comma-separated subsets, all of them by default."""
+    for option, names in (("--policies", policies), ("--scenarios", scenarios)):
+        p.add_argument(
+            option, default=",".join(names), help=f"comma-separated subset of {','.join(names)}"
+        )
+
+
+def selection(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    policies: Sequence[str],
+    scenarios: Sequence[str],
+) -> tuple[list[str], list[str]]:
+    """The policies and scenarios chosen with :func:`add_selection`; an unknown name is a
+    usage error."""
+    chosen = [x for x in args.policies.split(",") if x]
+    runs = [x for x in args.scenarios.split(",") if x]
+    bad = [x for x in chosen if x not in policies] + [x for x in runs if x not in scenarios]
+    if bad:
+        p.error(f"unknown policy or scenario: {', '.join(bad)}")
+    return chosen, runs

@@ -47,30 +47,29 @@ with a note (in ``--json``: under ``"skipped"``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import ctypes
 import http.client
 import importlib
 import importlib.metadata
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
-from _common import ms, pct
+from _common import fmt, ms, pct
+
+from tests.support.clients import http_request
+from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,7 +87,6 @@ GOAL_REFUSAL_P99_MS = 100.0
 GOAL_WARM_X_IDLE = 3.0
 #: Upper bound for a server to start or go idle; only a broken run ever reaches it.
 READY_DEADLINE_S = 30.0
-STOP_TIMEOUT_S = 10.0
 #: A load thread still running this long after its last request could have timed out is
 #: reported as stuck instead of being waited for.
 JOIN_MARGIN_S = 10.0
@@ -179,179 +177,48 @@ def fetch(port: int, path: str, kind: str, timeout: float) -> Sample:
 
 
 def get_json(port: int, method: str, path: str, timeout: float = 5.0) -> Any:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request(method, path, headers={"Connection": "close"})
-        resp = conn.getresponse()
-        body = resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {body[:200]!r}")
-        return json.loads(body)
-    finally:
-        conn.close()
+    reply = http_request(port, method, path, timeout=timeout, headers={"Connection": "close"})
+    if reply.status != 200:
+        raise RuntimeError(f"{method} {path}: HTTP {reply.status}: {reply.body[:200]!r}")
+    return reply.json()
 
 
 # -- the server -------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
+class Server(GunicornServer):
+    """One gunicorn master and its one gthread worker, serving one policy of http_app.py.
 
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def gunicorn_has(setting: str) -> bool:
-    from gunicorn.config import KNOWN_SETTINGS  # type: ignore[import-untyped]
-
-    return any(s.name == setting for s in KNOWN_SETTINGS)
-
-
-def die_with_us() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has Linux send SIGTERM to the child when this process dies, so
-    that even a SIGKILLed run (a test's subprocess timeout) leaves no gunicorn behind; None
-    elsewhere. The C function is looked up here, before the fork; the child only calls it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-        if os.getppid() != parent:  # we died before the prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-class Server:
-    """One gunicorn master and its one gthread worker, serving one policy of http_app.py."""
+    Started, checked and stopped by the harness the tests use (``tests/support``): a free
+    loopback port, ready once ``/stats`` answers with this server's token, stopped by PID, and
+    stopped by Linux too should this script die first."""
 
     def __init__(self, policy: str, threads: int, cfg: Config, log_dir: Path) -> None:
         self.app_policy = "none" if policy == "pool2" else policy
-        self.threads = threads
         self.cfg = cfg
-        self.log_path = log_dir / f"{policy}.log"  # gunicorn's and the app's stderr
-        self.token = uuid.uuid4().hex
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.worker_pid: int | None = None
-
-    def start(self, attempts: int = 3) -> None:
-        for _ in range(attempts):
-            self.port = free_port()
-            self._spawn()
-            if self._wait_ready():
-                return
-            log = self.log()
-            self.stop()
-            if "Connection in use" not in log:
-                raise RuntimeError(f"gunicorn did not come up on port {self.port}:\n{log[-3000:]}")
-        raise RuntimeError(f"gunicorn found its port taken {attempts} times in a row")
-
-    def _spawn(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("REACHLIMIT_", "BENCH_"))}
-        env.update(
-            PYTHONUNBUFFERED="1",
-            BENCH_POLICY=self.app_policy,
-            BENCH_BUILD_MS=repr(self.cfg.build_s * 1000),
-            BENCH_WAIT=repr(self.cfg.wait),
-            BENCH_ACTIVE=str(self.cfg.active),
-            BENCH_RATE=self.cfg.rate,
-            BENCH_TOKEN=self.token,
+        super().__init__(
+            APP,
+            log_dir,
+            policy,
+            env={
+                "BENCH_POLICY": self.app_policy,
+                "BENCH_BUILD_MS": repr(cfg.build_s * 1000),
+                "BENCH_WAIT": repr(cfg.wait),
+                "BENCH_ACTIVE": str(cfg.active),
+                "BENCH_RATE": cfg.rate,
+            },
+            workers=1,
+            threads=threads,
+            args=["--pythonpath", str(ROOT)],
+            access_log=False,
+            graceful_timeout=5,
+            ready_path="/stats",
+            token_env="BENCH_TOKEN",
+            ready_timeout=READY_DEADLINE_S,
+            stripped_env=("REACHLIMIT_", "BENCH_"),
+            chdir=HERE,
+            die_with_parent=True,
         )
-        cmd = [
-            sys.executable, "-m", "gunicorn",
-            "-k", "gthread",
-            "--workers", "1",
-            "--threads", str(self.threads),
-            "--bind", f"{HOST}:{self.port}",
-            "--graceful-timeout", "5",
-            "--chdir", str(HERE),
-            "--pythonpath", str(ROOT),
-        ]  # fmt: skip
-        if gunicorn_has("control_socket_disable"):
-            # gunicorn >= 25.1 opens a control socket at one fixed path per user by default.
-            cmd.append("--no-control-socket")
-        cmd.append(APP)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=HERE,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                preexec_fn=die_with_us(),  # only a prctl runs in the child
-            )
-
-    def _wait_ready(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + READY_DEADLINE_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None or "Connection in use" in self.log():
-                return False
-            try:
-                figures = self.stats()
-            except (OSError, http.client.HTTPException, RuntimeError, ValueError):
-                time.sleep(0.05)
-                continue
-            if figures["token"] != self.token:
-                return False  # somebody else's server answered on "our" port
-            self.worker_pid = figures["pid"]
-            return True
-        self.stop()
-        raise RuntimeError(f"gunicorn not ready after {READY_DEADLINE_S} s:\n{self.log()[-3000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM to the master by its PID, SIGKILL if it lingers; then the worker, if it
-        outlived its master, the same way."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=STOP_TIMEOUT_S)
-        worker = self.worker_pid
-        if worker is not None and pid_alive(worker):
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while pid_alive(worker) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                if not pid_alive(worker):
-                    break
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker, sig)
-                deadline = time.monotonic() + STOP_TIMEOUT_S
-                while pid_alive(worker) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
 
     def stats(self, key: str | None = None) -> dict[str, Any]:
         path = "/stats" if key is None else f"/stats?key={key}"
@@ -363,21 +230,17 @@ class Server:
 
     def wait_idle(self) -> None:
         """Until no build is in flight (bounded); raises if that never happens."""
-        deadline = time.monotonic() + READY_DEADLINE_S
-        while self.stats()["in_flight"]:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"builds still in flight after {READY_DEADLINE_S} s")
-            time.sleep(0.02)
+        wait_until(
+            "no build in flight",
+            lambda: not self.stats()["in_flight"],
+            timeout=READY_DEADLINE_S,
+            interval=0.02,
+        )
 
 
-@contextlib.contextmanager
-def running(policy: str, cfg: Config, log_dir: Path) -> Iterator[Server]:
+def running(policy: str, cfg: Config, log_dir: Path) -> contextlib.AbstractContextManager[Server]:
     server = Server(policy, POOL_THREADS if policy == "pool2" else THREADS, cfg, log_dir)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+    return serving(server, check_log=False)
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -658,10 +521,6 @@ def run_policy(
 # -- output -----------------------------------------------------------------------------------
 
 
-def fmt(x: float | None, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def yes_no(met: bool | None) -> str:
     return "-" if met is None else "yes" if met else "NO"
 
@@ -697,38 +556,35 @@ def render(report: dict[str, Any]) -> str:
     idle = {i["policy"]: i for i in report["idle"]}
     titles = {
         "arrival": f"arrival (control): {c['burst_keys']} warm requests at once, no cold work",
-        "burst": f"burst: {c['burst_keys']} distinct cold keys at once",
-        "steady": f"steady: distinct cold keys at 2x capacity for {c['steady_s']:g} s",
-        "herd": f"herd: {c['herd']} requests for one cold key at once",
+        **_common.load_titles(c),
     }
-    for scenario in SCENARIOS:
-        rows = [r for r in report["results"] if r["scenario"] == scenario]
-        if not rows:
-            continue
-        out += [titles[scenario], head, "-" * len(head)]
-        for r in rows:
-            st = r["status"]
-            ip99 = idle[r["policy"]]["idle_p99_ms"]
-            x = r["warm_p99_ms"] / ip99 if r["warm_p99_ms"] is not None and ip99 else None
-            extra = ""
-            if "herd_builds" in r:
-                extra += f"  herd builds {r['herd_builds']}"
-            if "reach_reasons" in r:
-                rr = r["reach_reasons"]
-                extra += f"  (queue_full {rr['rejected_full']}, timeout {rr['rejected_timeout']})"
-            if r["errors"]:
-                extra += f"  errors {r['errors']}"
-            if r["stuck"]:
-                extra += f"  STUCK {r['stuck']}"
-            out.append(
-                f"{r['policy']:<13} {r['max_in_flight']:>5} {r['requests']:>4} {st['200']:>4} "
-                f"{st['429']:>4} {st['5xx']:>4} {st['error'] + st['other']:>4} "
-                f"{fmt(r['admitted_p50_ms']):>7} {fmt(r['admitted_p99_ms']):>7} "
-                f"{fmt(r['refused_p50_ms']):>7} {fmt(r['refused_p99_ms']):>7} "
-                f"{fmt(r['warm_p50_ms']):>8} {fmt(r['warm_p99_ms']):>7} "
-                f"{r['warm_samples'] - r['warm_status']['200']:>5} {fmt(x):>6}" + extra
-            )
-        out.append("")
+
+    def line(r: dict[str, Any]) -> str:
+        st = r["status"]
+        ip99 = idle[r["policy"]]["idle_p99_ms"]
+        x = r["warm_p99_ms"] / ip99 if r["warm_p99_ms"] is not None and ip99 else None
+        extra = ""
+        if "herd_builds" in r:
+            extra += f"  herd builds {r['herd_builds']}"
+        if "reach_reasons" in r:
+            rr = r["reach_reasons"]
+            extra += f"  (queue_full {rr['rejected_full']}, timeout {rr['rejected_timeout']})"
+        if r["errors"]:
+            extra += f"  errors {r['errors']}"
+        if r["stuck"]:
+            extra += f"  STUCK {r['stuck']}"
+        return (
+            f"{r['policy']:<13} {r['max_in_flight']:>5} {r['requests']:>4} {st['200']:>4} "
+            f"{st['429']:>4} {st['5xx']:>4} {st['error'] + st['other']:>4} "
+            f"{fmt(r['admitted_p50_ms']):>7} {fmt(r['admitted_p99_ms']):>7} "
+            f"{fmt(r['refused_p50_ms']):>7} {fmt(r['refused_p99_ms']):>7} "
+            f"{fmt(r['warm_p50_ms']):>8} {fmt(r['warm_p99_ms']):>7} "
+            f"{r['warm_samples'] - r['warm_status']['200']:>5} {fmt(x):>6}" + extra
+        )
+
+    out += _common.scenario_tables(
+        report["results"], {s: titles[s] for s in SCENARIOS}, head, line
+    )
     out.append(
         "idle warm (same server, no load, before and after the scenarios): "
         "samples, !200, p50, p99 ms; p99 before | after"
@@ -765,8 +621,7 @@ def render(report: dict[str, Any]) -> str:
             f"{ratios:>23} {herd:>9}  {cells}  " + ("holds all" if g["all"] else "misses some")
         )
     out.append("herd: builds of the one key (b) and requests refused (r); not judged")
-    holders = [g["policy"] for g in report["goals"] if g["all"]]
-    out.append(f"policies holding every goal: {', '.join(holders) or 'none'}")
+    out.append(_common.holders(report["goals"]))
     out.append(f"total time {report['elapsed_s']:.1f} s")
     return "\n".join(out)
 
@@ -775,16 +630,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description="Compare six admission policies over HTTP (gunicorn gthread on 127.0.0.1, "
+    p = _common.parser(
+        "Compare six admission policies over HTTP (gunicorn gthread on 127.0.0.1, "
         "one server per policy) under an arrival control, a burst, a steady overload and a "
         "same-key herd, in one run.",
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny configuration (20 ms builds, 0.3 s wait, short scenarios): about 20 s",
+        "tiny configuration (20 ms builds, 0.3 s wait, short scenarios): about 20 s",
     )
     p.add_argument(
         "--build-ms", type=float, default=None, help="one cold build in ms (default 200, quick 20)"
@@ -829,16 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="socket timeout of every client request in s (default 30, quick 10)",
     )
-    p.add_argument(
-        "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated subset of {','.join(POLICIES)}",
-    )
-    p.add_argument(
-        "--scenarios",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)}",
-    )
+    _common.add_selection(p, POLICIES, SCENARIOS)
     a = p.parse_args(argv)
     q = a.quick
     build_s = (a.build_ms if a.build_ms is not None else (20.0 if q else 200.0)) / 1000
@@ -857,11 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         client_timeout_s=a.timeout if a.timeout is not None else (10.0 if q else 30.0),
         settle_s=FIXED_WINDOW_S,
     )
-    policies = [x for x in a.policies.split(",") if x]
-    scenarios = [x for x in a.scenarios.split(",") if x]
-    bad = [x for x in policies if x not in POLICIES] + [x for x in scenarios if x not in SCENARIOS]
-    if bad:
-        p.error(f"unknown policy or scenario: {', '.join(bad)}")
+    policies, scenarios = _common.selection(p, a, POLICIES, SCENARIOS)
     if cfg.build_s <= 0 or cfg.wait <= 0 or cfg.steady_s <= 0 or cfg.idle_s <= 0:
         p.error("need --build-ms > 0, --wait > 0, --steady-s > 0, --idle-s > 0")
     if min(cfg.burst_keys, cfg.herd, cfg.warm_cap) < 1 or cfg.client_timeout_s <= 0:

@@ -36,6 +36,7 @@ import time
 import timeit
 from typing import Any
 
+import _common
 from _common import machine
 
 from reachlimit import Busy, ColdLimiter
@@ -215,16 +216,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     refuse_q = "try:\n    q.put_nowait(None)\nexcept Full:\n    pass"
     refuse_l = "try:\n    lim.acquire()\nexcept Busy:\n    pass"
 
+    def refusals_paired(lim: ColdLimiter) -> dict[str, Any]:
+        """A refused ``put_nowait`` on a full queue against a refused ``lim.acquire()``."""
+        names = {"q": full_q, "Full": queue.Full, "lim": lim, "Busy": Busy}
+        return paired(refuse_q, refuse_l, names, number, rounds)
+
     gate = FullGate()
     try:
         glim = gate.limiter
-        results["refusal_gate"] = paired(
-            refuse_q,
-            refuse_l,
-            {"q": full_q, "Full": queue.Full, "lim": glim, "Busy": Busy},
-            number,
-            rounds,
-        )
+        results["refusal_gate"] = refusals_paired(glim)
         results["refusal_gate"]["check"] = check_refusal(glim, gate.clock)
         blocks_gate = lasting_blocks(refuse_loop(glim.acquire, Busy), args.refusals, args.repeats)
         s = glim.stats()
@@ -236,13 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     zlim = ColdLimiter(active=2, queue=0)
     held = [zlim.acquire(), zlim.acquire()]
-    results["refusal_queue0"] = paired(
-        refuse_q,
-        refuse_l,
-        {"q": full_q, "Full": queue.Full, "lim": zlim, "Busy": Busy},
-        number,
-        rounds,
-    )
+    results["refusal_queue0"] = refusals_paired(zlim)
     results["refusal_queue0"]["check"] = check_refusal(zlim, None)
     blocks_q0 = lasting_blocks(refuse_loop(zlim.acquire, Busy), args.refusals, args.repeats)
     for g in held:
@@ -260,38 +254,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     worst = max(abs(d) for d in blocks_gate + blocks_q0)
+    ratio_goals = (  # (goal, result, highest ratio)
+        ("fast path vs BoundedSemaphore(2) pair", "fast_path", 1.0),
+        ("fast path, stretch", "fast_path", 0.5),
+        ("queue_full refusal, queue=8 full gate, vs refused put_nowait", "refusal_gate", 1.5),
+        ("queue_full refusal, queue=0, vs refused put_nowait", "refusal_queue0", 1.5),
+    )
     goals = [
-        goal(
-            "fast path vs BoundedSemaphore(2) pair",
-            "<= 1.0x",
-            results["fast_path"]["ratio"],
-            results["fast_path"]["ratio"] <= 1.0,
-        ),
-        goal(
-            "fast path, stretch",
-            "<= 0.5x",
-            results["fast_path"]["ratio"],
-            results["fast_path"]["ratio"] <= 0.5,
-        ),
-        goal(
-            "queue_full refusal, queue=8 full gate, vs refused put_nowait",
-            "<= 1.5x",
-            results["refusal_gate"]["ratio"],
-            results["refusal_gate"]["ratio"] <= 1.5,
-        ),
-        goal(
-            "queue_full refusal, queue=0, vs refused put_nowait",
-            "<= 1.5x",
-            results["refusal_queue0"]["ratio"],
-            results["refusal_queue0"]["ratio"] <= 1.5,
-        ),
+        goal(name, f"<= {most:.1f}x", results[key]["ratio"], results[key]["ratio"] <= most)
+        for name, key, most in ratio_goals
+    ]
+    goals.append(
         goal(
             f"lasting blocks over {args.refusals:,} refusals (worst repeat, both paths)",
             f"~0 (|delta| <= {ALLOC_TOLERANCE_BLOCKS})",
             worst,
             worst <= ALLOC_TOLERANCE_BLOCKS,
-        ),
-    ]
+        )
+    )
     return {
         "machine": machine(),
         "config": {
@@ -393,15 +373,10 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description="Micro-benchmarks of ColdLimiter's fast path and queue_full refusal, "
+    p = _common.parser(
+        "Micro-benchmarks of ColdLimiter's fast path and queue_full refusal, "
         "as ratios against standard-library baselines timed in the same run.",
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small run (seconds): fewer rounds and operations, rough figures",
+        "small run (seconds): fewer rounds and operations, rough figures",
     )
     p.add_argument(
         "--number",

@@ -36,18 +36,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _common  # also puts the repository root on sys.path, for webapp
+from _common import pct
 
-import _common  # noqa: E402
-from _common import pct  # noqa: E402
-
-from webapp import create_app  # noqa: E402
-from webapp.db import open_readonly  # noqa: E402
-from webapp.demodb import read_meta, write_demo_db  # noqa: E402
-from webapp.meshcore import is_path_capable  # noqa: E402
-from webapp.report import build_report  # noqa: E402
-from webapp.snapshot import load_degrees, load_node_index  # noqa: E402
-from webapp.visibility import Visibility  # noqa: E402
+from webapp import create_app
+from webapp.db import open_readonly
+from webapp.demodb import read_meta, write_demo_db
+from webapp.meshcore import is_path_capable
+from webapp.report import build_report
+from webapp.snapshot import load_degrees, load_node_index
+from webapp.visibility import Visibility
 
 
 def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict[str, Any]:

@@ -38,7 +38,6 @@ threads. Latency is measured in the request thread from the handler call to its 
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import sys
@@ -49,7 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _common import machine, ms, pct
+import _common
+from _common import fmt, machine, ms, pct
 
 from reachlimit import Busy, ColdLimiter, ColdPath, TTLCache
 
@@ -465,10 +465,6 @@ def goals(results: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
 # -- output -----------------------------------------------------------------------------------
 
 
-def fmt(x: float | None, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def us(x_ms: float | None) -> str:
     """A latency given in ms, printed in microseconds (refusals and warm hits are that fast)."""
     return "-" if x_ms is None else f"{x_ms * 1000:.0f}"
@@ -496,29 +492,26 @@ def render(report: dict[str, Any]) -> str:
         f"{'x idle':>6}"
     )
     titles = {
-        "burst": f"burst: {c['burst_keys']} distinct cold keys at once",
-        "steady": f"steady: distinct cold keys at 2x capacity for {c['steady_s']:g} s",
-        "herd": f"herd: {c['herd']} requests for one cold key at once",
+        **_common.load_titles(c),
         "mixed": f"mixed: cold keys at 2x capacity + as many warm requests, {c['steady_s']:g} s",
     }
-    for scenario in SCENARIOS:
-        rows = [r for r in report["results"] if r["scenario"] == scenario]
-        if not rows:
-            continue
-        out += [titles[scenario], head, "-" * len(head)]
-        for r in rows:
-            out.append(
-                f"{r['policy']:<11} {r['max_in_flight']:>5} {r['builds']:>6} "
-                f"{r['max_builds_per_key']:>7} {r['goodput_per_s']:>9.1f} "
-                f"{r['goodput_pct_of_limit']:>5.0f}% {r['admitted']:>4} "
-                f"{fmt(r['admitted_p50_ms']):>9} {fmt(r['admitted_p99_ms']):>7} "
-                f"{r['refused']:>7} {us(r['refusal_p50_ms']):>8} {us(r['refusal_p99_ms']):>8} "
-                f"{us(r['warm_busy_p50_ms']):>8} {us(r['warm_busy_p99_ms']):>8} "
-                f"{us(r['idle_warm_p99_ms']):>8} {fmt(r['warm_p99_vs_idle']):>6}"
-                + (f"  errors {r['errors']}" if r["errors"] else "")
-                + (f"  STUCK {r['stuck']}" if r["stuck"] else "")
-            )
-        out.append("")
+
+    def line(r: dict[str, Any]) -> str:
+        return (
+            f"{r['policy']:<11} {r['max_in_flight']:>5} {r['builds']:>6} "
+            f"{r['max_builds_per_key']:>7} {r['goodput_per_s']:>9.1f} "
+            f"{r['goodput_pct_of_limit']:>5.0f}% {r['admitted']:>4} "
+            f"{fmt(r['admitted_p50_ms']):>9} {fmt(r['admitted_p99_ms']):>7} "
+            f"{r['refused']:>7} {us(r['refusal_p50_ms']):>8} {us(r['refusal_p99_ms']):>8} "
+            f"{us(r['warm_busy_p50_ms']):>8} {us(r['warm_busy_p99_ms']):>8} "
+            f"{us(r['idle_warm_p99_ms']):>8} {fmt(r['warm_p99_vs_idle']):>6}"
+            + (f"  errors {r['errors']}" if r["errors"] else "")
+            + (f"  STUCK {r['stuck']}" if r["stuck"] else "")
+        )
+
+    out += _common.scenario_tables(
+        report["results"], {s: titles[s] for s in SCENARIOS}, head, line
+    )
     marks = (
         ("burst", "in_flight_within_limit", f"in flight <= {c['active']}"),
         ("burst", "goodput_ge_90pct", "goodput >= 90%"),
@@ -552,8 +545,7 @@ def render(report: dict[str, Any]) -> str:
                 + f" {'-' if sg is None else f'{sg:.0f}%':>8}  "
                 + ("holds all" if g["all"] else "misses some")
             )
-        holders = [g["policy"] for g in report["goals"] if g["all"]]
-        out.append(f"policies holding every goal: {', '.join(holders) or 'none'}")
+        out.append(_common.holders(report["goals"]))
     out.append(f"total time {report['elapsed_s']:.1f} s")
     return "\n".join(out)
 
@@ -562,15 +554,10 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description="Compare five admission policies (no limiter, a 2-thread pool, a timed "
+    p = _common.parser(
+        "Compare five admission policies (no limiter, a 2-thread pool, a timed "
         "semaphore, instant refusal, reachlimit) against a simulated cold build, in one run.",
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny configuration (20 ms builds, 0.3 s wait, short scenarios): a few seconds",
+        "tiny configuration (20 ms builds, 0.3 s wait, short scenarios): a few seconds",
     )
     p.add_argument(
         "--build-ms",
@@ -610,16 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="idle warm probing before and after each run in s (default 0.4, quick 0.05)",
     )
-    p.add_argument(
-        "--policies",
-        default=",".join(POLICIES),
-        help=f"comma-separated subset of {','.join(POLICIES)}",
-    )
-    p.add_argument(
-        "--scenarios",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)}",
-    )
+    _common.add_selection(p, POLICIES, SCENARIOS)
     a = p.parse_args(argv)
     q = a.quick
     cfg = Config(
@@ -634,11 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_s=a.idle_s if a.idle_s is not None else (0.05 if q else 0.4),
         probe_interval_s=0.001,
     )
-    policies = [x for x in a.policies.split(",") if x]
-    scenarios = [x for x in a.scenarios.split(",") if x]
-    bad = [x for x in policies if x not in POLICIES] + [x for x in scenarios if x not in SCENARIOS]
-    if bad:
-        p.error(f"unknown policy or scenario: {', '.join(bad)}")
+    policies, scenarios = _common.selection(p, a, POLICIES, SCENARIOS)
     if cfg.active < 1 or cfg.queue < 0 or cfg.wait <= 0 or cfg.build_s <= 0:
         p.error("need --active >= 1, --queue >= 0, --wait > 0, --build-ms > 0")
     if min(cfg.burst_keys, cfg.herd) < 1 or cfg.steady_s <= 0 or cfg.idle_s <= 0:

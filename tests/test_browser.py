@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import WerkzeugServer
+from tests.support.werkzeug_server import WerkzeugServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -52,7 +52,7 @@ CHROMIUM_ARGS = [
 
 #: Playwright's wait for any one thing the page should do (an element, a text, a navigation).
 PAGE_TIMEOUT_MS = 15_000
-#: The page retries a refused report at most this many times (spec §5), each after
+#: The page retries a refused (429) report at most this many times, each after
 #: Retry-After = 2 s: the whole busy sequence takes about 10 s.
 MAX_RETRIES = 5
 RETRY_AFTER_S = 2
@@ -89,7 +89,7 @@ TEXT = 2
 
 
 def build_test_db(path: Path, now: float | None = None) -> Path:
-    """Write a small database in the CoreScope schema of ``shared/reach-reference.md``.
+    """Write a small database in the CoreScope schema the service reads.
 
     Alpha hears Bravo often and Bravo hears Alpha (a strong two-way link), Alpha and Charlie
     hear each other a little, Echo is only heard by Alpha (one-way), two observers hear Alpha

@@ -1,4 +1,4 @@
-"""Tests of TTLCache, the default warm cache (SPEC §3). Time moves only through a FakeClock."""
+"""Tests of TTLCache, the default warm cache. Time moves only through a FakeClock."""
 
 from __future__ import annotations
 

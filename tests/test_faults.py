@@ -16,7 +16,7 @@ design:
       a client leaves while queued ... its queue place comes back; a follower of it leads
       a client leaves while building . the build completes, its value is cached, the slot
                                        comes back
-    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID; tests/servers.py)
+    real gunicorn -k gthread on 127.0.0.1 (subprocess, stopped by its PID; tests/support/)
       a worker SIGKILLed under load .. the master replaces it, the service answers again,
                                        every client request ends within its timeout
       clients that never read ........ the server keeps answering everybody else
@@ -51,19 +51,12 @@ import webapp.db
 import webapp.meshcore
 import webapp.snapshot
 import webapp.state
-from tests import servers
-from tests.servers import (
-    HOST,
-    ROOT,
-    GunicornServer,
-    Reply,
-    http_request,
-    pid_alive,
-    raw_client,
-    reach_service,
-    serving,
-    werkzeug_serving,
-)
+from tests.support import HOST, ROOT
+from tests.support.clients import Reply, http_request, raw_client
+from tests.support.gunicorn_server import GunicornServer, reach_service, serving
+from tests.support.processes import pid_alive
+from tests.support.waiting import wait_until
+from tests.support.werkzeug_server import werkzeug_serving
 from webapp.api import reach_limit
 
 #: Bound on anything a passing test waits for; only a failing run gets near it.
@@ -73,10 +66,6 @@ INTERNAL = {"error": "Internal server error"}
 #: Text that must never reach a client: a traceback, a source line, a server path.
 LEAKS = (b"Traceback", b'File "', b"/work", b"/tmp", b"site-packages", str(ROOT).encode())
 
-
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    """Poll ``probe`` until it returns something true; fail after ``timeout`` seconds."""
-    return servers.wait_until(what, probe, timeout=timeout, interval=0.002)
 
 
 def assert_json_error(status: int, content_type: str, body: bytes, want_status: int,
@@ -221,8 +210,8 @@ def targets(reach_demo_db: Path) -> list[str]:
 
 @pytest.mark.parametrize("error,want", [
     (sqlite3.OperationalError("disk I/O error at /work/secret.sqlite"), FAILED),
-    # The specification names only database failures; any JSON sentence of the service will
-    # do for a bug, as long as it is the same for everybody and shows no detail.
+    # Only a database failure has a fixed answer (the reach 500); for a bug, any JSON sentence
+    # of the service will do, as long as it is the same for everybody and shows no detail.
     (RuntimeError("boom in /work/main/webapp/reach.py"), [FAILED, INTERNAL]),
 ], ids=["sqlite-error", "unexpected-error"])
 def test_a_build_that_raises_fails_its_followers_frees_its_slot_and_is_not_cached(
@@ -351,8 +340,9 @@ def test_a_database_locked_mid_build_is_500_not_cached_and_recovers(
 def test_a_warm_report_is_served_at_once_while_the_database_is_locked(
     reach_app_factory: Any, db_copy: Path, targets: list[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SPEC §1 layer 1: a cached answer is served at once, so a locked database neither
-    delays nor fails it (from a fresh handler thread, which has no connection open)."""
+    """The warm bypass, the first layer of a request: a cached answer is served at once, so a
+    locked database neither delays nor fails it (from a fresh handler thread, which has no
+    connection open)."""
     busy_timeout = 3.0  # what a warm hit would wait if it touched the database
     monkeypatch.setattr(webapp.state, "open_readonly",
                         functools.partial(webapp.db.open_readonly, timeout=busy_timeout))

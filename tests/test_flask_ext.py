@@ -20,14 +20,12 @@ from werkzeug.test import TestResponse
 
 from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, ColdPath, Grant, TTLCache
 from reachlimit.flask import ReachLimit, Settings
-from tests import servers
-from tests.helpers import LIMITER_FIELDS, PATH_FIELDS, slots_held
+from tests.apps.slow_app import add_cold_routes
+from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, slots_held
+from tests.support.waiting import wait_until
 
 DEADLINE = 10.0
 
-
-def wait_until(what: str, probe: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    return servers.wait_until(what, probe, timeout=timeout, interval=0.001)
 
 
 class Harness:
@@ -54,14 +52,7 @@ class Harness:
         self.hooks: dict[str, Callable[[], Any]] = {}
         self._lock = threading.Lock()
 
-        @app.get("/report/<key>")
-        def report(key: str) -> Any:
-            value = rl.cold(key, lambda: self._build(key))
-            if value is NOT_FOUND:
-                return jsonify(error="Not found"), 404
-            return jsonify(value)
-
-        app.add_url_rule("/health", "health", rl.health_view)
+        add_cold_routes(app, rl, self._build)
 
     def _build(self, key: str) -> Any:
         with self._lock:
@@ -135,7 +126,8 @@ class Requests:
 
 
 def assert_refusal(resp: TestResponse, status: int = 429, retry_after: int = 2) -> str:
-    """Spec §4's refusal; returns its human sentence."""
+    """The refusal: ``status`` (429 unless configured otherwise), ``Retry-After`` and a JSON
+    body saying when to retry; returns its human sentence."""
     assert resp.status_code == status
     assert resp.headers["Retry-After"] == str(retry_after)
     assert resp.mimetype == "application/json"
@@ -261,9 +253,18 @@ def test_retry_after_setting_reaches_header_and_body() -> None:
 # -- configuration --------------------------------------------------------------------------
 
 
+def assert_built_from(h: Harness, settings: Settings) -> None:
+    """``h``'s app runs with ``settings``, and its limiter and cache were built with them."""
+    assert h.settings() == settings
+    limiter = h.limiter
+    assert (limiter.capacity_active, limiter.capacity_queue) == (settings.active, settings.queue)
+    assert (limiter.wait, limiter.retry_after) == (settings.wait, settings.retry_after)
+    cache = h.path.cache
+    assert isinstance(cache, TTLCache)
+    assert (cache.maxsize, cache.ttl) == (settings.cache_size, settings.cache_ttl)
+
+
 def test_defaults() -> None:
-    h = Harness()
-    assert h.settings() == Settings()
     assert Settings() == Settings(
         active=2,
         queue=8,
@@ -274,12 +275,7 @@ def test_defaults() -> None:
         status=429,
         cancel_on_disconnect=True,
     )
-    limiter = h.limiter
-    assert (limiter.capacity_active, limiter.capacity_queue) == (2, 8)
-    assert (limiter.wait, limiter.retry_after) == (3.0, 2)
-    cache = h.path.cache
-    assert isinstance(cache, TTLCache)
-    assert (cache.maxsize, cache.ttl) == (256, 300.0)
+    assert_built_from(Harness(), Settings())
 
 
 ALL_CHANGED = {
@@ -305,38 +301,22 @@ ALL_CHANGED_SETTINGS = Settings(
 
 
 def test_config_keys() -> None:
-    h = Harness(ALL_CHANGED)
-    assert h.settings() == ALL_CHANGED_SETTINGS
-    limiter = h.limiter
-    assert (limiter.capacity_active, limiter.capacity_queue) == (3, 5)
-    assert (limiter.wait, limiter.retry_after) == (1.5, 4)
-    cache = h.path.cache
-    assert isinstance(cache, TTLCache)
-    assert (cache.maxsize, cache.ttl) == (10, 60.0)
+    assert_built_from(Harness(ALL_CHANGED), ALL_CHANGED_SETTINGS)
 
 
 def test_constructor_overrides_win_over_config() -> None:
-    h = Harness(
-        ALL_CHANGED,
-        active=1,
-        queue=0,
-        wait=9,
-        retry_after=7,
-        cache_ttl=5,
-        cache_size=3,
-        status=429,
-        cancel_on_disconnect=True,
-    )
-    assert h.settings() == Settings(
-        active=1,
-        queue=0,
-        wait=9.0,
-        retry_after=7,
-        cache_ttl=5.0,
-        cache_size=3,
-        status=429,
-        cancel_on_disconnect=True,
-    )
+    overrides: dict[str, Any] = {
+        "active": 1,
+        "queue": 0,
+        "wait": 9,
+        "retry_after": 7,
+        "cache_ttl": 5,
+        "cache_size": 3,
+        "status": 429,
+        "cancel_on_disconnect": True,
+    }
+    h = Harness(ALL_CHANGED, **overrides)
+    assert h.settings() == Settings(**overrides)
     # Only the overridden names win; the others still come from the config.
     partial = Harness(ALL_CHANGED, active=1)
     assert partial.settings().active == 1

@@ -1,4 +1,4 @@
-"""Tests of SingleFlight (SPEC §3): one call per in-flight key, its outcome shared."""
+"""Tests of SingleFlight: one call per in-flight key, its outcome shared."""
 
 from __future__ import annotations
 
@@ -9,40 +9,41 @@ from typing import Any
 import pytest
 
 from reachlimit import Cancelled, SingleFlight
+from tests.support.threads import Outcome, ThreadRunner, start_call
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class Outcome:
-    """What one ``flight.do`` call running in a thread returned or raised."""
+class Call(Outcome):
+    """What one ``flight.do`` call running in a thread returned (``value`` and ``shared``, the
+    pair ``do`` returns) or raised (``error``)."""
 
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: Any = None
-        self.shared: bool | None = None
-        self.error: BaseException | None = None
+    shared: bool | None = None
 
 
 def start_do(
-    threads: Any,
+    threads: ThreadRunner,
     flight: SingleFlight[Any],
     key: Any,
     fn: Callable[[], Any],
     cancel: Any = None,
     name: str = "caller",
-) -> Outcome:
-    outcome = Outcome()
+    before: Callable[[], Any] | None = None,
+) -> Call:
+    """``flight.do(key, fn, cancel)`` in a thread of ``threads``; ``before()`` runs first."""
 
-    def run() -> None:
-        try:
-            outcome.value, outcome.shared = flight.do(key, fn, cancel)
-        except BaseException as exc:
-            outcome.error = exc
-        finally:
-            outcome.done.set()
+    def unpack(call: Call) -> None:
+        call.value, call.shared = call.value
 
-    threads.start(run, name=name)
-    return outcome
+    return start_call(
+        threads,
+        lambda: flight.do(key, fn, cancel),
+        name=name,
+        outcome=Call(name),
+        before=before,
+        then=unpack,
+    )
 
 
 def followers_of(flight: SingleFlight[Any], key: Any) -> int:
@@ -80,7 +81,7 @@ def test_single_caller_runs_fn_and_is_not_shared() -> None:
 
 
 @pytest.mark.parametrize("followers", [1, 7])
-def test_concurrent_callers_share_one_call(threads: Any, wait_until: Any, followers: int) -> None:
+def test_concurrent_callers_share_one_call(threads: Any, followers: int) -> None:
     flight: SingleFlight[Any] = SingleFlight()
     result = object()
     fn = HeldCall(result)
@@ -92,22 +93,11 @@ def test_concurrent_callers_share_one_call(threads: Any, wait_until: Any, follow
     def follower_fn() -> Any:
         raise AssertionError("a follower ran fn")
 
-    outcomes = []
-    for i in range(followers):
-        outcome = Outcome()
-        outcomes.append(outcome)
-
-        def run(o: Outcome = outcome) -> None:
-            barrier.wait()
-            try:
-                o.value, o.shared = flight.do("key", follower_fn)
-            except BaseException as exc:
-                o.error = exc
-            finally:
-                o.done.set()
-
-        threads.start(run, name=f"follower-{i}")
-    wait_until(lambda: followers_of(flight, "key") == followers, message="followers joined")
+    outcomes = [
+        start_do(threads, flight, "key", follower_fn, name=f"follower-{i}", before=barrier.wait)
+        for i in range(followers)
+    ]
+    wait_until("followers joined", lambda: followers_of(flight, "key") == followers)
     assert not any(o.done.is_set() for o in outcomes)  # really waiting on the leader
     assert not leader.done.is_set()
     fn.finish.set()
@@ -120,14 +110,14 @@ def test_concurrent_callers_share_one_call(threads: Any, wait_until: Any, follow
     assert flight.in_flight() == 0
 
 
-def test_exception_is_shared_by_leader_and_followers(threads: Any, wait_until: Any) -> None:
+def test_exception_is_shared_by_leader_and_followers(threads: Any) -> None:
     flight: SingleFlight[Any] = SingleFlight()
     error = LookupError("database down")
     fn = HeldCall(error=error)
     leader = start_do(threads, flight, "key", fn, name="leader")
     assert fn.started.wait(5.0)
     followers = [start_do(threads, flight, "key", fn, name=f"f{i}") for i in range(3)]
-    wait_until(lambda: followers_of(flight, "key") == 3)
+    wait_until("3 followers", lambda: followers_of(flight, "key") == 3)
     fn.finish.set()
     threads.join_all()
     assert fn.runs == 1
@@ -180,9 +170,7 @@ def test_key_deleted_only_if_still_this_calls() -> None:
     assert flight._calls.get("k") is newer
 
 
-def test_follower_cancel_raises_cancelled_while_leader_continues(
-    threads: Any, wait_until: Any
-) -> None:
+def test_follower_cancel_raises_cancelled_while_leader_continues(threads: Any) -> None:
     flight: SingleFlight[Any] = SingleFlight()
     fn = HeldCall("value")
     leader = start_do(threads, flight, "key", fn, name="leader")
@@ -190,7 +178,7 @@ def test_follower_cancel_raises_cancelled_while_leader_continues(
     cancel = threading.Event()
     quitter = start_do(threads, flight, "key", fn, cancel=cancel, name="quitter")
     stayer = start_do(threads, flight, "key", fn, cancel=threading.Event(), name="stayer")
-    wait_until(lambda: followers_of(flight, "key") == 2)
+    wait_until("2 followers", lambda: followers_of(flight, "key") == 2)
     assert not quitter.done.is_set()
     cancel.set()
     assert quitter.done.wait(5.0)
@@ -204,7 +192,7 @@ def test_follower_cancel_raises_cancelled_while_leader_continues(
     assert (stayer.value, stayer.shared, stayer.error) == ("value", True, None)
 
 
-def test_base_exception_from_fn_is_shared_and_key_forgotten(threads: Any, wait_until: Any) -> None:
+def test_base_exception_from_fn_is_shared_and_key_forgotten(threads: Any) -> None:
     class Abort(BaseException):
         pass
 
@@ -214,7 +202,7 @@ def test_base_exception_from_fn_is_shared_and_key_forgotten(threads: Any, wait_u
     leader = start_do(threads, flight, "key", fn)
     assert fn.started.wait(5.0)
     follower = start_do(threads, flight, "key", fn)
-    wait_until(lambda: followers_of(flight, "key") == 1)
+    wait_until("1 followers", lambda: followers_of(flight, "key") == 1)
     fn.finish.set()
     threads.join_all()
     assert leader.error is abort and follower.error is abort

@@ -1,4 +1,4 @@
-"""Scenario 12 and the client-gone path under a real gunicorn ``-k gthread`` on 127.0.0.1.
+"""Saturation and the client-gone path under a real gunicorn ``-k gthread`` on 127.0.0.1.
 
 design:
 
@@ -7,8 +7,8 @@ design:
     it taken), waited for through ``/health`` with a bounded deadline, and stopped by its PID
     at teardown: SIGTERM, SIGKILL after a timeout, a bounded wait, then a check that the master
     and its worker are really gone. Servers are module-scoped so the file runs in seconds.
-    The generic part of that harness is ``tests/servers.py`` (``GunicornServer``); this file
-    adds what is particular to the slow app.
+    The generic part of that harness is ``GunicornServer`` (``tests/support/gunicorn_server.py``);
+    this file adds what is particular to the slow app.
 
     The app is ``tests/apps/slow_app.py``: every cold build waits on a gate the test opens
     (``POST /debug/release``), so "the builds are still held" is a fact read back from the
@@ -29,7 +29,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -41,18 +40,17 @@ import pytest
 import urllib3
 from urllib3.util.retry import Retry
 
-from tests.servers import (
+from tests.support import HOST
+from tests.support.clients import (
     CLIENT_TIMEOUT,
-    HOST,
-    GunicornServer,
     Herd,
-    Reply,
     check_refusal,
+    close_one_by_one,
     http_request,
     raw_client,
-    serving,
-    wait_until,
 )
+from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.gunicorn
 
@@ -74,7 +72,6 @@ class Gunicorn(GunicornServer):
     """One gunicorn master (and its one gthread worker) serving the slow app."""
 
     def __init__(self, log_dir: Path, threads: int, name: str, extra: tuple[str, ...]) -> None:
-        self.token = uuid.uuid4().hex
         super().__init__(
             APP,
             log_dir,
@@ -83,22 +80,14 @@ class Gunicorn(GunicornServer):
                 # No queued request may time out while a test holds the gate (see the design).
                 "REACHLIMIT_WAIT": "30",
                 "SLOW_GATE_TIMEOUT": "45",
-                "SLOW_APP_TOKEN": self.token,
             },
             workers=1,
             threads=threads,
             args=extra,
             ready_path="/health",
-            ready_check=Gunicorn._is_ours,
+            token_env="SLOW_APP_TOKEN",
+            identity_path="/debug/builds",
         )
-        self.worker_pid: int | None = None
-
-    def _is_ours(self, reply: Reply) -> bool:
-        figures = self.builds()
-        if figures["token"] != self.token:
-            return False  # somebody else's server answered on "our" port
-        self.worker_pid = figures["pid"]
-        return True
 
     # -- talking to it ------------------------------------------------------------------------
 
@@ -211,7 +200,7 @@ def saturate(held: Held, prefix: str) -> Herd:
     return herd
 
 
-# -- scenario 12 ----------------------------------------------------------------------------
+# -- saturation: a burst, a herd, warm hits, clients that leave or retry --------------------
 
 
 def test_forty_distinct_cold_keys_get_only_200s_and_429s(server: Gunicorn) -> None:
@@ -324,17 +313,11 @@ def test_clients_that_leave_the_queue_free_their_places(server: Gunicorn) -> Non
 
         # The gate is closed and a wait lasts 30 s: the only way out of the queue now is
         # a cancellation. Close the clients one by one and see each place come back.
-        delays = []
-        for n, sock in enumerate(sockets, start=1):
-            closed_at = time.monotonic()
-            sock.close()
+        def place_back(n: int) -> bool:
+            h = server.health()
+            return bool(h["cancelled"] - before["cancelled"] == n and h["queued"] == 8 - n)
 
-            def place_back(n: int = n) -> bool:
-                h = server.health()
-                return bool(h["cancelled"] - before["cancelled"] == n and h["queued"] == 8 - n)
-
-            wait_until(f"place {n} back", place_back, timeout=5.0, interval=0.002)
-            delays.append(time.monotonic() - closed_at)
+        delays = close_one_by_one(sockets, place_back)
         print(
             "gunicorn: client close -> queue place back (incl. one /health poll): "
             + ", ".join(f"{d * 1000:.1f} ms" for d in delays)

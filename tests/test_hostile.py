@@ -39,7 +39,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import webapp.db
-from tests.servers import HOST, ROOT, reach_service, serving
+from tests.support import HOST, ROOT
+from tests.support.gunicorn_server import reach_service, serving
 
 ALLOWED = {200, 400, 404, 405, 429}
 #: Every sentence an error body may carry: fixed texts, so no input is ever reflected.

@@ -5,7 +5,7 @@ The app runs on a real threaded Werkzeug server on 127.0.0.1 (``LiveServer`` of
 ``tests/conftest.py`` (150 nodes), and for the crowded map a denser one (800 nodes). Nothing
 here types in which nodes a map should show: every test picks its report from what the API
 serves and then compares the drawing with ``/api/nodes/<pubkey>/reach`` for that report. The
-rule for "has a position" is the server's own ``webapp.reach.has_gps``.
+rule for "has a position" is the server's own ``webapp.meshcore.has_gps``.
 
 What the map promises, and what each test checks:
 
@@ -44,7 +44,7 @@ from tests.test_browser import (
 )
 from tests.test_browser import browser as browser  # noqa: F401  (fixture)
 from tests.test_browser import page as page  # noqa: F401  (fixture, over this live_server)
-from webapp.reach import has_gps
+from webapp.meshcore import has_gps
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 

@@ -1,4 +1,5 @@
-"""Tests of ColdPath (SPEC §1, §3; acceptance scenarios 1, 5, 6, 7 and 9 at library level).
+"""Tests of ColdPath: the layers of a request (warm-cache bypass, same-key singleflight, cache
+recheck, the cold limiter, then build and publish), each test named after what it checks.
 
 A "build" here is a counted callable standing in for the database scan: a scenario that
 promises "no database work" is checked by the build log staying unchanged.
@@ -24,7 +25,9 @@ from reachlimit import (
     SingleFlight,
     TTLCache,
 )
-from tests.helpers import LIMITER_FIELDS, PATH_FIELDS
+from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, start_acquire
+from tests.support.threads import Outcome, ThreadRunner, start_call
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -71,37 +74,16 @@ class BuildLog:
         return run
 
 
-class Outcome:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def wait_done(self, timeout: float = 5.0) -> None:
-        assert self.done.wait(timeout), f"{self.name}: get() did not return in {timeout} s"
-
-
 def start_get(
-    threads: Any,
+    threads: ThreadRunner,
     path: ColdPath,
     key: Any,
     build: Callable[[], Any],
     cancel: Any = None,
     name: str = "request",
 ) -> Outcome:
-    outcome = Outcome(name)
-
-    def run() -> None:
-        try:
-            outcome.value = path.get(key, build, cancel)
-        except BaseException as exc:
-            outcome.error = exc
-        finally:
-            outcome.done.set()
-
-    threads.start(run, name=name)
-    return outcome
+    """``path.get(key, build, cancel)`` in a thread of ``threads``."""
+    return start_call(threads, lambda: path.get(key, build, cancel), name=name)
 
 
 def followers_of(path: ColdPath, key: Any) -> int:
@@ -277,11 +259,11 @@ def test_cancel_already_set_raises_cancelled_and_builds_nothing() -> None:
     assert path.flight.in_flight() == 0
 
 
-# -- scenario 1 -------------------------------------------------------------------------------
+# -- a leader beyond the queue ----------------------------------------------------------------
 
 
-def test_scenario1_eleventh_leader_refused_at_once_no_deadline_no_build(
-    threads: Any, wait_until: Any, fake_clock: Any
+def test_a_leader_beyond_the_queue_is_refused_at_once_without_a_deadline_or_a_build(
+    threads: Any, fake_clock: Any
 ) -> None:
     lim = ColdLimiter(active=2, queue=8, clock=fake_clock)
     path = ColdPath(lim)
@@ -297,7 +279,7 @@ def test_scenario1_eleventh_leader_refused_at_once_no_deadline_no_build(
     for i in range(2, 10):
         key = f"k{i}"
         requests.append(start_get(threads, path, key, log.build(key), name=key))
-        wait_until(lambda i=i: lim.stats().queued == i - 1, message=f"{key} queued")
+        wait_until(f"{key} queued", lambda i=i: lim.stats().queued == i - 1)
     assert log.keys == ["k0", "k1"]  # queued leaders run no build
     assert not any(r.done.is_set() for r in requests)
     before = path.stats()
@@ -327,12 +309,10 @@ def test_scenario1_eleventh_leader_refused_at_once_no_deadline_no_build(
     )
 
 
-# -- scenario 5 -------------------------------------------------------------------------------
+# -- warm hits under saturation ---------------------------------------------------------------
 
 
-def test_scenario5_warm_hits_succeed_while_the_limiter_is_saturated(
-    start_acquire: Any, wait_until: Any, threads: Any
-) -> None:
+def test_warm_hits_succeed_while_the_limiter_is_saturated(threads: Any) -> None:
     lim = ColdLimiter(active=2, queue=8)
     spy = SpyLimiter(lim)
     path = ColdPath(spy)
@@ -340,8 +320,8 @@ def test_scenario5_warm_hits_succeed_while_the_limiter_is_saturated(
     holders = [lim.acquire(), lim.acquire()]
     cancels = [threading.Event() for _ in range(8)]
     for i, cancel in enumerate(cancels):
-        start_acquire(lim, cancel)
-        wait_until(lambda i=i: lim.stats().queued == i + 1)
+        start_acquire(threads, lim, cancel)
+        wait_until(f"{i + 1} queued", lambda i=i: lim.stats().queued == i + 1)
     with pytest.raises(Busy):  # saturated: a cold request is refused
         path.get("cold", lambda: "never built")
     assert spy.acquire_calls == 1
@@ -362,11 +342,11 @@ def test_scenario5_warm_hits_succeed_while_the_limiter_is_saturated(
         grant.release()
 
 
-# -- scenario 6 -------------------------------------------------------------------------------
+# -- same-key requests: one build -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [2, 8])
-def test_scenario6_same_key_requests_run_one_build(threads: Any, wait_until: Any, n: int) -> None:
+def test_same_key_requests_run_one_build(threads: Any, n: int) -> None:
     lim = ColdLimiter(active=2, queue=8)
     path = ColdPath(lim)
     log = BuildLog()
@@ -375,7 +355,7 @@ def test_scenario6_same_key_requests_run_one_build(threads: Any, wait_until: Any
     build = log.build("k", report, hold=hold)
     requests = [start_get(threads, path, "k", build, name=f"r{i}") for i in range(n)]
     assert log.started("k").wait(5.0)
-    wait_until(lambda: followers_of(path, "k") == n - 1, message="all followers joined")
+    wait_until("all followers joined", lambda: followers_of(path, "k") == n - 1)
     assert not any(r.done.is_set() for r in requests)
     hold.set()
     threads.join_all()
@@ -386,10 +366,10 @@ def test_scenario6_same_key_requests_run_one_build(threads: Any, wait_until: Any
     assert path.cache.get("k") is report
 
 
-# -- scenario 7 -------------------------------------------------------------------------------
+# -- only promoted leaders build --------------------------------------------------------------
 
 
-def test_scenario7_only_a_promoted_leader_builds(threads: Any, wait_until: Any) -> None:
+def test_only_a_promoted_leader_builds(threads: Any) -> None:
     lim = ColdLimiter(active=1, queue=2)
     path = ColdPath(lim)
     log = BuildLog()
@@ -398,9 +378,9 @@ def test_scenario7_only_a_promoted_leader_builds(threads: Any, wait_until: Any) 
     assert log.started("a").wait(5.0)
     hold_b = threading.Event()
     b = start_get(threads, path, "b", log.build("b", hold=hold_b), name="b")
-    wait_until(lambda: lim.stats().queued == 1)
+    wait_until("1 queued", lambda: lim.stats().queued == 1)
     c = start_get(threads, path, "c", log.build("c"), name="c")
-    wait_until(lambda: lim.stats().queued == 2)
+    wait_until("2 queued", lambda: lim.stats().queued == 2)
     with pytest.raises(Busy) as info:
         path.get("d", log.build("d"))
     assert info.value.reason == "queue_full"
@@ -418,12 +398,10 @@ def test_scenario7_only_a_promoted_leader_builds(threads: Any, wait_until: Any) 
     assert lim.stats().active == 0
 
 
-# -- scenario 9 -------------------------------------------------------------------------------
+# -- build errors -----------------------------------------------------------------------------
 
 
-def test_scenario9_build_error_reaches_everyone_is_not_cached_and_frees_the_slot(
-    threads: Any, wait_until: Any
-) -> None:
+def test_a_build_error_reaches_everyone_is_not_cached_and_frees_the_slot(threads: Any) -> None:
     lim = ColdLimiter(active=1, queue=0)
     cache = DictCache()
     path = ColdPath(lim, cache=cache)
@@ -434,7 +412,7 @@ def test_scenario9_build_error_reaches_everyone_is_not_cached_and_frees_the_slot
     leader = start_get(threads, path, "k", build, name="leader")
     assert log.started("k").wait(5.0)
     followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(3)]
-    wait_until(lambda: followers_of(path, "k") == 3)
+    wait_until("3 followers", lambda: followers_of(path, "k") == 3)
     assert lim.stats().active == 1
     hold.set()
     threads.join_all()
@@ -452,19 +430,17 @@ def test_scenario9_build_error_reaches_everyone_is_not_cached_and_frees_the_slot
 # -- refusals and cancellations seen by followers ---------------------------------------------
 
 
-def test_followers_of_a_timed_out_leader_get_the_same_busy(
-    threads: Any, wait_until: Any, fake_clock: Any
-) -> None:
+def test_followers_of_a_timed_out_leader_get_the_same_busy(threads: Any, fake_clock: Any) -> None:
     lim = ColdLimiter(active=1, queue=1, wait=3.0, clock=fake_clock)
     path = ColdPath(lim)
     log = BuildLog()
     holder = lim.acquire()
     build = log.build("k")
     leader = start_get(threads, path, "k", build, cancel=threading.Event(), name="leader")
-    wait_until(lambda: lim.stats().queued == 1)
+    wait_until("1 queued", lambda: lim.stats().queued == 1)
     followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(3)]
-    wait_until(lambda: followers_of(path, "k") == 3)
-    wait_until(lambda: fake_clock.calls >= 2, message="leader's deadline fixed")
+    wait_until("3 followers", lambda: followers_of(path, "k") == 3)
+    wait_until("leader's deadline fixed", lambda: fake_clock.calls >= 2)
     fake_clock.advance(10.0)
     threads.join_all()
     assert isinstance(leader.error, Busy) and leader.error.reason == "timeout"
@@ -476,7 +452,7 @@ def test_followers_of_a_timed_out_leader_get_the_same_busy(
     assert (s.active, s.queued, s.rejected_timeout, s.builds) == (0, 0, 1, 0)
 
 
-def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any, wait_until: Any) -> None:
+def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any) -> None:
     lim = ColdLimiter(active=1, queue=0)
     spy = SpyLimiter(lim, gated=True)  # holds the leader at the limiter's door
     path = ColdPath(spy)
@@ -486,7 +462,7 @@ def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any, wait_unti
     leader = start_get(threads, path, "k", build, name="leader")
     assert spy.entered.wait(5.0)
     followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(4)]
-    wait_until(lambda: followers_of(path, "k") == 4)
+    wait_until("4 followers", lambda: followers_of(path, "k") == 4)
     spy.proceed.set()
     threads.join_all()
     assert isinstance(leader.error, Busy) and leader.error.reason == "queue_full"
@@ -499,7 +475,7 @@ def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any, wait_unti
     assert path.stats().coalesced == 4  # the followers shared the refusal
 
 
-def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any, wait_until: Any) -> None:
+def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any) -> None:
     lim = ColdLimiter(active=1, queue=2)
     path = ColdPath(lim)
     log = BuildLog()
@@ -507,19 +483,19 @@ def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any, wait_until
     build = log.build("k")
     leader_cancel = threading.Event()
     leader = start_get(threads, path, "k", build, cancel=leader_cancel, name="leader")
-    wait_until(lambda: lim.stats().queued == 1)
+    wait_until("1 queued", lambda: lim.stats().queued == 1)
     followers = [
         start_get(threads, path, "k", build, cancel=threading.Event(), name=f"f{i}")
         for i in range(2)
     ]
-    wait_until(lambda: followers_of(path, "k") == 2)
+    wait_until("2 followers", lambda: followers_of(path, "k") == 2)
     leader_cancel.set()
     leader.wait_done()
     assert isinstance(leader.error, Cancelled)
     # One follower took over as leader and queued; the other follows it.
     wait_until(
+        "a follower became the new leader",
         lambda: lim.stats().queued == 1 and followers_of(path, "k") == 1,
-        message="a follower became the new leader",
     )
     assert log.count() == 0
     assert not any(f.done.is_set() for f in followers)
@@ -531,16 +507,14 @@ def test_a_cancelled_leader_does_not_fail_its_followers(threads: Any, wait_until
     assert (s.builds, s.coalesced, s.cancelled, s.active, s.queued) == (1, 1, 1, 0, 0)
 
 
-def test_a_cancelled_leader_alone_raises_cancelled_and_caches_nothing(
-    threads: Any, wait_until: Any
-) -> None:
+def test_a_cancelled_leader_alone_raises_cancelled_and_caches_nothing(threads: Any) -> None:
     lim = ColdLimiter(active=1, queue=1)
     path = ColdPath(lim)
     log = BuildLog()
     holder = lim.acquire()
     cancel = threading.Event()
     leader = start_get(threads, path, "k", log.build("k"), cancel=cancel, name="leader")
-    wait_until(lambda: lim.stats().queued == 1)
+    wait_until("1 queued", lambda: lim.stats().queued == 1)
     cancel.set()
     leader.wait_done()
     assert isinstance(leader.error, Cancelled)
@@ -550,7 +524,7 @@ def test_a_cancelled_leader_alone_raises_cancelled_and_caches_nothing(
     assert (lim.stats().active, lim.stats().queued) == (0, 0)
 
 
-def test_a_follower_can_cancel_without_disturbing_the_leader(threads: Any, wait_until: Any) -> None:
+def test_a_follower_can_cancel_without_disturbing_the_leader(threads: Any) -> None:
     lim = ColdLimiter()
     path = ColdPath(lim)
     log = BuildLog()
@@ -560,7 +534,7 @@ def test_a_follower_can_cancel_without_disturbing_the_leader(threads: Any, wait_
     assert log.started("k").wait(5.0)
     cancel = threading.Event()
     quitter = start_get(threads, path, "k", build, cancel=cancel, name="quitter")
-    wait_until(lambda: followers_of(path, "k") == 1)
+    wait_until("1 follower", lambda: followers_of(path, "k") == 1)
     cancel.set()
     quitter.wait_done()
     assert isinstance(quitter.error, Cancelled)

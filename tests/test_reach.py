@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.clock import FakeClock
 from webapp import db, meshcore, scan, snapshot
 from webapp.meshcore import haversine_km, normalize_pubkey
 from webapp.nodelist import list_nodes
@@ -527,14 +528,6 @@ class TestListNodes:
 
 
 # -- snapshots -------------------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TestPeriodicSnapshot:

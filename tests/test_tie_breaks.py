@@ -9,12 +9,15 @@ section states each rule in words.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter, ColdPath, Grant, SingleFlight
+from tests.support.clock import FakeClock
+from tests.support.limiter import start_acquire
+from tests.support.threads import ThreadRunner
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +32,7 @@ def in_condition_wait(limiter: ColdLimiter, position: int = 0) -> bool:
 
 
 def test_a_cancel_seen_together_with_the_promotion_wins_and_passes_the_slot_on(
-    start_acquire: Callable[..., Any], wait_until: Callable[..., None]
+    threads: ThreadRunner,
 ) -> None:
     lim = ColdLimiter(active=1, queue=2, wait=30.0)
     holder = lim.acquire()
@@ -48,10 +51,10 @@ def test_a_cancel_seen_together_with_the_promotion_wins_and_passes_the_slot_on(
             return True
 
     cancel = CancelAtPromotion()
-    first = start_acquire(lim, cancel=cancel, name="first")
-    wait_until(lambda: lim.stats().queued == 1)
-    second = start_acquire(lim, name="second")
-    wait_until(lambda: lim.stats().queued == 2)
+    first = start_acquire(threads, lim, cancel=cancel, name="first")
+    wait_until("one waiter queued", lambda: lim.stats().queued == 1)
+    second = start_acquire(threads, lim, name="second")
+    wait_until("two waiters queued", lambda: lim.stats().queued == 2)
     cancel.armed = True
     first.wait_done()
     second.wait_done()
@@ -64,13 +67,13 @@ def test_a_cancel_seen_together_with_the_promotion_wins_and_passes_the_slot_on(
 
 
 def test_a_promotion_that_lands_before_the_waiter_sees_its_deadline_is_a_grant(
-    make_clock: Any, start_acquire: Callable[..., Any], wait_until: Callable[..., None]
+    threads: ThreadRunner,
 ) -> None:
-    clock = make_clock()
+    clock = FakeClock()
     lim = ColdLimiter(active=1, queue=1, wait=3.0, clock=clock)
     holder = lim.acquire()
-    waiter = start_acquire(lim, name="waiter")
-    wait_until(lambda: in_condition_wait(lim), message="the waiter is parked")
+    waiter = start_acquire(threads, lim, name="waiter")
+    wait_until("the waiter parked", lambda: in_condition_wait(lim))
     clock.advance(10.0)  # its deadline has passed, but it has not looked at the clock since
     holder.release()  # ... and the hand-off reaches it first
     waiter.wait_done()
@@ -82,15 +85,15 @@ def test_a_promotion_that_lands_before_the_waiter_sees_its_deadline_is_a_grant(
 
 
 def test_a_waiter_that_sees_its_deadline_before_any_promotion_times_out(
-    make_clock: Any, start_acquire: Callable[..., Any], wait_until: Callable[..., None]
+    threads: ThreadRunner,
 ) -> None:
     """The other side of the rule above: no hand-off yet, deadline passed -> Busy(timeout)."""
-    clock = make_clock()
+    clock = FakeClock()
     lim = ColdLimiter(active=1, queue=1, wait=3.0, clock=clock)
     lim.CANCEL_POLL_INTERVAL = 0.001  # type: ignore[misc]  # wake often to re-read the clock
     holder = lim.acquire()
-    waiter = start_acquire(lim, cancel=threading.Event(), name="waiter")
-    wait_until(lambda: lim.stats().queued == 1)
+    waiter = start_acquire(threads, lim, cancel=threading.Event(), name="waiter")
+    wait_until("one waiter queued", lambda: lim.stats().queued == 1)
     clock.advance(10.0)
     waiter.wait_done()
     assert isinstance(waiter.error, Busy) and waiter.error.reason == "timeout"
@@ -158,7 +161,7 @@ def test_a_leader_cancelled_by_a_limiter_without_a_cancel_token_raises_once() ->
 
 
 def test_a_follower_whose_own_client_left_with_its_leaders_raises_and_is_not_coalesced(
-    threads: Any, wait_until: Callable[..., None]
+    threads: ThreadRunner,
 ) -> None:
     in_acquire = threading.Event()
     leader_may_go = threading.Event()
@@ -200,7 +203,7 @@ def test_a_follower_whose_own_client_left_with_its_leaders_raises_and_is_not_coa
             call = flight._calls.get("k")
             return call is not None and call.followers == 1
 
-    wait_until(follower_joined, message="the follower joined the leader's call")
+    wait_until("the follower joined the leader's call", follower_joined)
     leader_may_go.set()
     threads.join_all()
     assert isinstance(errors.get("leader"), Cancelled)

@@ -769,7 +769,7 @@ def test_a_target_promoted_since_the_snapshot_gets_a_full_report_and_a_fresh_sna
 def test_a_warm_report_is_served_without_the_database(
     reach_app: Any, busy_repeater: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SPEC §1: a cached report is served at once. Visibility of a target the node-index
+    """A cached report is served at once, without the limiter. Visibility of a target the node-index
     snapshot knows is decided from the snapshot, so an unusable (locked, gone) database
     does not turn a cached report into a wait and a 500 - and hiding still works."""
     client = reach_app.test_client()
@@ -805,7 +805,8 @@ def test_a_refused_request_runs_no_database_query(
     reach_app_factory: Factory, reach_demo_db: Path, busy_repeater: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SPEC §6 scenario 7 through the HTTP layer: with every slot held and no queue, a cold
+    """Queued and refused requests run no database work, through the HTTP layer: with every
+    slot held and no queue, a cold
     request for a known node is refused without one SQL statement or a new connection."""
     import webapp.state
 

@@ -1,4 +1,4 @@
-"""Scenario 12 on the real service: ``webapp`` under a real gunicorn, on 127.0.0.1.
+"""Saturation of the real service: ``webapp`` under a real gunicorn, on 127.0.0.1.
 
 design:
 
@@ -9,8 +9,8 @@ design:
     ``REACH_DB`` (a demo database written once for this module) and ``REACH_LOG_LEVEL=debug``
     (so gunicorn prints the configuration it runs with, and the test can check that the
     config file's own settings - gthread, 16 threads, preload - are the ones in force). It
-    is stopped by its PID; ``tests/servers.py`` checks that the master and its workers are
-    gone.
+    is stopped by its PID; ``tests/support/gunicorn_server.py`` checks that the master and
+    its workers are gone.
 
     The demo database (800 nodes, 200,000 observations, written in about 3 s) is sized so
     that a cold 7-day report of a relay scans tens of thousands of rows - tens of ms - and a
@@ -37,16 +37,10 @@ from typing import Any
 
 import pytest
 
-from tests.servers import (
-    GunicornServer,
-    Herd,
-    Reply,
-    check_refusal,
-    pid_alive,
-    reach_service,
-    serving,
-    wait_until,
-)
+from tests.support.clients import Herd, Reply, check_refusal
+from tests.support.gunicorn_server import GunicornServer, reach_service, serving
+from tests.support.processes import pid_alive
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.gunicorn
 
@@ -215,7 +209,7 @@ def test_config_file_settings_apply(server: GunicornServer) -> None:
     )
 
 
-# -- scenario 12 ----------------------------------------------------------------------------
+# -- saturation: a burst, a herd, a warm report ---------------------------------------------
 
 
 def test_forty_distinct_cold_keys_get_only_200s_and_429s(
@@ -352,9 +346,13 @@ def test_stop_leaves_no_master_and_no_worker(
         workers = srv.worker_pids()
         assert len(workers) == 2
         assert master not in workers
+        # A worker is a process (seen above) a moment before it logs its boot line: wait for
+        # the lines, then check there are exactly two, one for each worker.
+        wait_until(
+            "a boot line from each worker",
+            lambda: all(f"Booting worker with pid: {pid}" in srv.stderr() for pid in workers),
+        )
         assert srv.stderr().count("Booting worker with pid:") == 2
-        for pid in workers:
-            assert f"Booting worker with pid: {pid}" in srv.stderr()
         assert srv.get("/api/health").status == 200
         assert all(pid_alive(pid) for pid in [master, *workers])
     # serving() has stopped it by PID and checked; check again, in plain words.

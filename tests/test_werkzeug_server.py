@@ -4,11 +4,12 @@ design:
 
     The server runs in this process: ``werkzeug.serving.make_server(..., threaded=True)`` on
     127.0.0.1 port 0, ``serve_forever`` in a thread; shut down and joined (with a timeout) at
-    teardown (``tests.servers.werkzeug_serving``). The test holds every build slot itself, by
-    acquiring the app's limiter directly, so requests can only queue; raw socket clients send
-    a whole GET, sit in the queue, and close. While the test holds the slots and the wait is
-    30 s, the only way out of the queue is a cancellation: the checks are on what happened,
-    and the delay from a close to its place coming back is printed, never asserted.
+    teardown (``tests.support.werkzeug_server.werkzeug_serving``). The test holds every build
+    slot itself, by acquiring the app's limiter directly, so requests can only queue; raw
+    socket clients send a whole GET, sit in the queue, and close. While the test holds the
+    slots and the wait is 30 s, the only way out of the queue is a cancellation: the checks are
+    on what happened, and the delay from a close to its place coming back is printed, never
+    asserted.
 """
 
 from __future__ import annotations
@@ -17,33 +18,26 @@ import contextlib
 import json
 import logging
 import socket
-import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from flask import Flask
 
 from reachlimit import ColdLimiter, Grant
-from tests import servers
 from tests.apps.slow_app import create_app
-from tests.helpers import slots_held
-from tests.servers import DEADLINE, Reply, WerkzeugServer, werkzeug_serving
-
-
-def wait_until(
-    what: str, probe: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.002
-) -> Any:
-    return servers.wait_until(what, probe, timeout=timeout, interval=interval)
+from tests.support import clients
+from tests.support.clients import Reply, close_one_by_one
+from tests.support.limiter import slots_held
+from tests.support.waiting import DEADLINE, wait_until
+from tests.support.werkzeug_server import WerkzeugServer, werkzeug_serving
 
 
 def raw_client(port: int, path: str) -> socket.socket:
-    return servers.raw_client(port, path, timeout=DEADLINE)
+    return clients.raw_client(port, path, timeout=DEADLINE)
 
 
 def get(port: int, path: str) -> Reply:
-    return servers.http_request(port, "GET", path, timeout=DEADLINE)
+    return clients.http_request(port, "GET", path, timeout=DEADLINE)
 
 
 def serving(app: Flask) -> contextlib.AbstractContextManager[WerkzeugServer]:
@@ -88,17 +82,12 @@ def test_clients_that_leave_the_queue_free_their_places(caplog: pytest.LogCaptur
             assert json.loads(body)["retryAfter"] == 2
 
             before = limiter.stats()
-            delays = []
-            for n, sock in enumerate(sockets, start=1):
-                closed_at = time.monotonic()
-                sock.close()
 
-                def place_back(n: int = n) -> bool:
-                    s = limiter.stats()
-                    return s.cancelled - before.cancelled == n and s.queued == before.queued - n
+            def place_back(n: int) -> bool:
+                s = limiter.stats()
+                return s.cancelled - before.cancelled == n and s.queued == before.queued - n
 
-                wait_until(f"place {n} back", place_back, timeout=5.0)
-                delays.append(time.monotonic() - closed_at)
+            delays = close_one_by_one(sockets, place_back)
         finally:
             for sock in sockets:
                 sock.close()

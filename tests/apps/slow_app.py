@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, jsonify
@@ -87,6 +88,20 @@ class BuildGate:
             }
 
 
+def add_cold_routes(app: Flask, rl: ReachLimit, build: Callable[[str], Any]) -> None:
+    """The two routes every test app has: ``GET /report/<key>`` (``build(key)`` through
+    ``rl.cold``; ``NOT_FOUND`` is a 404 JSON answer) and ``GET /health``."""
+
+    @app.get("/report/<key>")
+    def report(key: str) -> Any:
+        value = rl.cold(key, lambda: build(key))
+        if value is NOT_FOUND:
+            return jsonify(error="Not found"), 404
+        return jsonify(value)
+
+    app.add_url_rule("/health", "health", rl.health_view)
+
+
 def create_app(**config: Any) -> Flask:
     """The app factory (gunicorn: ``'tests.apps.slow_app:create_app()'``).
 
@@ -106,14 +121,7 @@ def create_app(**config: Any) -> Flask:
     app.extensions["slow_app"] = gate
     rl = ReachLimit(app)
 
-    @app.get("/report/<key>")
-    def report(key: str) -> Any:
-        value = rl.cold(key, lambda: gate.build(key))
-        if value is NOT_FOUND:
-            return jsonify(error="Not found"), 404
-        return jsonify(value)
-
-    app.add_url_rule("/health", "health", rl.health_view)
+    add_cold_routes(app, rl, gate.build)
 
     @app.get("/debug/builds")
     def debug_builds() -> Any:

@@ -1,0 +1,86 @@
+"""The key checks catch a broken limiter: each check of ``tests/support/limiter_checks.py``
+passes on ColdLimiter and fails, for the reason it names, on a limiter changed on purpose
+(no gate; a gate place kept when a waiter gives up; a gate place kept at promotion).
+"""
+
+from __future__ import annotations
+
+import queue
+import types
+from typing import Any
+
+import pytest
+
+from reachlimit import ColdLimiter
+from reachlimit import _limiter as _limiter_module
+from tests.support.limiter_checks import (
+    check_gate_place_returned_after_cancel,
+    check_gate_place_returned_after_promotion,
+    check_gate_place_returned_after_timeout,
+    check_queue_bound,
+)
+from tests.support.threads import ThreadRunner
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_checks_pass_on_the_real_limiter(threads: ThreadRunner) -> None:
+    check_queue_bound(ColdLimiter, threads)
+    check_gate_place_returned_after_timeout(ColdLimiter, threads)
+    check_gate_place_returned_after_cancel(ColdLimiter, threads)
+    check_gate_place_returned_after_promotion(ColdLimiter, threads)
+
+
+class _GatelessQueue(queue.Queue):  # type: ignore[type-arg]
+    """What the mutant builds for its gate: a queue that ignores ``maxsize``, so that no
+    caller is ever refused. (``queue.Queue(maxsize=0)`` is unbounded.)"""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(0)
+
+
+def test_a_limiter_without_the_gate_fails_the_queue_bound_check(
+    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
+) -> None:
+    # The limiter module's view of the ``queue`` module, with Queue swapped for a gate that
+    # admits everyone: the limiter code itself is unchanged, it just has no bound any more.
+    gateless = types.SimpleNamespace(Queue=_GatelessQueue, Full=queue.Full, Empty=queue.Empty)
+    monkeypatch.setattr(_limiter_module, "_queue", gateless)
+    with pytest.raises(AssertionError, match="queue bound broken"):
+        check_queue_bound(ColdLimiter, threads)
+
+
+def _leave_queue_keeping_the_place(self: ColdLimiter, waiter: Any) -> None:
+    self._waiters.remove(waiter)  # mutant: forgets self._return_gate_place()
+
+
+def _hand_off_keeping_the_place(self: ColdLimiter) -> None:
+    if self._waiters:
+        waiter = self._waiters.popleft()  # mutant: forgets self._return_gate_place()
+        waiter.granted = True
+        waiter.cond.notify()
+    else:
+        self._active -= 1
+
+
+def test_a_limiter_keeping_the_place_of_a_waiter_that_gives_up_fails(
+    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
+) -> None:
+    monkeypatch.setattr(ColdLimiter, "_leave_queue", _leave_queue_keeping_the_place)
+    with pytest.raises(AssertionError, match="gate place not returned after timeout"):
+        check_gate_place_returned_after_timeout(ColdLimiter, threads)
+    with pytest.raises(AssertionError, match="gate place not returned after cancel"):
+        check_gate_place_returned_after_cancel(ColdLimiter, threads)
+    # The mutant is caught for the right reason: the promotion path is intact.
+    check_gate_place_returned_after_promotion(ColdLimiter, threads)
+
+
+def test_a_limiter_keeping_the_place_of_a_promoted_waiter_fails(
+    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
+) -> None:
+    monkeypatch.setattr(ColdLimiter, "_hand_off_or_free", _hand_off_keeping_the_place)
+    with pytest.raises(AssertionError, match="gate place not returned after promotion"):
+        check_gate_place_returned_after_promotion(ColdLimiter, threads)
+    # The timeout and cancel paths are intact, so those checks still pass.
+    check_gate_place_returned_after_timeout(ColdLimiter, threads)
+    check_gate_place_returned_after_cancel(ColdLimiter, threads)
