@@ -806,8 +806,8 @@ def test_a_refused_request_runs_no_database_query(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Queued and refused requests run no database work, through the HTTP layer: with every
-    slot held and no queue, a cold
-    request for a known node is refused without one SQL statement or a new connection."""
+    slot held and no queue, a cold request for a known node is refused without one SQL
+    statement or a new connection."""
     import webapp.state
 
     app = reach_app_factory(REACHLIMIT_ACTIVE=1, REACHLIMIT_QUEUE=0)
