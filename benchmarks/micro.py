@@ -17,6 +17,11 @@ What is measured, in one process, as ratios against a baseline timed in the same
       - ``queue=0``: no gate is built (``Queue(maxsize=0)`` would be unbounded).
 (c) lasting allocations: ``sys.getallocatedblocks()`` after ``gc.collect()``, before and after
     50,000 refusals on each path. Goal: about 0 (we allow a handful of blocks of noise).
+(d) a refusal through the Flask extension, a whole WSGI request (``app(environ,
+    start_response)``, body read and closed; no server, no socket), against a route of the same
+    app returning a constant JSON (``jsonify`` of a dict the size of the refusal's body).
+    Goal: <= 1.2x - the refusal is the cheapest answer the service gives. The limiter runs
+    with its one slot held and ``queue=0``, so every request is a ``queue_full`` refusal.
 
 Each pair is timed in alternating rounds (baseline first on even rounds, limiter first on odd
 rounds); a ratio is reported both as the median of the per-round ratios (the figure the goal
@@ -253,12 +258,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "refusal_queue0": blocks_q0,
     }
 
+    # (d) a whole request: a few tens of microseconds, so fewer of them per round
+    results["flask_refusal"] = flask_refusal(max(1, number // 20), rounds)
+
     worst = max(abs(d) for d in blocks_gate + blocks_q0)
     ratio_goals = (  # (goal, result, highest ratio)
         ("fast path vs BoundedSemaphore(2) pair", "fast_path", 1.0),
         ("fast path, stretch", "fast_path", 0.5),
         ("queue_full refusal, queue=8 full gate, vs refused put_nowait", "refusal_gate", 1.5),
         ("queue_full refusal, queue=0, vs refused put_nowait", "refusal_queue0", 1.5),
+        ("refusal through the Flask extension vs a constant-JSON route", "flask_refusal", 1.2),
     )
     goals = [
         goal(name, f"<= {most:.1f}x", results[key]["ratio"], results[key]["ratio"] <= most)
@@ -284,6 +293,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
         "goals": goals,
     }
+
+
+def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
+    """(d): a refused request through ReachLimit against a constant-JSON route, same app."""
+    from flask import Flask, jsonify
+    from werkzeug.test import EnvironBuilder
+
+    from reachlimit.flask import ReachLimit
+
+    app = Flask("micro")
+    rl = ReachLimit(app, active=1, queue=0)
+    constant = {"error": "Too many reports are being built right now; please retry shortly.",
+                "retryAfter": 2}
+
+    # Both routes take a key from the URL, so both sides do the same routing work.
+    @app.get("/constant/<key>")
+    def constant_json(key: str) -> Any:
+        return jsonify(constant)
+
+    @app.get("/cold/<key>")
+    def cold(key: str) -> Any:
+        return rl.cold(key, lambda: {"key": key})
+
+    statuses: list[str] = []
+
+    def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
+        statuses.append(status)
+
+    def request(environ: dict[str, Any]) -> bytes:
+        body = app(dict(environ), start_response)
+        try:
+            return b"".join(body)
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+    constant_env = EnvironBuilder(path="/constant/k").get_environ()
+    refused_env = EnvironBuilder(path="/cold/k").get_environ()
+    with app.app_context():
+        held = rl.path.limiter.acquire()
+    try:
+        # What is timed must be what it claims: a 200 constant, a queue_full 429.
+        assert json.loads(request(constant_env)) == constant and statuses[-1].startswith("200")
+        refused = json.loads(request(refused_env))
+        assert statuses[-1].startswith("429") and refused["retryAfter"] == 2, statuses[-1]
+        ns = {"request": request, "constant_env": constant_env, "refused_env": refused_env}
+        result = paired("request(constant_env)", "request(refused_env)", ns, number, rounds)
+        with app.app_context():
+            figures = rl.stats()
+        result["refusals_counted"] = figures.rejected_full
+        result["builds"] = figures.builds
+    finally:
+        held.release()
+    return result
 
 
 def goal(name: str, target: str, value: float, met: bool) -> dict[str, Any]:
@@ -325,6 +389,11 @@ def render(report: dict[str, Any]) -> str:
             "refusal queue_full, queue=0 (no gate)",
             "full Queue put_nowait + except Full",
             r["refusal_queue0"],
+        ),
+        (
+            "Flask request refused by ReachLimit (429)",
+            "Flask request, constant jsonify (200)",
+            r["flask_refusal"],
         ),
     ]
     w1 = max(len(a) for a, _, _ in rows)

@@ -49,7 +49,7 @@ def test_help(name: str) -> None:
 def test_micro_quick_json() -> None:
     report = run_json("micro.py")
     results = report["results"]
-    for key in ("fast_path", "refusal_gate", "refusal_queue0"):
+    for key in ("fast_path", "refusal_gate", "refusal_queue0", "flask_refusal"):
         row = results[key]
         assert row["limiter_ns"] > 0 and row["baseline_ns"] > 0
         assert row["ratio"] > 0
@@ -61,7 +61,11 @@ def test_micro_quick_json() -> None:
     allocations = results["allocations"]
     assert allocations["refusals"] == 50_000
     assert allocations["refusal_gate"] and allocations["refusal_queue0"]
-    assert len(report["goals"]) == 5
+    # The Flask pair timed real refusals: every timed request was counted as queue_full.
+    flask = results["flask_refusal"]
+    assert flask["builds"] == 0
+    assert flask["refusals_counted"] >= flask["rounds"] * flask["ops_per_round"]
+    assert len(report["goals"]) == 6
     assert all(isinstance(g["met"], bool) for g in report["goals"])
 
 

@@ -36,7 +36,7 @@ def test_release_twice_raises_and_creates_no_capacity() -> None:
     first = lim.acquire()
     first.release()
     second = lim.acquire()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^grant released twice$"):
         first.release()
     assert lim.stats().active == 1
     with pytest.raises(Busy) as info:  # the bad release did not free second's slot

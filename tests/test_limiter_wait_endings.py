@@ -188,3 +188,22 @@ def test_exception_from_the_clock_while_queued_leaks_no_place(
     assert lim.stats().active == 0
     clock.fail_from = 10**9  # mended, so that the capacity probe can queue
     assert_exact_capacity(lim)
+
+
+def test_a_wait_without_a_cancel_token_is_one_timed_wait(threads: ThreadRunner) -> None:
+    """Only a wait that watches a cancel token runs in slices: without one, the waiter reads
+    the clock once for its deadline and once for what remains, then sleeps until notified.
+    (A "did it really stay asleep" check: the real pause below can only hide a regression on a
+    very slow machine, never fail a correct limiter.)"""
+    clock = FakeClock()
+    lim = ColdLimiter(active=1, queue=1, wait=3600.0, clock=clock)
+    holder = lim.acquire()
+    waiter = start_acquire(threads, lim, name="waiter")
+    wait_until("the waiter read its clock twice", lambda: clock.calls >= 2)
+    wait_until("the waiter parked", lambda: lim.stats().queued == 1)
+    threading.Event().wait(4 * lim.CANCEL_POLL_INTERVAL)  # several slices, had it sliced
+    assert clock.calls == 2 and not waiter.done.is_set()
+    holder.release()
+    waiter.wait_done()
+    assert waiter.grant is not None
+    waiter.release()
