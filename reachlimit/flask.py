@@ -39,12 +39,15 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, fields
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
+
+if TYPE_CHECKING:
+    from .prometheus import ReachMetrics
 
 __all__ = ["ReachLimit", "ColdRefused", "ClientGone", "Settings"]
 
@@ -70,6 +73,8 @@ class Settings:
     cache_size: int = 256
     status: int = 429
     cancel_on_disconnect: bool = True
+    #: Prometheus metrics (``reachlimit.prometheus``, needs prometheus_client).
+    metrics: bool = False
 
     @property
     def threads_needed(self) -> int:
@@ -134,6 +139,7 @@ def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> S
         cache_size=_as_int(*pick("cache_size"), 1),
         status=status,
         cancel_on_disconnect=_as_bool(*pick("cancel_on_disconnect")),
+        metrics=_as_bool(*pick("metrics")),
     )
 
 
@@ -159,11 +165,14 @@ class ClientGone(HTTPException):
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path")
+    __slots__ = ("settings", "path", "metrics")
 
-    def __init__(self, settings: Settings, path: ColdPath) -> None:
+    def __init__(
+        self, settings: Settings, path: ColdPath, metrics: ReachMetrics | None = None
+    ) -> None:
         self.settings = settings
         self.path = path
+        self.metrics = metrics
 
 
 _POLLRDHUP: int | None = getattr(select, "POLLRDHUP", None)
@@ -210,6 +219,21 @@ def _client_watch(environ: Mapping[str, Any]) -> SocketWatch | None:
     return SocketWatch(sock)
 
 
+def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
+    """This app's state with a metered cold path (REACHLIMIT_METRICS)."""
+    try:
+        from .prometheus import ReachMetrics
+    except ImportError as exc:
+        raise ValueError(
+            "REACHLIMIT_METRICS needs prometheus_client: pip install 'reachlimit[prometheus]' "
+            f"({exc})"
+        ) from None
+    metrics = ReachMetrics(
+        settings.active, settings.queue, settings.wait, settings.retry_after, cache=cache
+    )
+    return _State(settings, metrics.path, metrics)
+
+
 def _gunicorn_threads() -> int | None:
     """The ``threads`` setting of the gunicorn worker (or preloading master) that is loading
     the app right now, found on the call stack; None when not loaded by gunicorn."""
@@ -237,7 +261,7 @@ class ReachLimit:
 
     Overrides are the config keys in lower case without the ``REACHLIMIT_`` prefix
     (``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
-    ``status``, ``cancel_on_disconnect``) and win over the app's config.
+    ``status``, ``cancel_on_disconnect``, ``metrics``) and win over the app's config.
     """
 
     def __init__(self, app: Flask | None = None, **overrides: Any) -> None:
@@ -255,11 +279,14 @@ class ReachLimit:
         """Read the config (raising ``ValueError`` naming a bad key), build this app's
         limiter and cache, and warn when gunicorn gives the worker too few threads."""
         settings = _read_settings(app.config, self._overrides)
-        limiter = ColdLimiter(
-            settings.active, settings.queue, settings.wait, settings.retry_after
-        )
         cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
-        app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
+        if settings.metrics:
+            app.extensions["reachlimit"] = _metered_state(settings, cache)
+        else:
+            limiter = ColdLimiter(
+                settings.active, settings.queue, settings.wait, settings.retry_after
+            )
+            app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
         threads = _gunicorn_threads()
         if threads is not None and threads < settings.threads_needed:
             log.warning(
@@ -323,6 +350,25 @@ class ReachLimit:
     def health_view(self) -> Response:
         """A view function: ``{"status": "ok", "reach": {<figures>}}``."""
         response = jsonify(status="ok", reach=self.stats().as_dict())
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def metrics_view(self) -> Response:
+        """A view function: the Prometheus text format (``GET /metrics``). With several
+        gunicorn workers in prometheus_client's multiprocess mode, the figures of the whole
+        server, whichever worker answers. 404 when metrics are off; 503 (logged) when the
+        figures cannot be read - never a traceback."""
+        metrics = self._state().metrics
+        if metrics is None:
+            response = jsonify(error="metrics are off: set REACHLIMIT_METRICS=true")
+            response.status_code = 404
+            return response
+        try:
+            body = metrics.exposition()
+        except Exception:
+            log.exception("reachlimit metrics could not be read")
+            return Response("metrics unavailable\n", status=503, mimetype="text/plain")
+        response = Response(body, content_type=metrics.content_type)
         response.headers["Cache-Control"] = "no-store"
         return response
 

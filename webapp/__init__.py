@@ -12,7 +12,9 @@ here and never at import time, and ``config`` overrides it:
                              nodes' reports).
 ``REACH_HIDDEN_PREFIXES``    comma-separated name prefixes hidden the same way (ignoring case).
 ``REACHLIMIT_*``             the cold limiter and warm cache (see ``reachlimit.flask``), e.g.
-                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``.
+                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``. The service
+                             turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
+                             ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
 ===========================  ===============================================================
 
 In ``config``, ``REACH_BLACKLIST`` and ``REACH_HIDDEN_PREFIXES`` may also be lists. Three more
@@ -58,7 +60,7 @@ DEFAULT_DB = Path(__file__).resolve().parent / "data" / "demo.sqlite"
 
 _ENV_KEYS = ("REACH_DB", "REACH_BLACKLIST", "REACH_HIDDEN_PREFIXES")
 _REACHLIMIT_KEYS = ("ACTIVE", "QUEUE", "WAIT", "RETRY_AFTER", "CACHE_TTL", "CACHE_SIZE",
-                    "STATUS", "CANCEL_ON_DISCONNECT")
+                    "STATUS", "CANCEL_ON_DISCONNECT", "METRICS")
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -98,6 +100,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         REACH_SNAPSHOT_INTERVAL=60.0,
         REACH_DEMO_STALE_AFTER=86_400.0,
         REACH_WALL_CLOCK=time.time,
+        # The service serves GET /metrics (prometheus_client comes with the webapp extra).
+        REACHLIMIT_METRICS=True,
     )
     app.config.update(_from_env(os.environ))
     if config:
