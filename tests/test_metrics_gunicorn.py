@@ -44,7 +44,6 @@ from tests.servers import (
     Herd,
     Reply,
     check_refusal,
-    http_request,
     pid_alive,
     reach_service,
     serving,
