@@ -147,25 +147,15 @@ class _LimiterGauges:
 
 class MeteredLimiter(ColdLimiter):
     """A :class:`~reachlimit.ColdLimiter` that reports each admission and each wait to its
-    :class:`ReachMetrics`. Admission itself is the parent's, unchanged."""
+    :class:`ReachMetrics` (set by it as ``metrics``). Admission itself is the parent's,
+    unchanged; so are its arguments."""
 
-    def __init__(
-        self,
-        metrics: ReachMetrics,
-        active: int = 2,
-        queue: int = 8,
-        wait: float = 3.0,
-        retry_after: int = 2,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(active, queue, wait, retry_after, clock=clock)
-        self._metrics = metrics
+    metrics: ReachMetrics
 
     def acquire(self, cancel: CancelToken | None = None) -> Grant:
         """The parent's ``acquire``, timed and counted by result. Runs in the caller's
         thread; the metrics are written after the limiter's lock is released."""
-        metrics = self._metrics
+        metrics = self.metrics
         started = perf_counter()
         try:
             grant = super().acquire(cancel)
@@ -181,8 +171,8 @@ class MeteredLimiter(ColdLimiter):
     def _wait_for_slot(self, waiter: _Waiter, cancel: CancelToken | None) -> Grant:
         # Entered only by a leader the queue has just admitted (never on the fast path or
         # the refusal path), in its own thread, with the lock free: publish the new place.
-        if self._metrics.per_process:
-            self._metrics.publish(gauges=True)
+        if self.metrics.per_process:
+            self.metrics.publish(gauges=True)
         return super()._wait_for_slot(waiter, cancel)
 
 
@@ -261,7 +251,8 @@ class ReachMetrics:
         global _per_process_owner
         #: Figures are written to per-process files and published by each process.
         self.per_process = multiprocess_mode()
-        self.limiter = MeteredLimiter(self, active, queue, wait, retry_after, clock=clock)
+        self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
+        self.limiter.metrics = self
         self.path = MeteredColdPath(self, self.limiter, cache)
         self.registry = CollectorRegistry()  # the one-process mode's
         self._wait_buckets = tuple(sorted({*WAIT_BUCKETS, float(wait)}))
