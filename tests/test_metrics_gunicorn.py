@@ -296,3 +296,60 @@ def test_the_reach_service_counts_a_burst_across_its_workers(
         print(f"\n[metrics webapp x{workers}] {dict(statuses)}")
         for s in scrape_each_worker(server, check_pid=False):
             check_idle(s, granted=statuses[200], refused=statuses[429], misses=len(paths))
+
+
+# -- the metrics directory's life ------------------------------------------------------------
+
+
+def mapped_metrics_files(pid: int) -> set[Path]:
+    """The metrics files process ``pid`` has mapped (prometheus_client mmaps them)."""
+    found = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[5:]
+        if path and path[0].endswith(".db"):
+            found.add(Path(path[0]))
+    return found
+
+
+def test_without_a_directory_the_config_file_makes_a_fresh_one_and_removes_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tmp = tmp_path_factory.mktemp("metrics-tempdir")
+    server = GunicornServer(
+        APP, tmp, "metrics-tempdir", config=WEBAPP_CONFIG,
+        env={"REACHLIMIT_METRICS": "true", "SLOW_APP_TOKEN": uuid.uuid4().hex},
+        workers=1, threads=THREADS, ready_path="/health",
+    )
+    with serving(server):
+        assert server.get("/report/one").status == 200
+        s = scrape(server)
+        assert s.admissions("granted") == 1 and s.gauges() == (0, 0, 2, 8)
+        [worker] = server.worker_pids()
+        directories = {f.parent for f in mapped_metrics_files(worker)}
+        assert len(directories) == 1, directories
+        [directory] = directories
+        assert directory.name.startswith("reach-metrics-")
+        assert {f.name for f in directory.iterdir()} >= {f"counter_{worker}.db"}
+    assert not directory.exists()  # on_exit removed it
+
+
+def test_a_reload_keeps_the_counts_and_drops_the_old_workers_gauges(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """SIGHUP: gunicorn reads its config file again and replaces every worker. The files must
+    not be wiped (the counts stay), and the old workers' gauges must leave the sums."""
+    server = slow_server(tmp_path_factory.mktemp("metrics-hup"), 2, "metrics-hup")
+    with serving(server):
+        old = set(server.worker_pids())
+        for pid in sorted(old):
+            with only(server, pid):
+                server.request("POST", "/debug/release")
+                assert server.get(key_paths("before", 1)[0]).status == 200
+        assert all(s.admissions("granted") == 2 for s in scrape_each_worker(server))
+        os.kill(server.pid, signal.SIGHUP)
+        wait_until("every worker replaced",
+                   lambda: len(new := set(server.worker_pids())) == 2 and not new & old)
+        wait_until("the old workers gone", lambda: not any(pid_alive(p) for p in old))
+        for s in scrape_each_worker(server):
+            assert s.admissions("granted") == 2  # counted before the reload, still there
+            assert s.gauges() == (0, 0, 2, 8)
