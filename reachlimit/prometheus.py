@@ -1,7 +1,8 @@
 """Prometheus metrics of a :class:`~reachlimit.ColdPath`, counted for the whole service.
 
-Needs ``prometheus_client`` (``pip install 'reachlimit[prometheus]'``); the rest of the
-package never imports this module, so the core stays standard-library only.
+Needs ``prometheus_client`` (``pip install 'reachlimit[prometheus]'``). Only the Flask
+extension imports this module, and only when metrics are turned on, so the core stays
+standard-library only and an app without metrics pays nothing.
 
 design:
 
@@ -22,7 +23,8 @@ Two modes; prometheus_client picks one when it is first imported:
 
     one process (``PROMETHEUS_MULTIPROC_DIR`` unset): counters and histograms live in this
         object's own registry; the gauges and the path's counters are read when scraped.
-        Per request, only a cold leader's admission and build cost anything.
+        Per request, a warm hit costs one more call frame; a leader's admission and build
+        are counted as they happen.
     several processes (``PROMETHEUS_MULTIPROC_DIR`` set before prometheus_client was first
         imported, as ``webapp/gunicorn.conf.py`` does for gunicorn): each process writes its
         figures to its own files in that directory and a scrape of any one of them reads
@@ -44,6 +46,12 @@ is idle. (A grant taken and released directly on ``path.limiter``, outside ``pat
 published at the next event.) Nothing is written at import or at construction: under a
 preloading server (gunicorn ``preload_app``) the master, which serves nothing, leaves no file
 behind for the workers it forks.
+
+The metered classes are subclasses, so the path and the limiter are the library's own, with
+two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and
+``ColdLimiter._wait_for_slot`` (entered only by a leader the queue has just admitted, with the
+lock free: the moment to publish its new place). The fast path and the refusal path of the
+limiter itself are not touched.
 
 Shared limiters: when a limiter's figures are already those of the whole service (a limiter
 shared through a backend), its gauges must be read at scrape time instead of being published
