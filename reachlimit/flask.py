@@ -279,14 +279,13 @@ class ReachLimit:
         """Read the config (raising ``ValueError`` naming a bad key), build this app's
         limiter and cache, and warn when gunicorn gives the worker too few threads."""
         settings = _read_settings(app.config, self._overrides)
+        limiter = ColdLimiter(
+            settings.active, settings.queue, settings.wait, settings.retry_after
+        )
         cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
-        if settings.metrics:
+        app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
+        if settings.metrics:  # the same path, metered (the unused plain one is dropped)
             app.extensions["reachlimit"] = _metered_state(settings, cache)
-        else:
-            limiter = ColdLimiter(
-                settings.active, settings.queue, settings.wait, settings.retry_after
-            )
-            app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
         threads = _gunicorn_threads()
         if threads is not None and threads < settings.threads_needed:
             log.warning(

@@ -42,8 +42,8 @@ by their value. It runs after each request through the path, after each admissio
 a slot or a queue place, when a leader starts to wait, and before this process answers a
 scrape. Each publish happens after the change that caused it and reads the current figures,
 so the files always hold figures that were true a moment ago and are exact once the process
-is idle. (A grant taken and released directly on ``path.limiter``, outside ``path.get``, is
-published at the next event.) Nothing is written at import or at construction: under a
+is idle. (A grant taken directly on ``path.limiter``, outside ``path.get``, is published at
+once; its release at the next event.) Nothing is written at import or at construction: under a
 preloading server (gunicorn ``preload_app``) the master, which serves nothing, leaves no file
 behind for the workers it forks.
 
