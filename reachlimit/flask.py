@@ -41,13 +41,16 @@ import sys
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, fields
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
 from ._cancel import watch_client
+
+if TYPE_CHECKING:
+    from .prometheus import ReachMetrics
 
 __all__ = ["ReachLimit", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS"]
 
@@ -131,6 +134,8 @@ class Settings:
     cache_size: int = _option(256, _whole(1))
     status: int = _option(429, _one_of(429, 503))
     cancel_on_disconnect: bool = _option(True, _flag)
+    #: Prometheus metrics (``reachlimit.prometheus``, needs prometheus_client).
+    metrics: bool = _option(False, _flag)
 
     @property
     def threads_needed(self) -> int:
@@ -200,11 +205,14 @@ _REFUSAL_SENTENCES = {
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path", "_refusals")
+    __slots__ = ("settings", "path", "metrics", "_refusals")
 
-    def __init__(self, settings: Settings, path: ColdPath) -> None:
+    def __init__(
+        self, settings: Settings, path: ColdPath, metrics: ReachMetrics | None = None
+    ) -> None:
         self.settings = settings
         self.path = path
+        self.metrics = metrics
         # (reason, retry_after) -> the refusal's body and headers, rendered once.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
 
@@ -230,6 +238,21 @@ def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
         ("Retry-After", str(retry_after)),
         ("Cache-Control", "no-store"),
     ]
+
+
+def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
+    """This app's state with a metered cold path (REACHLIMIT_METRICS)."""
+    try:
+        from .prometheus import ReachMetrics
+    except ImportError as exc:
+        raise ValueError(
+            "REACHLIMIT_METRICS needs prometheus_client: pip install 'reachlimit[prometheus]' "
+            f"({exc})"
+        ) from None
+    metrics = ReachMetrics(
+        settings.active, settings.queue, settings.wait, settings.retry_after, cache=cache
+    )
+    return _State(settings, metrics.path, metrics)
 
 
 def _gunicorn_threads() -> int | None:
@@ -259,7 +282,7 @@ class ReachLimit:
 
     Overrides are the config keys in lower case without the ``REACHLIMIT_`` prefix
     (``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
-    ``status``, ``cancel_on_disconnect``) and win over the app's config.
+    ``status``, ``cancel_on_disconnect``, ``metrics``) and win over the app's config.
     """
 
     def __init__(self, app: Flask | None = None, **overrides: Any) -> None:
@@ -282,6 +305,8 @@ class ReachLimit:
         )
         cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
         app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
+        if settings.metrics:  # the same path, metered (the unused plain one is dropped)
+            app.extensions["reachlimit"] = _metered_state(settings, cache)
         for answered in (ColdRefused, ClientGone):
             app.register_error_handler(answered, _send_finished)
         threads = _gunicorn_threads()
@@ -334,6 +359,25 @@ class ReachLimit:
     def health_view(self) -> Response:
         """A view function: ``{"status": "ok", "reach": {<figures>}}``."""
         response = jsonify(status="ok", reach=self.stats().as_dict())
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def metrics_view(self) -> Response:
+        """A view function: the Prometheus text format (``GET /metrics``). With several
+        gunicorn workers in prometheus_client's multiprocess mode, the figures of the whole
+        server, whichever worker answers. 404 when metrics are off; 503 (logged) when the
+        figures cannot be read - never a traceback."""
+        metrics = self._state().metrics
+        if metrics is None:
+            response = jsonify(error="metrics are off: set REACHLIMIT_METRICS=true")
+            response.status_code = 404
+            return response
+        try:
+            body = metrics.exposition()
+        except Exception:
+            log.exception("reachlimit metrics could not be read")
+            return Response("metrics unavailable\n", status=503, mimetype="text/plain")
+        response = Response(body, content_type=metrics.content_type)
         response.headers["Cache-Control"] = "no-store"
         return response
 

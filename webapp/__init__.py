@@ -13,7 +13,9 @@ here and never at import time, and ``config`` overrides it (``webapp/README.md``
                              nodes' reports).
 ``REACH_HIDDEN_PREFIXES``    comma-separated name prefixes hidden the same way (ignoring case).
 ``REACHLIMIT_*``             the cold limiter and warm cache (see ``reachlimit.flask``), e.g.
-                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``.
+                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``. The service
+                             turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
+                             ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
 ===========================  ===============================================================
 
 In ``config``, ``REACH_BLACKLIST`` and ``REACH_HIDDEN_PREFIXES`` may also be lists. Three more
@@ -99,6 +101,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         REACH_SNAPSHOT_INTERVAL=60.0,
         REACH_DEMO_STALE_AFTER=86_400.0,
         REACH_WALL_CLOCK=time.time,
+        # The service serves GET /metrics (prometheus_client comes with the webapp extra).
+        REACHLIMIT_METRICS=True,
     )
     app.config.update(_from_env(os.environ))
     if config:

@@ -221,6 +221,9 @@ def nodes() -> Response:
 
 
 bp.add_url_rule("/api/health", "health", reach_limit.health_view, methods=["GET"])
+# Prometheus text format; the figures of every gunicorn worker (webapp/gunicorn.conf.py). Like
+# /api/health, it never touches the database.
+bp.add_url_rule("/metrics", "metrics", reach_limit.metrics_view, methods=["GET"])
 
 
 @bp.after_request

@@ -5,6 +5,7 @@ design:
     GET  /report/<key>     rl.cold(key, build): the build waits for the gate (or sleeps
                            SLOW_BUILD_SECONDS), then returns {"key", "build", "pid"}
     GET  /health           rl.health_view: the limiter's and the path's figures
+    GET  /metrics          rl.metrics_view (REACHLIMIT_METRICS=true; else 404)
     GET  /debug/builds     {"in_flight", "max_in_flight", "total", "gate_open",
                             "gate_timeouts", "pid", "token"}: builds seen by this process
     GET  /debug/followers/<key>
@@ -100,6 +101,7 @@ def add_cold_routes(app: Flask, rl: ReachLimit, build: Callable[[str], Any]) -> 
         return jsonify(value)
 
     app.add_url_rule("/health", "health", rl.health_view)
+    app.add_url_rule("/metrics", "metrics", rl.metrics_view)  # 404 unless REACHLIMIT_METRICS
 
 
 def create_app(**config: Any) -> Flask:
