@@ -12,6 +12,7 @@ import argparse
 import math
 import os
 import platform
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +42,39 @@ def machine() -> dict[str, Any]:
         "switch_interval_ms": sys.getswitchinterval() * 1000,
         # Other processes share the cores: the load at the start says how noisy the run was.
         "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def alternating(
+    base: Callable[[int], float], cand: Callable[[int], float], number: int, rounds: int
+) -> tuple[list[float], list[float]]:
+    """Time two workloads in alternating rounds, after one warm-up run of each.
+
+    ``base(n)`` and ``cand(n)`` run ``n`` operations and return the seconds they took. The
+    baseline goes first on even rounds, the candidate on odd ones, so both sides of a round
+    see the same machine load. Returns the seconds per operation of every round: base, cand.
+    """
+    base(max(1, number // 10))  # warm up both (specialising interpreter, caches)
+    cand(max(1, number // 10))
+    base_s: list[float] = []
+    cand_s: list[float] = []
+    for r in range(rounds):
+        pair = [(base, base_s), (cand, cand_s)]
+        if r % 2:
+            pair.reverse()
+        for run, out in pair:
+            out.append(run(number) / number)
+    return base_s, cand_s
+
+
+def ratios(base_s: list[float], cand_s: list[float]) -> dict[str, Any]:
+    """Candidate over baseline: the median of the per-round ratios (the figure a goal is
+    judged on), best-of-rounds, and the spread."""
+    per_round = [c / b for b, c in zip(base_s, cand_s, strict=True)]
+    return {
+        "ratio": statistics.median(per_round),
+        "ratio_best": min(cand_s) / min(base_s),
+        "ratio_spread": [min(per_round), max(per_round)],
     }
 
 

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+import _common
 from _common import machine
 
 PARKED_WAIT_S = 600.0
@@ -124,26 +125,22 @@ def _build() -> bytes:
 
 
 def paired(off: Bench, on: Bench, case: str, number: int, rounds: int) -> dict[str, Any]:
-    run_off, run_on = getattr(off, case), getattr(on, case)
-    run_off(max(1, number // 10))  # warm up both
-    run_on(max(1, number // 10))
-    off_us: list[float] = []
-    on_us: list[float] = []
-    for r in range(rounds):
-        order = [(run_off, off_us), (run_on, on_us)]
-        if r % 2:
-            order.reverse()
-        for fn, out in order:
+    def timed(run: Any) -> Any:
+        def seconds(n: int) -> float:
             started = time.perf_counter()
-            fn(number)
-            out.append((time.perf_counter() - started) / number * 1e6)
-    ratios = [b / a for a, b in zip(off_us, on_us, strict=True)]
+            run(n)
+            return time.perf_counter() - started
+        return seconds
+
+    off_s, on_s = _common.alternating(
+        timed(getattr(off, case)), timed(getattr(on, case)), number, rounds
+    )
+    off_us = [x * 1e6 for x in off_s]
+    on_us = [x * 1e6 for x in on_s]
     return {
         "off_us": statistics.median(off_us),
         "on_us": statistics.median(on_us),
-        "ratio": statistics.median(ratios),
-        "ratio_best": min(on_us) / min(off_us),
-        "ratio_spread": [min(ratios), max(ratios)],
+        **_common.ratios(off_us, on_us),
         "rounds": rounds,
         "ops_per_round": number,
     }

@@ -67,30 +67,20 @@ def paired(
     base_stmt: str, cand_stmt: str, ns: dict[str, Any], number: int, rounds: int
 ) -> dict[str, Any]:
     """Time two statements in alternating rounds; return ns/op and their ratios."""
-    base = timeit.Timer(base_stmt, globals=ns)
-    cand = timeit.Timer(cand_stmt, globals=ns)
-    base.timeit(max(1, number // 10))  # warm up both (specialising interpreter, caches)
-    cand.timeit(max(1, number // 10))
-    base_ns: list[float] = []
-    cand_ns: list[float] = []
-    for r in range(rounds):
-        if r % 2 == 0:
-            b = base.timeit(number)
-            c = cand.timeit(number)
-        else:
-            c = cand.timeit(number)
-            b = base.timeit(number)
-        base_ns.append(b / number * 1e9)
-        cand_ns.append(c / number * 1e9)
-    ratios = [c / b for b, c in zip(base_ns, cand_ns, strict=True)]
+    base_s, cand_s = _common.alternating(
+        timeit.Timer(base_stmt, globals=ns).timeit,
+        timeit.Timer(cand_stmt, globals=ns).timeit,
+        number,
+        rounds,
+    )
+    base_ns = [x * 1e9 for x in base_s]
+    cand_ns = [x * 1e9 for x in cand_s]
     return {
         "baseline_ns": min(base_ns),
         "limiter_ns": min(cand_ns),
         "baseline_ns_median": statistics.median(base_ns),
         "limiter_ns_median": statistics.median(cand_ns),
-        "ratio": statistics.median(ratios),
-        "ratio_best": min(cand_ns) / min(base_ns),
-        "ratio_spread": [min(ratios), max(ratios)],
+        **_common.ratios(base_ns, cand_ns),
         "rounds": rounds,
         "ops_per_round": number,
     }
