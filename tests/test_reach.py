@@ -530,6 +530,44 @@ class TestListNodes:
 # -- snapshots -------------------------------------------------------------------------------
 
 
+def held_reload(values: list[str]) -> tuple[PeriodicSnapshot[str], Any]:
+    """A snapshot whose first load returns ``values[0]`` and whose second load (the one
+    after the interval) is held until the test lets it finish. Returns the snapshot and
+    a handle: ``start()`` runs that second load in another thread and returns once it is
+    under way; ``finish()`` lets it end and returns what its caller got."""
+    clock = FakeClock()
+    started, release = threading.Event(), threading.Event()
+    loads = iter(values)
+
+    def load(_conn: sqlite3.Connection) -> str:
+        value = next(loads)
+        if value == values[1]:
+            started.set()
+            assert release.wait(10)
+        return value
+
+    snap = PeriodicSnapshot(load, interval=60, clock=clock)
+    assert snap.get(None) == values[0]  # type: ignore[arg-type]
+    clock.now += 60
+    got: list[str] = []
+    reloader = threading.Thread(target=lambda: got.append(snap.get(None)))  # type: ignore[arg-type]
+
+    class Handle:
+        @staticmethod
+        def start() -> None:
+            reloader.start()
+            assert started.wait(10)
+
+        @staticmethod
+        def finish() -> list[str]:
+            release.set()
+            reloader.join(10)
+            assert not reloader.is_alive()
+            return got
+
+    return snap, Handle
+
+
 class TestPeriodicSnapshot:
     def test_reloads_at_most_once_per_interval(self) -> None:
         clock = FakeClock()
@@ -581,46 +619,8 @@ class TestPeriodicSnapshot:
             snap.get(None)  # type: ignore[arg-type]
         assert snap.get(None) == "ok"  # type: ignore[arg-type]
 
-    @staticmethod
-    def held_reload(values: list[str]) -> tuple[PeriodicSnapshot[str], Any]:
-        """A snapshot whose first load returns ``values[0]`` and whose second load (the one
-        after the interval) is held until the test lets it finish. Returns the snapshot and
-        a handle: ``start()`` runs that second load in another thread and returns once it is
-        under way; ``finish()`` lets it end and returns what its caller got."""
-        clock = FakeClock()
-        started, release = threading.Event(), threading.Event()
-        loads = iter(values)
-
-        def load(_conn: sqlite3.Connection) -> str:
-            value = next(loads)
-            if value == values[1]:
-                started.set()
-                assert release.wait(10)
-            return value
-
-        snap = PeriodicSnapshot(load, interval=60, clock=clock)
-        assert snap.get(None) == values[0]  # type: ignore[arg-type]
-        clock.now += 60
-        got: list[str] = []
-        reloader = threading.Thread(target=lambda: got.append(snap.get(None)))  # type: ignore[arg-type]
-
-        class Handle:
-            @staticmethod
-            def start() -> None:
-                reloader.start()
-                assert started.wait(10)
-
-            @staticmethod
-            def finish() -> list[str]:
-                release.set()
-                reloader.join(10)
-                assert not reloader.is_alive()
-                return got
-
-        return snap, Handle
-
     def test_one_thread_rebuilds_while_the_others_keep_the_old_value(self) -> None:
-        snap, reload = self.held_reload(["old", "new"])
+        snap, reload = held_reload(["old", "new"])
         reload.start()
         # The rebuild is in progress in the other thread: we are not blocked and not
         # made to rebuild (the loader would raise StopIteration on a third call).
@@ -866,7 +866,7 @@ class TestSnapshotRefresh:
     def test_a_slower_older_load_does_not_replace_a_newer_refresh(self) -> None:
         """A periodic reload that began before a forced refresh and ends after it must not
         put its older value back."""
-        snap, reload = self.held_reload(["first", "older", "newer"])
+        snap, reload = held_reload(["first", "older", "newer"])
         reload.start()
         assert snap.refresh(None) == "newer"  # type: ignore[arg-type]
         assert reload.finish() == ["older"]  # its own caller may use what it loaded
