@@ -756,6 +756,19 @@ class TestHostileData:
 
 
 class TestStaleIndex:
+    @staticmethod
+    def report_after_role_change(mesh: Mesh, target: str, role: str) -> dict[str, Any] | None:
+        """The target's report built with a node index taken before its role became
+        ``role``."""
+        conn = db.open_readonly(mesh.path)
+        try:
+            stale = snapshot.load_node_index(conn)
+            mesh.conn.execute("UPDATE nodes SET role = ? WHERE public_key = ?", (role, target))
+            mesh.conn.commit()
+            return build_report(conn, target, 7, now=NOW, visibility=Visibility(), index=stale)
+        finally:
+            conn.close()
+
     def test_a_target_whose_role_changed_gets_a_fresh_index(self, mesh: Mesh) -> None:
         """Taken while the target was a companion, the index gives it no token: the build
         must notice that the row says repeater now (else an empty report is cached)."""
@@ -763,16 +776,7 @@ class TestStaleIndex:
         peer = mesh.node(pk("aa"), "A")
         mesh.obs([h(peer), h(target)])
         mesh.conn.commit()
-        conn = db.open_readonly(mesh.path)
-        try:
-            stale = snapshot.load_node_index(conn)
-            mesh.conn.execute("UPDATE nodes SET role = 'repeater' WHERE public_key = ?",
-                              (target,))
-            mesh.conn.commit()
-            report = build_report(conn, target, 7, now=NOW, visibility=Visibility(),
-                                  index=stale)
-        finally:
-            conn.close()
+        report = self.report_after_role_change(mesh, target, "repeater")
         assert report is not None
         assert report["node"]["role"] == "repeater"
         assert report["reliable_tokens"] == ["01", "01FA", "01FA01"]
@@ -804,16 +808,7 @@ class TestStaleIndex:
         target = mesh.node(pk("01fa01"), "T")
         mesh.obs([h(target)])
         mesh.conn.commit()
-        conn = db.open_readonly(mesh.path)
-        try:
-            stale = snapshot.load_node_index(conn)
-            mesh.conn.execute("UPDATE nodes SET role = 'companion' WHERE public_key = ?",
-                              (target,))
-            mesh.conn.commit()
-            report = build_report(conn, target, 7, now=NOW, visibility=Visibility(),
-                                  index=stale)
-        finally:
-            conn.close()
+        report = self.report_after_role_change(mesh, target, "companion")
         assert report is not None and report["reliable_tokens"] == []
 
     def test_an_index_that_agrees_with_the_target_is_not_reloaded(self, mesh: Mesh) -> None:
