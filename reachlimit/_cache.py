@@ -41,6 +41,11 @@ class TTLCache(Generic[V]):
         self._data: dict[Hashable, tuple[float, V]] = {}  # guarded by _lock
 
     def get(self, key: Hashable) -> V | None:
+        if key not in self._data:
+            # Racy read, on purpose: a miss needs neither the clock nor the lock (a dict
+            # lookup is atomic), and an entry being set this instant is found by the next
+            # caller as if this one had come a moment earlier. Every cold request asks twice.
+            return None
         now = self._clock()
         with self._lock:
             entry = self._data.get(key)
