@@ -148,18 +148,7 @@ class ColdLimiter:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(active, bool) or not isinstance(active, int) or active < 1:
-            raise ValueError("active >= 1")
-        if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-            raise ValueError("queue >= 0")
-        if (
-            isinstance(wait, bool)
-            or not isinstance(wait, (int, float))
-            or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
-        ):
-            raise ValueError("wait > 0")
-        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
-            raise ValueError("retry_after >= 1")
+        check_limits(active, queue, wait, retry_after)
         self._capacity = active
         self._queue_capacity = queue
         self._wait = float(wait)
@@ -337,6 +326,23 @@ class ColdLimiter:
             self._hand_off_or_free()
         else:
             self._leave_queue(waiter)
+
+
+def check_limits(active: object, queue: object, wait: object, retry_after: object) -> None:
+    """Raise ``ValueError`` with the exact message of the first figure that is not valid.
+    Shared by every cold limiter (in-process and shared), so they refuse the same values."""
+    if isinstance(active, bool) or not isinstance(active, int) or active < 1:
+        raise ValueError("active >= 1")
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+        raise ValueError("queue >= 0")
+    if (
+        isinstance(wait, bool)
+        or not isinstance(wait, (int, float))
+        or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
+    ):
+        raise ValueError("wait > 0")
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
+        raise ValueError("retry_after >= 1")
 
 
 def _no_gate(item: None, block: bool) -> None:
