@@ -294,8 +294,13 @@ class RedisColdLimiter:
     leaves the queue (or Redis drops it within a presence period); a grant whose release
     fails keeps its slot until its lease ends.
 
-    Call :meth:`close` to stop the renewer thread (it is a daemon thread either way). Make the
-    limiter in the process that uses it (after a fork, say in gunicorn's ``post_fork``).
+    Call :meth:`close` at the end to stop the renewer thread (a daemon thread either way).
+    Make the limiter in the process that uses it (after a fork: in a gunicorn worker, not in
+    a preloaded master).
+
+    The client's retries add to every wait: redis-py 6 and newer retry a failed command
+    several times with a backoff by default; pass ``retry=Retry(NoBackoff(), 1)`` (say) to
+    keep a Redis that is down from holding a request for long.
     """
 
     #: A waiter that has not polled for this long (its process died) leaves the queue; a
@@ -404,6 +409,8 @@ class RedisColdLimiter:
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
+        if self._closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("limiter closed")
         token = secrets.token_hex(12)
         status, remaining_ms = self._admit(token)
         if status == _GRANTED:
@@ -436,7 +443,8 @@ class RedisColdLimiter:
         )
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the renewer thread (grants still held then stop being renewed)."""
+        """Stop the renewer thread, for good: grants still held are no longer renewed (their
+        release still works) and ``acquire`` raises ``RuntimeError`` from now on."""
         with self._lock:
             self._closed = True
             self._renew_wake.notify_all()
@@ -518,7 +526,6 @@ class RedisColdLimiter:
             self._held[token] = grant
             if self._renewer is None or not self._renewer.is_alive():
                 # None yet, or the process forked since: threads do not survive a fork.
-                self._closed = False
                 self._renewer = threading.Thread(
                     target=self._renew_forever, name="reachlimit-lease-renewer", daemon=True
                 )

@@ -25,9 +25,9 @@ import redis
 from redis.crc import key_slot
 
 from reachlimit import Busy, Cancelled, ColdPath, Grant, LimiterStats
-from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
 from reachlimit.redis import _GIVE_UP as GIVE_UP
 from reachlimit.redis import _STAY as STAY
+from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
 from tests.helpers import LIMITER_FIELDS
 from tests.redis_server import RedisServer
 
@@ -197,6 +197,19 @@ def test_defaults(make_limiter: Callable[..., RedisColdLimiter]) -> None:
     assert lim.POLL_EVERY <= 0.25 and lim.PRESENCE <= 1.0
 
 
+def test_close_stops_the_renewer_for_good(make_limiter: Callable[..., RedisColdLimiter]) -> None:
+    lim = make_limiter(active=1)
+    grant = lim.acquire()
+    renewer = lim._renewer
+    assert renewer is not None and renewer.is_alive()
+    lim.close()
+    assert not renewer.is_alive()
+    grant.release()  # a grant outlives the renewer: its release still works
+    assert lim.stats().active == 0
+    with pytest.raises(RuntimeError):
+        lim.acquire()
+
+
 def test_stats_is_a_frozen_snapshot_with_the_limiter_fields_and_more(
     make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
@@ -284,10 +297,14 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     after = state_of(client)
     assert after[stats_key].pop(b"rejected_full") == b"1"
     assert after == before, "the refusal wrote something besides its counter"
+
+    def calls(stats: dict[str, Any], name: str) -> int:
+        return int(stats.get(name, {}).get("calls", 0))
+
     moved = {
-        name.removeprefix("cmdstat_"): stats["calls"] - commands_before.get(name, {}).get("calls", 0)
-        for name, stats in commands_after.items()
-        if stats["calls"] != commands_before.get(name, {}).get("calls", 0)
+        name.removeprefix("cmdstat_"): calls(commands_after, name) - calls(commands_before, name)
+        for name in commands_after
+        if calls(commands_after, name) != calls(commands_before, name)
     }
     moved.pop("info", None)  # the INFO call made just above
     assert moved.pop("evalsha") == 1 and moved.pop("hincrby") == 1, moved

@@ -1,0 +1,279 @@
+"""RedisColdLimiter across real processes: one budget for all of them.
+
+Each process is ``tests/redis_worker.py``, a Python subprocess with its own limiter object on
+the same Redis and name, told over stdin what to acquire and release and reporting each
+outcome on stdout. The test process watches the global figures through a limiter of its own.
+Every process is stopped by its PID at the end of its test (SIGKILL, then a bounded wait).
+Waits are for states, with a bounded ``wait_until``; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit import Busy
+from reachlimit.redis import RedisColdLimiter
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "redis_worker.py"
+#: How long a process may take to start, or a state to be reached, before the test fails.
+#: Generous: only a failing (or hopelessly overloaded) run gets near it.
+DEADLINE = 30.0
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
+    """``watch(active, queue)``: the test process's own limiter on the workers' name, to read
+    the global figures (and to hold slots); closed at teardown."""
+    made: list[RedisColdLimiter] = []
+
+    def make(active: int, queue: int) -> RedisColdLimiter:
+        lim = RedisColdLimiter(client, "procs", active, queue, 60.0)
+        made.append(lim)
+        return lim
+
+    yield make
+    for lim in made:
+        lim.close()
+
+
+class Worker:
+    """One ``redis_worker.py`` process and the events it has reported."""
+
+    def __init__(self, port: int, name: str, settings: dict[str, Any]) -> None:
+        args = [str(port), name] + [
+            str(settings[k]) for k in ("active", "queue", "wait", "lease")
+        ]
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._lock:
+                self.events.append(json.loads(line))
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events)
+
+    def outcome(self, attempt: str) -> str | None:
+        for event in self.seen():
+            if event.get("id") == attempt and event["event"] != "released":
+                return str(event["event"])
+        return None
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(DEADLINE)
+        self._reader.join(DEADLINE)
+
+
+@pytest.fixture
+def start_workers(
+    redis_server: RedisServer, client: redis.Redis, wait_until: Any
+) -> Iterator[Callable[..., list[Worker]]]:
+    started: list[Worker] = []
+
+    def start(n: int, name: str = "procs", **settings: Any) -> list[Worker]:
+        merged = {"active": 2, "queue": 8, "wait": 60.0, "lease": 10.0, **settings}
+        workers = [Worker(redis_server.port, name, merged) for _ in range(n)]
+        started.extend(workers)
+        for w in workers:
+            wait_until(
+                lambda w=w: any(e["event"] == "ready" for e in w.seen()),
+                timeout=DEADLINE,
+                message=f"worker {w.pid} ready",
+            )
+        return workers
+
+    yield start
+    for w in started:
+        w.kill()
+    assert all(w.process.poll() is not None for w in started)
+
+
+def test_four_processes_share_one_budget(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+    wait_until: Any,
+) -> None:
+    """4 processes x 10 attempts at once, every grant held: 2 granted, 8 queued, 30 refused
+    in all; then releasing one grant at a time lets exactly one queued attempt in."""
+    workers = start_workers(4)
+    watch = make_watch(2, 8)
+    for j in range(10):
+        for i, w in enumerate(workers):
+            w.send(f"acquire p{i}-{j}")
+
+    def outcomes() -> Counter[str]:
+        return Counter(
+            e["event"] for w in workers for e in w.seen() if e["event"] not in ("ready", "released")
+        )
+
+    wait_until(
+        lambda: outcomes() == Counter({"granted": 2, "queue_full": 30})
+        and watch.stats().queued == 8,
+        timeout=DEADLINE,
+        message="2 granted, 8 queued, 30 refused",
+    )
+    s = watch.stats()
+    assert (s.active, s.queued, s.peak_active, s.peak_queued) == (2, 8, 2, 8)
+    assert (s.rejected_full, s.acquired) == (30, 2)
+
+    released: set[str] = set()
+    for granted in range(2, 10):
+        holder, attempt = next(
+            (w, e["id"])
+            for w in workers
+            for e in w.seen()
+            if e["event"] == "granted" and e["id"] not in released
+        )
+        released.add(attempt)
+        holder.send(f"release {attempt}")
+        wait_until(
+            lambda g=granted: outcomes()["granted"] == g + 1,
+            timeout=DEADLINE,
+            message=f"grant {granted + 1} handed over",
+        )
+        s = watch.stats()
+        assert s.active == 2 and s.queued == 8 - (granted - 1)
+    assert outcomes() == Counter({"granted": 10, "queue_full": 30})
+    for w in workers:
+        for e in w.seen():
+            if e["event"] == "granted" and e["id"] not in released:
+                w.send(f"release {e['id']}")
+    wait_until(lambda: watch.stats().active == 0, timeout=DEADLINE, message="all released")
+    s = watch.stats()
+    assert (s.acquired, s.rejected_full, s.rejected_timeout, s.queued) == (10, 30, 0, 0)
+
+
+def test_first_in_first_out_across_processes(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+    wait_until: Any,
+) -> None:
+    workers = start_workers(4, active=1)
+    watch = make_watch(1, 8)
+    holder = watch.acquire()
+    arrival: list[tuple[Worker, str]] = []
+    for j in range(8):
+        w = workers[(j * 3) % 4]  # 0, 3, 2, 1, 0, ...: not the order the processes started in
+        attempt = f"a{j}"
+        w.send(f"acquire {attempt}")
+        wait_until(
+            lambda j=j: watch.stats().queued == j + 1, timeout=DEADLINE, message=f"{attempt} queued"
+        )
+        arrival.append((w, attempt))
+    holder.release()
+    for k, (w, attempt) in enumerate(arrival):
+        wait_until(
+            lambda w=w, attempt=attempt: w.outcome(attempt) == "granted",
+            timeout=DEADLINE,
+            message=f"{attempt} promoted",
+        )
+        later = [a for ww, a in arrival[k + 1 :] if ww.outcome(a) is not None]
+        assert later == [], f"{later} served before {attempt}"
+        w.send(f"release {attempt}")
+    wait_until(lambda: watch.stats().active == 0, timeout=DEADLINE, message="last released")
+    assert watch.stats().acquired == 9
+
+
+def test_a_killed_holders_slot_comes_back_after_its_lease(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+    wait_until: Any,
+) -> None:
+    holder, waiter = start_workers(2, active=1, queue=1, lease=1.0)
+    watch = make_watch(1, 1)
+    holder.send("acquire h")
+    wait_until(lambda: holder.outcome("h") == "granted", timeout=DEADLINE, message="h granted")
+    waiter.send("acquire w")
+    wait_until(lambda: watch.stats().queued == 1, timeout=DEADLINE, message="w queued")
+    holder.kill()
+    wait_until(
+        lambda: waiter.outcome("w") == "granted", timeout=DEADLINE, message="w promoted"
+    )
+    s = watch.stats()
+    assert (s.active, s.queued, s.lease_lost) == (1, 0, 1)
+    waiter.send("release w")
+    wait_until(lambda: watch.stats().active == 0, timeout=DEADLINE, message="w released")
+
+
+def test_a_killed_waiters_place_comes_back(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+    wait_until: Any,
+) -> None:
+    first, second = start_workers(2, active=1, queue=1)
+    watch = make_watch(1, 1)
+    with watch.acquire():
+        first.send("acquire w1")
+        wait_until(lambda: watch.stats().queued == 1, timeout=DEADLINE, message="w1 queued")
+        with pytest.raises(Busy) as info:
+            watch.acquire()
+        assert info.value.reason == "queue_full"
+        first.kill()
+        wait_until(
+            lambda: watch.stats().queued == 0, timeout=DEADLINE, message="w1's place back"
+        )
+        second.send("acquire w2")
+        wait_until(lambda: watch.stats().queued == 1, timeout=DEADLINE, message="w2 queued")
+    wait_until(lambda: second.outcome("w2") == "granted", timeout=DEADLINE, message="w2 in")
+    second.send("release w2")
+    wait_until(lambda: watch.stats().active == 0, timeout=DEADLINE, message="w2 released")
+    assert watch.stats().lease_lost == 0
