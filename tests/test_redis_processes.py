@@ -25,7 +25,7 @@ import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, require_redis_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -277,3 +277,24 @@ def test_a_killed_waiters_place_comes_back(
     second.send("release w2")
     wait_until(lambda: watch.stats().active == 0, timeout=DEADLINE, message="w2 released")
     assert watch.stats().lease_lost == 0
+
+
+def test_the_redis_micro_benchmark_runs() -> None:
+    """benchmarks/redis_micro.py, as a process with its own redis-server: it finishes and
+    reports what it promises (never its speed)."""
+    require_redis_server()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "redis_micro.py"), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
+    for key in ("fast_path", "refusal"):
+        row = report["results"][key]
+        assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
+    assert report["results"]["refusal"]["check"]["ok"]
