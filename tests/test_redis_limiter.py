@@ -22,7 +22,18 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from reachlimit import Busy, Cancelled, ColdPath, Grant, LimiterStats
 from reachlimit.redis import _GIVE_UP as GIVE_UP
@@ -558,17 +569,30 @@ def test_a_promoted_waiter_that_never_claims_gives_the_slot_back(
 def test_redis_restarted_empty_recovers(
     redis_server: RedisServer,
     make_limiter: Callable[..., RedisColdLimiter],
+    make_client: Callable[..., CountingRedis],
     client: CountingRedis,
+    start_acquire: Any,
+    wait_until: Any,
 ) -> None:
+    # The waiter's client retries through the restart (what a client with retries does; the
+    # count and backoff are set here so that redis-py's defaults of the day do not matter).
+    patient = make_client(retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 50))
     lim = make_limiter(active=2, queue=1)
     before = lim.acquire()
     lim.acquire().release()
+    other = lim.acquire()
+    waiter = start_acquire(make_limiter(client=patient, active=2, queue=1, wait=60.0))
+    wait_until(lambda: lim.stats().queued == 1, message="queued")
     redis_server.restart_empty()
-    assert client.dbsize() == 0 and client.script_exists(lim._acquire_script.sha) == [False]
+    waiter.wait_done(timeout=15)
+    assert isinstance(waiter.error, Busy) and waiter.error.reason == "timeout", waiter.error
+    other.release()
+    # The state and the scripts are gone (the waiter only ran its poll script since).
+    assert client.script_exists(lim._acquire_script.sha) == [False]
     before.release()  # a grant from before the restart: a no-op
     assert before.lease_lost  # type: ignore[attr-defined]
     s = lim.stats()
-    assert (s.active, s.queued, s.acquired) == (0, 0, 0)
+    assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 0, 1)
     assert_exact_capacity(lim)  # the scripts were loaded again, and every slot is there
 
 
@@ -608,3 +632,131 @@ def test_coldpath_runs_on_the_shared_limiter(
     assert path.get("k", lambda: "again") == "built"
     s = path.stats()
     assert (s.acquired, s.active, s.builds, s.hits) == (1, 0, 1, 1)
+
+
+# -- the scripts against a model --------------------------------------------------------------
+
+
+class ScriptMachine(RuleBasedStateMachine):
+    """Random sequences of the scripts (admit, release, a waiter's poll, a give-up), run on
+    ghosts so that nothing expires and no thread runs, checked after every step against a
+    plain model: who holds a slot, the queue in arrival order, and every counter."""
+
+    ACTIVE, QUEUE = 2, 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert MACHINE_CLIENT, "the test sets the client"
+        self.client = MACHINE_CLIENT[0]
+        self.client.flushall()
+        self.lim = _Ghosts(
+            self.client, "machine", self.ACTIVE, self.QUEUE, wait=3600.0, lease=3600.0
+        )
+        self.holders: set[str] = set()  # claimed grants
+        self.promoted: set[str] = set()  # handed a slot, not yet claimed by a poll
+        self.queue: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.next_token = 0
+
+    def teardown(self) -> None:
+        self.lim.close()
+
+    def _hand_off(self) -> None:
+        while len(self.holders) + len(self.promoted) < self.ACTIVE and self.queue:
+            self.promoted.add(self.queue.pop(0))
+
+    @rule()
+    def admit(self) -> None:
+        token = f"t{self.next_token}"
+        self.next_token += 1
+        status = self.lim._admit(token)[0]
+        if len(self.holders) + len(self.promoted) < self.ACTIVE:
+            expected = GRANTED
+            self.holders.add(token)
+            self.counts["acquired"] += 1
+        elif len(self.queue) >= self.QUEUE:
+            expected = FULL
+            self.counts["rejected_full"] += 1
+        else:
+            expected = QUEUED
+            self.queue.append(token)
+        assert status == expected
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        token = data.draw(st.sampled_from(sorted(self.holders)))
+        mine = self.lim._release_script(keys=self.lim._keys, args=[*self.lim._common, token])
+        assert mine == 1
+        self.holders.discard(token)
+        self._hand_off()
+
+    @precondition(lambda self: self.queue or self.promoted)
+    @rule(data=st.data(), give_up=st.booleans())
+    def poll(self, data: st.DataObject, give_up: bool) -> None:
+        token = data.draw(st.sampled_from(sorted(self.promoted) + self.queue))
+        outcome = self.lim._poll(token, GIVE_UP if give_up else STAY)[0]
+        if give_up:
+            expected = POLL_CANCELLED
+            self.counts["cancelled"] += 1
+            if token in self.promoted:
+                self.promoted.discard(token)
+                self._hand_off()
+            else:
+                self.queue.remove(token)
+        elif token in self.promoted:
+            expected = POLL_GRANTED
+            self.promoted.discard(token)
+            self.holders.add(token)
+            self.counts["acquired"] += 1
+        else:
+            expected = POLL_WAITING
+        assert outcome == expected
+
+    @rule()
+    def poll_a_stranger(self) -> None:
+        """A token Redis does not know (dropped, or from before a restart) is told it is
+        gone, and changes nothing."""
+        outcome = self.lim._poll("stranger", STAY)[0]
+        assert outcome == 5
+        self.counts["rejected_timeout"] += 1
+
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        holders_key, queue_key = self.lim.keys[0], self.lim.keys[1]
+        held = {t.decode() for t in self.client.zrange(holders_key, 0, -1)}
+        queued = [t.decode() for t in self.client.zrange(queue_key, 0, -1)]
+        assert held == self.holders | self.promoted
+        assert queued == self.queue
+        bells = {k.decode().rsplit(":", 1)[1] for k in self.client.keys(self.lim._bell + "*")}
+        assert bells == self.promoted, "a doorbell rings exactly for the promoted"
+        s = self.lim.stats()
+        assert s.active <= self.ACTIVE and s.queued <= self.QUEUE
+        for name in ("acquired", "rejected_full", "rejected_timeout", "cancelled"):
+            assert getattr(s, name) == self.counts[name], name
+        assert s.lease_lost == 0
+
+
+class _Ghosts(RedisColdLimiter):
+    PRESENCE = 3600.0  # nobody is dropped for not polling during a run
+
+
+#: The state machine's client, set by the test (Hypothesis builds the machine itself).
+MACHINE_CLIENT: list[CountingRedis] = []
+
+
+def test_the_scripts_follow_the_model(client: CountingRedis) -> None:
+    MACHINE_CLIENT[:] = [client]
+    try:
+        run_state_machine_as_test(
+            ScriptMachine,
+            settings=settings(
+                max_examples=40,
+                stateful_step_count=40,
+                database=None,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    finally:
+        MACHINE_CLIENT.clear()
