@@ -27,8 +27,8 @@ design:
       acquire   a free slot -> hold it (fast path); the queue full -> count ``rejected_full``
                 and answer at once (nothing else is written, unless reaping found a dead
                 holder or waiter); else INCR a ticket and join the queue
-      poll      run by a waiter after its doorbell rang, after each presence period and when
-                its cancel token is set: promoted -> keep the slot (or, when giving up,
+      poll      run by a waiter after its doorbell rang, every ``POLL_EVERY`` seconds and
+                when its cancel token is set: promoted -> keep the slot (or, when giving up,
                 pass it on); deadline passed -> leave (timeout); giving up -> leave
                 (cancelled); neither -> refresh presence. All in one script, so a promotion
                 racing a timeout or a cancel ends in exactly one outcome and the slot is
@@ -48,7 +48,17 @@ design:
     dies stops renewing; its slots come back when their leases end (the next script of any
     process reaps them) and its waiters leave the queue one presence period after their last
     poll. A holder that was paused past its lease has lost the slot (counted once, when it is
-    reaped); its release is then a no-op in Redis.
+    reaped); its release is then a no-op in Redis. The same covers a reply lost on the way
+    back (a socket timeout after the script ran): the grant or the queue place it made is
+    nobody's, and it ends with its lease or its presence.
+
+    In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
+    each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
+    lock, notified when the first grant is taken and on ``close``. No Redis call is made
+    under the lock.
+
+    Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
+    from the same hash tag, so it lives in the same slot.
 """
 
 from __future__ import annotations
@@ -65,7 +75,7 @@ import redis
 
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
-from ._limiter import Grant, LimiterStats, check_limits
+from ._limiter import Grant, LimiterFigures, LimiterStats
 
 __all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
 
@@ -274,7 +284,7 @@ class RedisGrant(Grant):
         self._owner._give_back(self, strict)
 
 
-class RedisColdLimiter:
+class RedisColdLimiter(LimiterFigures):
     """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
     Redis and ``name``: at most ``active`` grants held in all of them together, at most
     ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
@@ -323,7 +333,7 @@ class RedisColdLimiter:
         lease: float = 10.0,
         prefix: str = "reachlimit",
     ) -> None:
-        check_limits(active, queue, wait, retry_after)
+        self._set_figures(active, queue, wait, retry_after)
         if (
             isinstance(lease, bool)
             or not isinstance(lease, (int, float))
@@ -335,10 +345,6 @@ class RedisColdLimiter:
                 raise ValueError(f"{label} must be a non-empty string without braces")
         self._client = client
         self._name = name
-        self._capacity = active
-        self._queue_capacity = queue
-        self._wait = float(wait)
-        self._retry_after = retry_after
         self._lease = float(lease)
         tag = "{" + prefix + ":" + name + "}"
         self._keys = [f"{tag}:{suffix}" for suffix in _KEY_SUFFIXES]
@@ -371,22 +377,6 @@ class RedisColdLimiter:
     @property
     def name(self) -> str:
         return self._name
-
-    @property
-    def capacity_active(self) -> int:
-        return self._capacity
-
-    @property
-    def capacity_queue(self) -> int:
-        return self._queue_capacity
-
-    @property
-    def wait(self) -> float:
-        return self._wait
-
-    @property
-    def retry_after(self) -> int:
-        return self._retry_after
 
     @property
     def lease(self) -> float:

@@ -9,7 +9,8 @@ another port. ``stop`` is by PID: SIGTERM, SIGKILL after a bounded wait. ``resta
 and starts a new, empty one on the same port: what a Redis restarted without persistence is.
 
 Without ``redis-server`` the tests that need it are skipped, except under CI (``$CI`` set),
-where a missing server is a failure (``require_redis_server``).
+where a missing server is a failure (``require_redis_server``). The fixture ``redis_server``
+(module-scoped) is imported by the test modules that use it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,15 @@ class RedisServer:
 
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
+
+
+@pytest.fixture(name="redis_server", scope="module")
+def redis_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A :class:`RedisServer` for the test module, stopped (by PID) after its last test.
+    A test module gets it with ``from tests.redis_server import redis_server_fixture``."""
+    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

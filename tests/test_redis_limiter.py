@@ -17,7 +17,6 @@ import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +39,11 @@ from reachlimit.redis import _GIVE_UP as GIVE_UP
 from reachlimit.redis import _STAY as STAY
 from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
 from tests.helpers import LIMITER_FIELDS
-from tests.redis_server import RedisServer
+from tests.redis_server import (
+    RedisServer,
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+)
+from tests.test_limiter import assert_exact_capacity, try_acquire_now
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -52,16 +55,6 @@ READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget",
 
 
 # -- fixtures ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class CountingRedis(redis.Redis):
@@ -135,37 +128,6 @@ def state_of(client: redis.Redis, pattern: str = "*") -> dict[str, Any]:
         else:
             out[key.decode()] = client.get(key)
     return out
-
-
-def try_acquire_now(lim: RedisColdLimiter) -> Grant | None:
-    """A grant if a slot is free right now, else None; never waits (a queued attempt gives up
-    on its first look at the cancel object)."""
-
-    class Once:
-        calls = 0
-
-        def is_set(self) -> bool:
-            self.calls += 1
-            return self.calls > 1
-
-    try:
-        return lim.acquire(Once())
-    except (Busy, Cancelled):
-        return None
-
-
-def assert_exact_capacity(lim: RedisColdLimiter) -> None:
-    """With nobody else around, exactly ``capacity_active`` slots can be taken at once."""
-    taken = [g for g in (try_acquire_now(lim) for _ in range(lim.capacity_active)) if g]
-    assert len(taken) == lim.capacity_active, f"slot lost: {len(taken)} taken"
-    extra = try_acquire_now(lim)
-    if extra is not None:
-        extra.release()
-    assert extra is None, "one more grant than capacity_active"
-    for grant in taken:
-        grant.release()
-    s = lim.stats()
-    assert (s.active, s.queued) == (0, 0)
 
 
 # -- construction -----------------------------------------------------------------------------
@@ -336,7 +298,7 @@ def test_queue_zero_refuses_at_once(make_limiter: Callable[..., RedisColdLimiter
 
 
 def test_waiters_promoted_in_arrival_order_with_direct_hand_off(
-    make_limiter: Callable[..., RedisColdLimiter], start_acquire: Any, wait_until: Any
+    make_limiter: Callable[..., RedisColdLimiter], start_acquire: Any, wait_until: Any, kit: Any
 ) -> None:
     lim = make_limiter(active=1, queue=5, wait=60.0)
     other = make_limiter(active=1, queue=5, wait=60.0)  # a second "process" on the same name
@@ -355,7 +317,7 @@ def test_waiters_promoted_in_arrival_order_with_direct_hand_off(
         assert order == [f"w{j}" for j in range(i + 1)]
         assert not any(a.done.is_set() for a in attempts[i + 1 :])
         # No barging: the slot went to the waiter, so a newcomer queues (and gives up).
-        assert try_acquire_now(lim) is None
+        assert try_acquire_now(lim, kit) is None
         attempt.release()
     s = lim.stats()
     assert (s.active, s.queued, s.acquired, s.peak_queued) == (0, 0, 6, 5)
@@ -413,7 +375,7 @@ def test_cancel_while_waiting_returns_the_place(
 
 
 def test_cancel_racing_promotion_passes_the_slot_on(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], kit: Any
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=60.0)
     holder = lim.acquire()
@@ -431,7 +393,7 @@ def test_cancel_racing_promotion_passes_the_slot_on(
     s = lim.stats()
     assert (s.active, s.queued, s.cancelled, s.acquired) == (1, 0, 1, 2)
     assert lim._poll("w2", GIVE_UP)[0] == POLL_CANCELLED  # (a ghost's way to let go)
-    assert_exact_capacity(lim)
+    assert_exact_capacity(lim, kit)
 
 
 def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
@@ -453,7 +415,7 @@ def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
 
 
 def test_every_exit_returns_its_place_exactly_once(
-    make_limiter: Callable[..., RedisColdLimiter], threads: Any, wait_until: Any
+    make_limiter: Callable[..., RedisColdLimiter], threads: Any, wait_until: Any, kit: Any
 ) -> None:
     """Many threads on three limiter objects (one name) mixing holds, cancels and timeouts;
     the bounds hold at every look and everything comes back at the end."""
@@ -493,7 +455,7 @@ def test_every_exit_returns_its_place_exactly_once(
     assert s.rejected_full == outcomes["queue_full"]
     assert s.rejected_timeout == outcomes["timeout"]
     assert sum(outcomes.values()) == 9 * 6
-    assert_exact_capacity(lims[1])
+    assert_exact_capacity(lims[1], kit)
 
 
 # -- leases, dead waiters, restarts -----------------------------------------------------------
@@ -554,7 +516,7 @@ def test_a_waiter_that_stops_polling_is_dropped(
 
 
 def test_a_promoted_waiter_that_never_claims_gives_the_slot_back(
-    make_limiter: Callable[..., RedisColdLimiter], wait_until: Any
+    make_limiter: Callable[..., RedisColdLimiter], wait_until: Any, kit: Any
 ) -> None:
     lim = make_limiter(active=1, queue=1, wait=60.0)
     holder = lim.acquire()
@@ -563,7 +525,7 @@ def test_a_promoted_waiter_that_never_claims_gives_the_slot_back(
     assert lim.stats().active == 1
     wait_until(lambda: lim.stats().active == 0, message="the unclaimed slot came back")
     assert lim.stats().lease_lost == 1
-    assert_exact_capacity(lim)
+    assert_exact_capacity(lim, kit)
 
 
 def test_redis_restarted_empty_recovers(
@@ -573,6 +535,7 @@ def test_redis_restarted_empty_recovers(
     client: CountingRedis,
     start_acquire: Any,
     wait_until: Any,
+    kit: Any,
 ) -> None:
     # The waiter's client retries through the restart (what a client with retries does; the
     # count and backoff are set here so that redis-py's defaults of the day do not matter).
@@ -593,7 +556,7 @@ def test_redis_restarted_empty_recovers(
     assert before.lease_lost  # type: ignore[attr-defined]
     s = lim.stats()
     assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 0, 1)
-    assert_exact_capacity(lim)  # the scripts were loaded again, and every slot is there
+    assert_exact_capacity(lim, kit)  # the scripts were loaded again, and every slot is there
 
 
 # -- names, keys, composition -----------------------------------------------------------------

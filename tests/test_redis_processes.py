@@ -25,7 +25,11 @@ import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
-from tests.redis_server import RedisServer, require_redis_server
+from tests.redis_server import (
+    RedisServer,
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+    require_redis_server,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -34,16 +38,6 @@ WORKER = Path(__file__).resolve().parent / "redis_worker.py"
 #: How long a process may take to start, or a state to be reached, before the test fails.
 #: Generous: only a failing (or hopelessly overloaded) run gets near it.
 DEADLINE = 30.0
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
