@@ -73,10 +73,10 @@ class CountingRedis(redis.Redis):
 def make_client(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
     made: list[CountingRedis] = []
 
-    def make(**kwargs: Any) -> CountingRedis:
+    def make(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
         options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
         options.update(kwargs)
-        client = CountingRedis(host="127.0.0.1", port=redis_server.port, **options)
+        client = cls(host="127.0.0.1", port=redis_server.port, **options)
         made.append(client)
         return client
 
@@ -456,6 +456,48 @@ def test_every_exit_returns_its_place_exactly_once(
     assert s.rejected_timeout == outcomes["timeout"]
     assert sum(outcomes.values()) == 9 * 6
     assert_exact_capacity(lims[1], kit)
+
+
+class FailingCancel:
+    """A cancel object that answers "not set" ``calls_ok`` times, then raises."""
+
+    def __init__(self, calls_ok: int) -> None:
+        self.calls_ok = calls_ok
+
+    def is_set(self) -> bool:
+        if self.calls_ok == 0:
+            raise OSError("the cancel object failed")
+        self.calls_ok -= 1
+        return False
+
+
+def test_an_error_while_queued_propagates_and_returns_the_place(
+    make_limiter: Callable[..., RedisColdLimiter],
+) -> None:
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        with pytest.raises(OSError):
+            lim.acquire(FailingCancel(calls_ok=2))  # fails on its first look while queued
+        s = lim.stats()
+        assert (s.queued, s.cancelled, s.rejected_timeout) == (0, 0, 0)
+        with pytest.raises(Busy) as info:
+            make_limiter(active=1, queue=1, wait=0.05).acquire()
+        assert info.value.reason == "timeout"  # admitted: the place came back
+
+
+def test_a_redis_error_while_queued_propagates_as_itself_and_returns_the_place(
+    make_client: Callable[..., CountingRedis], make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    class BrokenBlpop(CountingRedis):
+        def blpop(self, *args: Any, **kwargs: Any) -> Any:
+            raise redis.ConnectionError("the connection dropped")
+
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        with pytest.raises(redis.ConnectionError):
+            make_limiter(client=make_client(BrokenBlpop), active=1, queue=1, wait=60.0).acquire()
+        assert lim.stats().queued == 0
+    assert lim.stats().active == 0
 
 
 # -- leases, dead waiters, restarts -----------------------------------------------------------
