@@ -273,6 +273,43 @@ def test_a_killed_waiters_place_comes_back(
     assert watch.stats().lease_lost == 0
 
 
+def test_a_storm_from_four_processes_keeps_the_bounds_and_returns_everything(
+    client: redis.Redis,
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+    wait_until: Any,
+) -> None:
+    """4 processes x 2 threads x 20 attempts with short holds, short waits and clients that
+    leave: never more than 2 holders at once in all processes (a shared counter each holder
+    increments), and afterwards every slot and place is back and every counter adds up."""
+    workers = start_workers(4, active=2, queue=3, wait=0.1, lease=5.0)
+    watch = make_watch(2, 3)
+    for i, w in enumerate(workers):
+        w.send(f"storm 40 2 {i}")
+
+    def reports() -> list[dict[str, Any]]:
+        return [e for w in workers for e in w.seen() if e["event"] == "storm"]
+
+    wait_until(lambda: len(reports()) == 4, timeout=90, message="four storms over")
+    done = reports()
+    total = Counter[str]()
+    for r in done:
+        assert r["max_inside"] <= 2, r
+        total.update({k: v for k, v in r.items() if k not in ("event", "max_inside")})
+    assert sum(total.values()) == 4 * 40
+    s = watch.stats()
+    assert (s.active, s.queued, s.lease_lost) == (0, 0, 0), s
+    assert s.peak_active <= 2 and s.peak_queued <= 3
+    assert (s.acquired, s.rejected_full, s.rejected_timeout, s.cancelled) == (
+        total["granted"],
+        total["queue_full"],
+        total["timeout"],
+        total["cancelled"],
+    )
+    assert total["granted"] > 0 and max(r["max_inside"] for r in done) >= 1
+    print(f"storm outcomes: {dict(total)}")
+    assert client.get("procs:inside") == b"0"
+
 def test_the_redis_micro_benchmark_runs() -> None:
     """benchmarks/redis_micro.py, as a process with its own redis-server: it finishes and
     reports what it promises (never its speed)."""
