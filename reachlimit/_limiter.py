@@ -127,7 +127,52 @@ class _Waiter:
         self.granted = False
 
 
-class ColdLimiter:
+class LimiterFigures:
+    """The four figures every cold limiter is built with (in-process or shared), checked
+    the same way with the same messages, and read-only afterwards."""
+
+    _capacity: int
+    _queue_capacity: int
+    _wait: float
+    _retry_after: int
+
+    def _set_figures(self, active: int, queue: int, wait: float, retry_after: int) -> None:
+        """Check the figures (``ValueError`` naming the first bad one) and keep them."""
+        if isinstance(active, bool) or not isinstance(active, int) or active < 1:
+            raise ValueError("active >= 1")
+        if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+            raise ValueError("queue >= 0")
+        if (
+            isinstance(wait, bool)
+            or not isinstance(wait, (int, float))
+            or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
+        ):
+            raise ValueError("wait > 0")
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
+            raise ValueError("retry_after >= 1")
+        self._capacity = active
+        self._queue_capacity = queue
+        self._wait = float(wait)
+        self._retry_after = retry_after
+
+    @property
+    def capacity_active(self) -> int:
+        return self._capacity
+
+    @property
+    def capacity_queue(self) -> int:
+        return self._queue_capacity
+
+    @property
+    def wait(self) -> float:
+        return self._wait
+
+    @property
+    def retry_after(self) -> int:
+        return self._retry_after
+
+
+class ColdLimiter(LimiterFigures):
     """At most ``active`` builds at once; at most ``queue`` leaders waiting, each at most
     ``wait`` seconds, promoted first-in first-out.
 
@@ -148,22 +193,7 @@ class ColdLimiter:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(active, bool) or not isinstance(active, int) or active < 1:
-            raise ValueError("active >= 1")
-        if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-            raise ValueError("queue >= 0")
-        if (
-            isinstance(wait, bool)
-            or not isinstance(wait, (int, float))
-            or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
-        ):
-            raise ValueError("wait > 0")
-        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
-            raise ValueError("retry_after >= 1")
-        self._capacity = active
-        self._queue_capacity = queue
-        self._wait = float(wait)
-        self._retry_after = retry_after
+        self._set_figures(active, queue, wait, retry_after)
         self._clock = clock
         self._lock = threading.Lock()
         # The admission gate; None for queue=0 (maxsize=0 would mean "unbounded").
@@ -183,22 +213,6 @@ class ColdLimiter:
         self._cancelled = 0
 
     # -- public ---------------------------------------------------------------------------
-
-    @property
-    def capacity_active(self) -> int:
-        return self._capacity
-
-    @property
-    def capacity_queue(self) -> int:
-        return self._queue_capacity
-
-    @property
-    def wait(self) -> float:
-        return self._wait
-
-    @property
-    def retry_after(self) -> int:
-        return self._retry_after
 
     def acquire(self, cancel: CancelToken | None = None) -> Grant:
         """Take a build slot, waiting in the queue if needed; return the :class:`Grant`.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from ._cache import TTLCache
@@ -88,6 +88,9 @@ class ColdPathStats(LimiterStats):
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_LIMITER_FIGURES = tuple(f.name for f in fields(LimiterStats))
 
 
 class _LeaderCancelled:
@@ -158,7 +161,9 @@ class ColdPath:
             # Our leader's client left; go round and let one of us lead.
 
     def stats(self) -> ColdPathStats:
-        figures = self.limiter.stats().as_dict()
+        limiter_stats = self.limiter.stats()
+        # Only the figures every limiter has: a shared limiter's snapshot carries more.
+        figures = {name: getattr(limiter_stats, name) for name in _LIMITER_FIGURES}
         with self._lock:
             return ColdPathStats(
                 **figures,

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Micro-benchmarks of RedisColdLimiter's two hot paths, each against a redis-py baseline.
+
+    python benchmarks/redis_micro.py            # full run, about 15 s
+    python benchmarks/redis_micro.py --quick    # a few seconds, rough figures
+    python benchmarks/redis_micro.py --json     # the same figures as JSON on stdout
+    python benchmarks/redis_micro.py --url redis://127.0.0.1:6379/15   # an existing Redis
+                                                # (the database is FLUSHED: use a spare one)
+
+Without ``--url`` it starts its own ``redis-server`` (Debian's package) on a free loopback
+port in a temporary directory, without persistence, and stops it by PID at the end.
+
+What is measured, one client, one connection, as ratios against a baseline timed in the same
+run:
+
+(a) fast path: ``g = lim.acquire(); g.release()`` with a free slot (two scripts, two round
+    trips), against a redis-py ``Lock`` ``acquire(); release()`` pair (``SET NX PX`` and a
+    release script: two round trips too).
+(b) queue_full refusal: ``acquire()`` refused with the queue full (one script, one round
+    trip), against a ``PING``: the cheapest round trip there is.
+
+Each pair is timed in alternating rounds (baseline first on even rounds, limiter first on odd
+rounds); a ratio is the median of the per-round ratios (both sides of a round saw the same
+machine load), with the best-of-rounds figures beside it. Nothing here is a pass/fail goal:
+the figures say what a round trip costs the limiter over the least a client can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from _common import machine
+
+from reachlimit import Busy
+from reachlimit.redis import RedisColdLimiter
+
+
+class _Parked(RedisColdLimiter):
+    """Its ghost holders and waiters (admitted, never polling) stay for the whole run."""
+
+    PRESENCE = 3600.0
+
+
+@contextmanager
+def own_redis_server() -> Iterator[str]:
+    """A throwaway redis-server on 127.0.0.1; its URL. Stopped by PID on the way out."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is not installed (Debian: apt-get install redis-server); "
+                 "or pass --url")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    redis.Redis.from_url(url, socket_timeout=0.5).ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.02)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def per_op(fn: Callable[[], None], n: int) -> float:
+    """Seconds per call of ``fn``, over ``n`` calls."""
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+def paired(limiter: Callable[[], None], baseline: Callable[[], None], n: int, rounds: int
+           ) -> dict[str, Any]:
+    ratios, lim_times, base_times = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            b = per_op(baseline, n)
+            a = per_op(limiter, n)
+        else:
+            a = per_op(limiter, n)
+            b = per_op(baseline, n)
+        ratios.append(a / b)
+        lim_times.append(a)
+        base_times.append(b)
+    return {
+        "limiter_us": round(statistics.median(lim_times) * 1e6, 1),
+        "baseline_us": round(statistics.median(base_times) * 1e6, 1),
+        "ratio": round(statistics.median(ratios), 3),
+        "best_limiter_us": round(min(lim_times) * 1e6, 1),
+        "best_baseline_us": round(min(base_times) * 1e6, 1),
+        "rounds": rounds,
+        "ops_per_round": n,
+    }
+
+
+def run(url: str, n: int, rounds: int) -> dict[str, Any]:
+    client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    client.flushdb()
+    results: dict[str, Any] = {}
+
+    lim = RedisColdLimiter(client, "bench-fast", active=2, queue=8, lease=60.0)
+    lock = client.lock("bench-lock", timeout=60)
+
+    def fast_path() -> None:
+        lim.acquire().release()
+
+    def lock_pair() -> None:
+        lock.acquire()
+        lock.release()
+
+    fast_path()  # load the scripts
+    lock_pair()
+    results["fast_path"] = paired(fast_path, lock_pair, n, rounds)
+    lim.close()
+
+    full = _Parked(client, "bench-full", active=2, queue=8, lease=3600.0)
+    for i in range(10):  # two ghost holders and eight ghost waiters: the queue is full
+        full._admit(f"parked-{i}")
+    refused = 0
+
+    def refusal() -> None:
+        nonlocal refused
+        try:
+            full.acquire()
+        except Busy:
+            refused += 1
+
+    refusal()
+    before = full.stats()
+    results["refusal"] = paired(refusal, client.ping, n, rounds)
+    after = full.stats()
+    results["refusal"]["check"] = {
+        # Every call was a queue_full refusal: no grant, no waiter, nothing reaped.
+        "ok": refused == after.rejected_full
+        and after.acquired == before.acquired
+        and (after.active, after.queued, after.lease_lost) == (2, 8, 0),
+        "refused": refused,
+    }
+    full.close()
+    client.flushdb()
+    client.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("--url", help="an existing Redis (its database is flushed)")
+    args = parser.parse_args()
+    n, rounds = (200, 5) if args.quick else (1000, 11)
+    if args.url:
+        results = run(args.url, n, rounds)
+    else:
+        with own_redis_server() as url:
+            results = run(url, n, rounds)
+    report = {"machine": machine(), "results": results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print("machine:", json.dumps(report["machine"]))
+    for name, label in (
+        ("fast_path", "acquire+release vs redis-py Lock acquire+release"),
+        ("refusal", "queue_full refusal vs PING"),
+    ):
+        row = results[name]
+        print(
+            f"{label}: {row['limiter_us']} us vs {row['baseline_us']} us, "
+            f"median ratio {row['ratio']}x (best {row['best_limiter_us']} / "
+            f"{row['best_baseline_us']} us; {row['rounds']} rounds x {row['ops_per_round']})"
+        )
+    print("refusal check:", results["refusal"]["check"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,572 @@
+"""A cold limiter shared by every process that uses the same Redis and name.
+
+design:
+
+    Keys (one hash tag, ``T = {<prefix>:<name>}``, so every script touches one Cluster slot):
+
+      T:holders    ZSET  grant token -> lease end (ms, Redis time)      the slots held
+      T:queue      ZSET  waiter token -> ticket                          the waiters, FIFO
+      T:alive      ZSET  waiter token -> presence end (ms, Redis time)   waiters still polling
+      T:deadline   HASH  waiter token -> wait deadline (ms, Redis time)
+      T:seq        STR   the ticket counter (INCR)
+      T:stats      HASH  counters and peaks
+      T:w:<token>  LIST  a waiter's doorbell: pushed once when it is promoted
+
+    A token is random (made by the client) and names one attempt for good, also across a
+    Redis that restarts empty; the ticket that orders the queue comes from Redis (INCR).
+    A token is in at most one of ``holders`` and ``queue``, and only a script moves it.
+
+    Every script first reaps and refills, so no state depends on a process staying alive:
+      reap   holders whose lease ended are removed (counted ``lease_lost``); waiters whose
+             presence ended (they stopped polling: their process died) leave the queue
+      fill   while fewer than ``active`` slots are held, the oldest waiter is promoted: it is
+             moved into ``holders`` with a short claim lease (one presence period) and its
+             doorbell is pushed; its next poll turns the claim into a full lease
+
+    Scripts (each one EVALSHA, one round trip; time is ``TIME`` inside the script):
+      acquire   a free slot -> hold it (fast path); the queue full -> count ``rejected_full``
+                and answer at once (nothing else is written, unless reaping found a dead
+                holder or waiter); else INCR a ticket and join the queue
+      poll      run by a waiter after its doorbell rang, every ``POLL_EVERY`` seconds and
+                when its cancel token is set: promoted -> keep the slot (or, when giving up,
+                pass it on); deadline passed -> leave (timeout); giving up -> leave
+                (cancelled); neither -> refresh presence. All in one script, so a promotion
+                racing a timeout or a cancel ends in exactly one outcome and the slot is
+                kept or passed on, never lost and never counted twice.
+      release   remove the grant's token from ``holders`` (only its own: a token reaped for
+                a lost lease is gone, so a late release frees nothing) and fill
+      renew     push the lease end of the tokens still held; a reaped token is not revived
+      stats     reap, fill, and read the figures
+
+    Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
+    ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
+    promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
+    for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
+
+    Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
+    daemon thread per limiter object, in one round trip for all its grants. A process that
+    dies stops renewing; its slots come back when their leases end (the next script of any
+    process reaps them) and its waiters leave the queue one presence period after their last
+    poll. A holder that was paused past its lease has lost the slot (counted once, when it is
+    reaped); its release is then a no-op in Redis. The same covers a reply lost on the way
+    back (a socket timeout after the script ran): the grant or the queue place it made is
+    nobody's, and it ends with its lease or its presence.
+
+    In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
+    each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
+    lock, notified when the first grant is taken and on ``close``. No Redis call is made
+    under the lock.
+
+    Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
+    from the same hash tag, so it lives in the same slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from ._cancel import POLL_INTERVAL, CancelToken
+from ._errors import Busy, Cancelled
+from ._limiter import Grant, LimiterFigures, LimiterStats
+
+__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
+
+log = logging.getLogger("reachlimit")
+
+# Replies of the scripts (small integers: cheap to send, the same with decode_responses on/off).
+_FULL, _GRANTED, _QUEUED = 0, 1, 2
+_WAITING, _TIMEOUT, _CANCELLED, _GONE = 2, 3, 4, 5  # poll replies
+# What a poll tells Redis about the waiter.
+_STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowhere
+
+# The fixed keys, after the hash tag, in the order the scripts read KEYS.
+_KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
+
+# Common to every script: KEYS as above; ARGV[1] the doorbell key prefix, ARGV[2] active,
+# ARGV[3] the lease and ARGV[4] the presence period (ms).
+_PRELUDE = """
+local holders, queue, alive, deadlines, stats, seq =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local bell = ARGV[1]
+local capacity = tonumber(ARGV[2])
+local lease_ms = tonumber(ARGV[3])
+local presence_ms = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function raise_peak(field, value)
+  if value > (tonumber(redis.call('HGET', stats, field)) or 0) then
+    redis.call('HSET', stats, field, value)
+  end
+end
+
+local function forget_waiter(token)
+  redis.call('ZREM', queue, token)
+  redis.call('ZREM', alive, token)
+  redis.call('HDEL', deadlines, token)
+end
+
+local function reap()
+  -- Counted first, removed only if there is something to remove: a refusal writes nothing.
+  local lost = redis.call('ZCOUNT', holders, '-inf', now)
+  if lost > 0 then
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+    redis.call('HINCRBY', stats, 'lease_lost', lost)
+  end
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+  for _, token in ipairs(dead) do
+    forget_waiter(token)
+    redis.call('DEL', bell .. token)
+  end
+end
+
+local function fill()
+  local promoted = false
+  while redis.call('ZCARD', holders) < capacity do
+    local oldest = redis.call('ZRANGE', queue, 0, 0)
+    if #oldest == 0 then break end
+    local token = oldest[1]
+    forget_waiter(token)
+    redis.call('ZADD', holders, now + presence_ms, token)
+    redis.call('RPUSH', bell .. token, 1)
+    redis.call('PEXPIRE', bell .. token, 2 * presence_ms)
+    promoted = true
+  end
+  if promoted then raise_peak('peak_active', redis.call('ZCARD', holders)) end
+end
+
+reap()
+fill()
+"""
+
+# ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms).
+_ACQUIRE = _PRELUDE + """
+local token = ARGV[5]
+local held = redis.call('ZCARD', holders)
+if held < capacity then  -- after fill(), a free slot means nobody is waiting
+  redis.call('ZADD', holders, now + lease_ms, token)
+  redis.call('HINCRBY', stats, 'acquired', 1)
+  raise_peak('peak_active', held + 1)
+  return {1, 0}
+end
+local queued = redis.call('ZCARD', queue)
+if queued >= tonumber(ARGV[6]) then
+  redis.call('HINCRBY', stats, 'rejected_full', 1)
+  return {0, 0}
+end
+local ticket = redis.call('INCR', seq)
+redis.call('ZADD', queue, ticket, token)
+redis.call('ZADD', alive, now + presence_ms, token)
+redis.call('HSET', deadlines, token, now + tonumber(ARGV[7]))
+raise_peak('peak_queued', queued + 1)
+return {2, tonumber(ARGV[7])}
+"""
+
+# ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error; not counted).
+_POLL = _PRELUDE + """
+local token = ARGV[5]
+local leaving = tonumber(ARGV[6])
+if redis.call('ZSCORE', holders, token) then
+  redis.call('DEL', bell .. token)
+  if leaving ~= 0 then  -- promoted at the instant we gave up: pass the slot on
+    redis.call('ZREM', holders, token)
+    if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
+    fill()
+    return {4, 0}
+  end
+  redis.call('ZADD', holders, now + lease_ms, token)
+  redis.call('HINCRBY', stats, 'acquired', 1)
+  return {1, 0}
+end
+if not redis.call('ZSCORE', queue, token) then  -- dropped (stopped polling) or Redis emptied
+  redis.call('DEL', bell .. token)
+  if leaving == 0 then redis.call('HINCRBY', stats, 'rejected_timeout', 1) end
+  if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
+  return {5, 0}
+end
+if leaving ~= 0 then
+  forget_waiter(token)
+  redis.call('DEL', bell .. token)
+  if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
+  return {4, 0}
+end
+local remaining = tonumber(redis.call('HGET', deadlines, token)) - now
+if remaining <= 0 then
+  forget_waiter(token)
+  redis.call('DEL', bell .. token)
+  redis.call('HINCRBY', stats, 'rejected_timeout', 1)
+  return {3, 0}
+end
+redis.call('ZADD', alive, now + presence_ms, token)
+return {2, remaining}
+"""
+
+# ARGV[5] token. Replies 1 if the slot was still this grant's, else 0.
+_RELEASE = _PRELUDE + """
+local mine = redis.call('ZREM', holders, ARGV[5])
+if mine == 1 then fill() end
+return mine
+"""
+
+# ARGV[5..] tokens. Replies the tokens no longer held (their lease was lost).
+_RENEW = _PRELUDE + """
+local lost = {}
+for i = 5, #ARGV do
+  if redis.call('ZSCORE', holders, ARGV[i]) then
+    redis.call('ZADD', holders, now + lease_ms, ARGV[i])
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"""
+
+_STATS = _PRELUDE + """
+return {redis.call('ZCARD', holders), redis.call('ZCARD', queue), redis.call('HGETALL', stats)}
+"""
+
+_COUNTERS = (
+    "peak_active",
+    "peak_queued",
+    "acquired",
+    "rejected_full",
+    "rejected_timeout",
+    "cancelled",
+    "lease_lost",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisLimiterStats(LimiterStats):
+    """The figures of :class:`~reachlimit.LimiterStats`, for all processes together, plus
+    ``backend`` (``"redis"``), ``degraded`` (always False until a fallback exists) and
+    ``lease_lost``: grants whose lease ran out before they were released."""
+
+    backend: str = "redis"
+    degraded: bool = False
+    lease_lost: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RedisGrant(Grant):
+    """One build slot of a :class:`RedisColdLimiter`, held as a renewed lease.
+
+    Same use as :class:`~reachlimit.Grant`: leaving the ``with`` block releases it;
+    ``release()`` releases it early; a second ``release()`` raises ``RuntimeError``. The
+    slot it frees is only ever its own: after a lost lease the release changes nothing.
+    """
+
+    __slots__ = ("_owner", "token", "_lost")
+
+    def __init__(self, owner: RedisColdLimiter, token: str) -> None:
+        # Grant.__init__ is not called: there is no in-process ColdLimiter behind this grant.
+        self._owner = owner
+        self.token = token
+        self._held = True  # guarded by owner._lock
+        self._lost = False  # set (once) by the renewer or the release; racy read
+
+    @property
+    def lease_lost(self) -> bool:
+        """Racy read: whether this grant is known to have lost its lease."""
+        return self._lost
+
+    def _give_back(self, strict: bool) -> None:
+        self._owner._give_back(self, strict)
+
+
+class RedisColdLimiter(LimiterFigures):
+    """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
+    Redis and ``name``: at most ``active`` grants held in all of them together, at most
+    ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
+    first-out by a ticket from Redis, with a direct hand-off.
+
+    ``client`` is a ``redis.Redis``. Make it with short timeouts, say
+    ``redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)``: a waiter
+    blocks in ``BLPOP`` for at most half the socket timeout, so that the read never times out
+    first. Redis 6 or newer (``BLPOP`` with a fractional timeout).
+
+    ``lease`` is how long a grant outlives its process: it is renewed in the background every
+    ``lease / 3`` seconds while held. Every process must use the same ``active``, ``queue``,
+    ``wait`` and ``lease`` for a name.
+
+    Errors of Redis itself (``redis.exceptions.RedisError``: connection refused, timeout)
+    propagate out of ``acquire``, ``release`` and ``stats`` for now. A waiter that meets one
+    leaves the queue (or Redis drops it within a presence period); a grant whose release
+    fails keeps its slot until its lease ends.
+
+    Call :meth:`close` at the end to stop the renewer thread (a daemon thread either way).
+    Make the limiter in the process that uses it (after a fork: in a gunicorn worker, not in
+    a preloaded master).
+
+    The client's retries add to every wait: redis-py 6 and newer retry a failed command
+    several times with a backoff by default; pass ``retry=Retry(NoBackoff(), 1)`` (say) to
+    keep a Redis that is down from holding a request for long.
+    """
+
+    #: A waiter that has not polled for this long (its process died) leaves the queue; a
+    #: promoted waiter must claim its slot within it. Four polls fit in it.
+    PRESENCE = 1.0
+    #: The longest a waiter without a cancel token blocks between two polls.
+    POLL_EVERY = 0.25
+    #: The longest a waiter blocks when a cancel token must be watched.
+    CANCEL_POLL_INTERVAL = POLL_INTERVAL
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str = "reachlimit",
+        active: int = 2,
+        queue: int = 8,
+        wait: float = 3.0,
+        retry_after: int = 2,
+        *,
+        lease: float = 10.0,
+        prefix: str = "reachlimit",
+    ) -> None:
+        self._set_figures(active, queue, wait, retry_after)
+        if (
+            isinstance(lease, bool)
+            or not isinstance(lease, (int, float))
+            or not 0 < lease < math.inf
+        ):
+            raise ValueError("lease > 0")
+        for label, value in (("name", name), ("prefix", prefix)):
+            if not isinstance(value, str) or not value or "{" in value or "}" in value:
+                raise ValueError(f"{label} must be a non-empty string without braces")
+        self._client = client
+        self._name = name
+        self._lease = float(lease)
+        tag = "{" + prefix + ":" + name + "}"
+        self._keys = [f"{tag}:{suffix}" for suffix in _KEY_SUFFIXES]
+        self._bell = f"{tag}:w:"
+        self._common: list[str | int] = [
+            self._bell,
+            active,
+            max(1, round(self._lease * 1000)),
+            max(1, round(self.PRESENCE * 1000)),
+        ]
+        self._wait_ms = max(1, round(self._wait * 1000))
+        self._acquire_script = client.register_script(_ACQUIRE)
+        self._poll_script = client.register_script(_POLL)
+        self._release_script = client.register_script(_RELEASE)
+        self._renew_script = client.register_script(_RENEW)
+        self._stats_script = client.register_script(_STATS)
+        socket_timeout = _socket_timeout(client)
+        # A blocking read must end before the socket's own timeout does.
+        self._block_cap = socket_timeout / 2 if socket_timeout else math.inf
+        self._lock = threading.Lock()
+        self._renew_wake = threading.Condition(self._lock)  # notified on a new grant and close
+        self._held: dict[str, RedisGrant] = {}  # guarded by _lock: grants to renew
+        self._closed = False  # guarded by _lock
+        self._renewer: threading.Thread | None = None  # guarded by _lock
+        #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
+        self._renewal_paused = threading.Event()
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    @property
+    def keys(self) -> list[str]:
+        """The fixed keys of this limiter (each waiter also has a doorbell key of the same
+        hash tag while it is promoted)."""
+        return list(self._keys)
+
+    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+        """Take a build slot, waiting in the shared queue if needed; return the grant.
+
+        Raises ``Cancelled`` if ``cancel`` is set before (then without a call to Redis) or
+        while waiting, ``Busy("queue_full")`` at once when every queue place is taken (one
+        round trip), ``Busy("timeout")`` when the wait ends without a slot (or the waiter lost
+        its place: Redis restarted empty, or it was dropped for not polling in time). Errors of
+        Redis propagate as ``redis`` exceptions.
+        """
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        if self._closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("limiter closed")
+        token = secrets.token_hex(12)
+        status, remaining_ms = self._admit(token)
+        if status == _GRANTED:
+            return self._granted(token)
+        if status == _FULL:
+            raise Busy(Busy.QUEUE_FULL, self._retry_after)
+        return self._wait_for_slot(token, remaining_ms / 1000, cancel)
+
+    def stats(self) -> RedisLimiterStats:
+        """The figures of every process together (one round trip, which also reaps)."""
+        held, queued, flat = self._stats_script(keys=self._keys, args=self._common)
+        counters = dict.fromkeys(_COUNTERS, 0)
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            key = field.decode() if isinstance(field, bytes) else str(field)
+            if key in counters:
+                counters[key] = int(value)
+        return RedisLimiterStats(
+            active=int(held),
+            queued=int(queued),
+            peak_active=counters["peak_active"],
+            peak_queued=counters["peak_queued"],
+            acquired=counters["acquired"],
+            rejected_full=counters["rejected_full"],
+            rejected_timeout=counters["rejected_timeout"],
+            cancelled=counters["cancelled"],
+            capacity_active=self._capacity,
+            capacity_queue=self._queue_capacity,
+            wait=self._wait,
+            lease_lost=counters["lease_lost"],
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the renewer thread, for good: grants still held are no longer renewed (their
+        release still works) and ``acquire`` raises ``RuntimeError`` from now on."""
+        with self._lock:
+            self._closed = True
+            self._renew_wake.notify_all()
+            renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join(timeout)
+
+    def __repr__(self) -> str:
+        return (
+            f"<RedisColdLimiter {self._keys[0].rsplit(':', 1)[0]} active={self._capacity} "
+            f"queue={self._queue_capacity} wait={self._wait} lease={self._lease}>"
+        )
+
+    # -- the scripts ----------------------------------------------------------------------
+
+    def _admit(self, token: str) -> tuple[int, int]:
+        """The acquire script: (status, wait in ms)."""
+        reply = self._acquire_script(
+            keys=self._keys, args=[*self._common, token, self._queue_capacity, self._wait_ms]
+        )
+        return int(reply[0]), int(reply[1])
+
+    def _poll(self, token: str, leaving: int) -> tuple[int, int]:
+        """The poll script: (outcome, milliseconds left of the wait)."""
+        reply = self._poll_script(keys=self._keys, args=[*self._common, token, leaving])
+        return int(reply[0]), int(reply[1])
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def _wait_for_slot(self, token: str, remaining: float, cancel: CancelToken | None) -> Grant:
+        """Wait as a queued waiter until promoted, timed out, cancelled or dropped. Runs in
+        the requesting thread. The local clock only schedules the next poll; whether the wait
+        is over is decided by the poll script, on Redis's clock."""
+        bell = self._bell + token
+        slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
+        slice_cap = min(slice_cap, self._block_cap)
+        try:
+            now = time.monotonic()
+            next_poll = now + self.POLL_EVERY
+            deadline = now + remaining
+            while True:
+                if cancel is not None and cancel.is_set():
+                    self._poll(token, _GIVE_UP)  # cancelled, or already gone: either way
+                    raise Cancelled()
+                now = time.monotonic()
+                block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
+                rang = self._client.blpop([bell], timeout=block)
+                now = time.monotonic()
+                if rang is None and now < next_poll and now < deadline:
+                    continue
+                outcome, remaining_ms = self._poll(token, _STAY)
+                if outcome != _WAITING:
+                    break
+                now = time.monotonic()
+                next_poll = now + self.POLL_EVERY
+                deadline = now + remaining_ms / 1000
+        except Cancelled:
+            raise
+        except BaseException:
+            # A Redis error, or an exception thrown into this thread: leave the queue (or pass
+            # on a slot handed over meanwhile). If Redis cannot be reached, it drops us anyway
+            # one presence period after our last poll.
+            try:
+                self._poll(token, _ABANDON)
+            except redis.RedisError:
+                pass
+            raise
+        if outcome == _GRANTED:
+            return self._granted(token)
+        raise Busy(Busy.TIMEOUT, self._retry_after)  # _TIMEOUT, or _GONE: the place was lost
+
+    # -- grants and their leases ------------------------------------------------------------
+
+    def _granted(self, token: str) -> RedisGrant:
+        grant = RedisGrant(self, token)
+        with self._lock:
+            if not self._held:
+                self._renew_wake.notify()  # the renewer sleeps while nothing is held
+            self._held[token] = grant
+            if self._renewer is None or not self._renewer.is_alive():
+                # None yet, or the process forked since: threads do not survive a fork.
+                self._renewer = threading.Thread(
+                    target=self._renew_forever, name="reachlimit-lease-renewer", daemon=True
+                )
+                self._renewer.start()
+        return grant
+
+    def _give_back(self, grant: RedisGrant, strict: bool) -> None:
+        """Release ``grant``: exactly once, and in Redis only if the slot is still its own."""
+        with self._lock:
+            if not grant._held:
+                if strict:
+                    raise RuntimeError("grant released twice")
+                return
+            grant._held = False
+            del self._held[grant.token]
+        mine = self._release_script(keys=self._keys, args=[*self._common, grant.token])
+        if not int(mine):
+            grant._lost = True
+
+    def _renew_forever(self) -> None:
+        """The renewer thread: every ``lease / 3`` seconds, renew every grant held here in one
+        round trip; grants Redis no longer knows are marked lost (and never revived)."""
+        interval = self._lease / 3
+        while True:
+            with self._lock:
+                while not self._closed and not self._held:
+                    self._renew_wake.wait()
+                if self._closed:
+                    return
+                self._renew_wake.wait(interval)
+                if self._closed:
+                    return
+                grants = dict(self._held)
+            if not grants or self._renewal_paused.is_set():
+                continue
+            try:
+                lost = self._renew_script(keys=self._keys, args=[*self._common, *grants])
+            except redis.RedisError as exc:
+                log.warning("reachlimit: could not renew %d lease(s): %s", len(grants), exc)
+                continue
+            with self._lock:
+                for token in lost:
+                    key = token.decode() if isinstance(token, bytes) else token
+                    # Released meanwhile: not lost, its release removed it.
+                    if key in self._held:
+                        grants[key]._lost = True
+
+
+def _socket_timeout(client: Any) -> float | None:
+    """The socket timeout the client's connections read with, if it can be found."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None

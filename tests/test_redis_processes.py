@@ -1,0 +1,322 @@
+"""RedisColdLimiter across real processes: one budget for all of them.
+
+Each process is ``tests/support/redis_worker.py``, a Python subprocess with its own
+limiter object on the same Redis and name, told over stdin what to acquire and release
+and reporting each outcome on stdout. The test process watches the global figures through a
+limiter of its own.
+Every process is stopped by its PID at the end of its test (SIGKILL, then a bounded wait).
+Waits are for states, with a bounded ``wait_until``; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit import Busy
+from reachlimit.redis import RedisColdLimiter
+from tests.support.redis_server import (
+    RedisServer,
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+    require_redis_server,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "support" / "redis_worker.py"
+#: How long a process may take to start, or a state to be reached, before the test fails.
+#: Generous: only a failing (or hopelessly overloaded) run gets near it.
+DEADLINE = 30.0
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
+    """``watch(active, queue)``: the test process's own limiter on the workers' name, to read
+    the global figures (and to hold slots); closed at teardown."""
+    made: list[RedisColdLimiter] = []
+
+    def make(active: int, queue: int) -> RedisColdLimiter:
+        lim = RedisColdLimiter(client, "procs", active, queue, 60.0)
+        made.append(lim)
+        return lim
+
+    yield make
+    for lim in made:
+        lim.close()
+
+
+class Worker:
+    """One ``redis_worker.py`` process and the events it has reported."""
+
+    def __init__(self, port: int, name: str, settings: dict[str, Any]) -> None:
+        args = [str(port), name] + [str(settings[k]) for k in ("active", "queue", "wait", "lease")]
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._lock:
+                self.events.append(json.loads(line))
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events)
+
+    def outcome(self, attempt: str) -> str | None:
+        for event in self.seen():
+            if event.get("id") == attempt and event["event"] != "released":
+                return str(event["event"])
+        return None
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(DEADLINE)
+        self._reader.join(DEADLINE)
+
+
+@pytest.fixture
+def start_workers(
+    redis_server: RedisServer, client: redis.Redis
+) -> Iterator[Callable[..., list[Worker]]]:
+    started: list[Worker] = []
+
+    def start(n: int, name: str = "procs", **settings: Any) -> list[Worker]:
+        merged = {"active": 2, "queue": 8, "wait": 60.0, "lease": 10.0, **settings}
+        workers = [Worker(redis_server.port, name, merged) for _ in range(n)]
+        started.extend(workers)
+        for w in workers:
+            wait_until(
+                f"worker {w.pid} ready",
+                lambda w=w: any(e["event"] == "ready" for e in w.seen()),
+                timeout=DEADLINE,
+            )
+        return workers
+
+    yield start
+    for w in started:
+        w.kill()
+    assert all(w.process.poll() is not None for w in started)
+
+
+def test_four_processes_share_one_budget(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    """4 processes x 10 attempts at once, every grant held: 2 granted, 8 queued, 30 refused
+    in all; then releasing one grant at a time lets exactly one queued attempt in."""
+    workers = start_workers(4)
+    watch = make_watch(2, 8)
+    for j in range(10):
+        for i, w in enumerate(workers):
+            w.send(f"acquire p{i}-{j}")
+
+    def outcomes() -> Counter[str]:
+        return Counter(
+            e["event"] for w in workers for e in w.seen() if e["event"] not in ("ready", "released")
+        )
+
+    wait_until(
+        "2 granted, 8 queued, 30 refused",
+        lambda: (
+            outcomes() == Counter({"granted": 2, "queue_full": 30}) and watch.stats().queued == 8
+        ),
+        timeout=DEADLINE,
+    )
+    s = watch.stats()
+    assert (s.active, s.queued, s.peak_active, s.peak_queued) == (2, 8, 2, 8)
+    assert (s.rejected_full, s.acquired) == (30, 2)
+
+    released: set[str] = set()
+    for granted in range(2, 10):
+        holder, attempt = next(
+            (w, e["id"])
+            for w in workers
+            for e in w.seen()
+            if e["event"] == "granted" and e["id"] not in released
+        )
+        released.add(attempt)
+        holder.send(f"release {attempt}")
+        wait_until(
+            f"grant {granted + 1} handed over",
+            lambda g=granted: outcomes()["granted"] == g + 1,
+            timeout=DEADLINE,
+        )
+        s = watch.stats()
+        assert s.active == 2 and s.queued == 8 - (granted - 1)
+    assert outcomes() == Counter({"granted": 10, "queue_full": 30})
+    for w in workers:
+        for e in w.seen():
+            if e["event"] == "granted" and e["id"] not in released:
+                w.send(f"release {e['id']}")
+    wait_until("all released", lambda: watch.stats().active == 0, timeout=DEADLINE)
+    s = watch.stats()
+    assert (s.acquired, s.rejected_full, s.rejected_timeout, s.queued) == (10, 30, 0, 0)
+
+
+def test_first_in_first_out_across_processes(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    workers = start_workers(4, active=1)
+    watch = make_watch(1, 8)
+    holder = watch.acquire()
+    arrival: list[tuple[Worker, str]] = []
+    for j in range(8):
+        w = workers[(j * 3) % 4]  # 0, 3, 2, 1, 0, ...: not the order the processes started in
+        attempt = f"a{j}"
+        w.send(f"acquire {attempt}")
+        wait_until(f"{attempt} queued", lambda j=j: watch.stats().queued == j + 1, timeout=DEADLINE)
+        arrival.append((w, attempt))
+    holder.release()
+    for k, (w, attempt) in enumerate(arrival):
+        wait_until(
+            f"{attempt} promoted",
+            lambda w=w, attempt=attempt: w.outcome(attempt) == "granted",
+            timeout=DEADLINE,
+        )
+        later = [a for ww, a in arrival[k + 1 :] if ww.outcome(a) is not None]
+        assert later == [], f"{later} served before {attempt}"
+        w.send(f"release {attempt}")
+    wait_until("last released", lambda: watch.stats().active == 0, timeout=DEADLINE)
+    assert watch.stats().acquired == 9
+
+
+def test_a_killed_holders_slot_comes_back_after_its_lease(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    holder, waiter = start_workers(2, active=1, queue=1, lease=1.0)
+    watch = make_watch(1, 1)
+    holder.send("acquire h")
+    wait_until("h granted", lambda: holder.outcome("h") == "granted", timeout=DEADLINE)
+    waiter.send("acquire w")
+    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    holder.kill()
+    wait_until("w promoted", lambda: waiter.outcome("w") == "granted", timeout=DEADLINE)
+    s = watch.stats()
+    assert (s.active, s.queued, s.lease_lost) == (1, 0, 1)
+    waiter.send("release w")
+    wait_until("w released", lambda: watch.stats().active == 0, timeout=DEADLINE)
+
+
+def test_a_killed_waiters_place_comes_back(
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    first, second = start_workers(2, active=1, queue=1)
+    watch = make_watch(1, 1)
+    with watch.acquire():
+        first.send("acquire w1")
+        wait_until("w1 queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+        with pytest.raises(Busy) as info:
+            watch.acquire()
+        assert info.value.reason == "queue_full"
+        first.kill()
+        wait_until("w1's place back", lambda: watch.stats().queued == 0, timeout=DEADLINE)
+        second.send("acquire w2")
+        wait_until("w2 queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    wait_until("w2 in", lambda: second.outcome("w2") == "granted", timeout=DEADLINE)
+    second.send("release w2")
+    wait_until("w2 released", lambda: watch.stats().active == 0, timeout=DEADLINE)
+    assert watch.stats().lease_lost == 0
+
+
+def test_a_storm_from_four_processes_keeps_the_bounds_and_returns_everything(
+    client: redis.Redis,
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    """4 processes x 2 threads x 20 attempts with short holds, short waits and clients that
+    leave: never more than 2 holders at once in all processes (a shared counter each holder
+    increments), and afterwards every slot and place is back and every counter adds up."""
+    workers = start_workers(4, active=2, queue=3, wait=0.1, lease=5.0)
+    watch = make_watch(2, 3)
+    for i, w in enumerate(workers):
+        w.send(f"storm 40 2 {i}")
+
+    def reports() -> list[dict[str, Any]]:
+        return [e for w in workers for e in w.seen() if e["event"] == "storm"]
+
+    wait_until("four storms over", lambda: len(reports()) == 4, timeout=90)
+    done = reports()
+    total = Counter[str]()
+    for r in done:
+        assert r["max_inside"] <= 2, r
+        total.update({k: v for k, v in r.items() if k not in ("event", "max_inside")})
+    assert sum(total.values()) == 4 * 40
+    s = watch.stats()
+    assert (s.active, s.queued, s.lease_lost) == (0, 0, 0), s
+    assert s.peak_active <= 2 and s.peak_queued <= 3
+    assert (s.acquired, s.rejected_full, s.rejected_timeout, s.cancelled) == (
+        total["granted"],
+        total["queue_full"],
+        total["timeout"],
+        total["cancelled"],
+    )
+    assert total["granted"] > 0 and max(r["max_inside"] for r in done) >= 1
+    print(f"storm outcomes: {dict(total)}")
+    assert client.get("procs:inside") == b"0"
+
+
+def test_the_redis_micro_benchmark_runs() -> None:
+    """benchmarks/redis_micro.py, as a process with its own redis-server: it finishes and
+    reports what it promises (never its speed)."""
+    require_redis_server()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "redis_micro.py"), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
+    for key in ("fast_path", "refusal"):
+        row = report["results"][key]
+        assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
+    assert report["results"]["refusal"]["check"]["ok"]
