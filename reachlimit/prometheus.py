@@ -10,6 +10,8 @@ design:
     reachlimit_admissions_total{result}     MeteredLimiter.acquire: one event per call -
     reachlimit_wait_seconds                 granted (fast path or promoted), queue_full,
                                             timeout, cancelled; the wait is timed around it
+                                            for grants and timeouts (a queue_full refusal
+                                            never waits, a cancelled wait has no answer)
     reachlimit_build_seconds                MeteredColdPath.get times the build it passes on
                                             (only a leader holding a grant ever runs it)
     reachlimit_cache_requests_total{result} copied from the path's own counters, the same
@@ -293,11 +295,15 @@ class ReachMetrics:
     def refused(self, reason: str, seconds: float) -> None:
         inst = self.instruments()
         if reason == Busy.QUEUE_FULL:
-            inst.queue_full.inc()  # nothing moved: the request's end publishes the rest
-        else:
-            (inst.timeout if reason == Busy.TIMEOUT else inst.admissions.labels(reason)).inc()
-            if self.per_process:
-                self.publish(gauges=True)  # it left the queue
+            # Nothing moved, and nothing waited: a queue_full refusal is decided before any
+            # waiting state exists, so it is not timed (as a cancelled wait is not). Timing it
+            # would add two writes to the shared files of the several-process mode on the
+            # one answer that must stay the cheapest. The request's end publishes the rest.
+            inst.queue_full.inc()
+            return
+        (inst.timeout if reason == Busy.TIMEOUT else inst.admissions.labels(reason)).inc()
+        if self.per_process:
+            self.publish(gauges=True)  # it left the queue
         inst.wait.observe(seconds)
 
     def cancelled(self) -> None:
