@@ -219,7 +219,8 @@ class _State:
         self.settings = settings
         self.path = path
         self.metrics = metrics
-        # (reason, retry_after) -> the refusal's body and headers, rendered once.
+        # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
+        # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
 
     def refusal(self, busy: Busy) -> Response:
