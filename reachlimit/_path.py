@@ -32,7 +32,7 @@ from ._errors import Cancelled
 from ._flight import SingleFlight
 from ._limiter import Grant, LimiterStats
 
-__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
+__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Flight", "Limiter"]
 
 
 class _NotFound:
@@ -75,6 +75,15 @@ class Limiter(Protocol):
     def stats(self) -> LimiterStats: ...
 
 
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight: ``do`` runs ``fn`` once for concurrent callers
+    of one key and returns ``(value, shared)``, as :meth:`SingleFlight.do` does."""
+
+    def do(
+        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
@@ -107,11 +116,11 @@ class ColdPath:
         self,
         limiter: Limiter,
         cache: Cache | None = None,
-        flight: SingleFlight[Any] | None = None,
+        flight: Flight | None = None,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
-        self.flight: SingleFlight[Any] = flight if flight is not None else SingleFlight()
+        self.flight: Flight = flight if flight is not None else SingleFlight()
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
