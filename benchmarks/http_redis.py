@@ -44,7 +44,10 @@ and as a share of the budget ``active / build time`` (a limiter that never leave
 scores at most 1 - build time / burst: nothing can finish in the first build time); cold
 requests' 200 / 429 / 5xx / other / transport errors and the latency (client side, connect to
 last byte) of the admitted and the refused; warm p50/p99 under the burst, the idle warm p99
-(before and after together) and their ratio; the Redis limiter's global figures for ``redis``.
+(before and after together) and their ratio, and the same for the warm requests that started
+after the clients' first wave (``sustained``: from 0.5 s on, or a quarter of a shorter burst);
+a PING to Redis every ``--warm-ms`` during the burst; the Redis limiter's global figures for
+``redis``.
 Over the rounds: the median and the spread of each.
 
 Goals: at most ``active`` builds in flight (worst round); goodput >= 90 % of the budget (median
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -301,6 +305,36 @@ def warm_up(ports: list[int], rc: redis.Redis, cfg: Config) -> None:
     rc.flushdb()
 
 
+@contextlib.contextmanager
+def redis_pings(port: int, every_s: float) -> Iterator[list[float]]:
+    """A PING to Redis every ``every_s`` on a connection of its own, for the ``with`` block:
+    how long Redis (and this process) took to answer while the load ran; the round trips, in
+    seconds, are in the yielded list once the block is over."""
+    out: list[float] = []
+    stop = threading.Event()
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def probe() -> None:
+        while not stop.is_set():
+            start = time.perf_counter()
+            try:
+                client.ping()
+            except redis.RedisError:
+                out.append(math.inf)
+            else:
+                out.append(time.perf_counter() - start)
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=probe, name="redis-ping", daemon=True)
+    thread.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join(timeout=JOIN_MARGIN_S)
+        client.close()
+
+
 def redis_ms(rc: redis.Redis) -> int:
     seconds, micros = rc.time()
     return int(seconds) * 1000 + int(micros) // 1000
@@ -321,7 +355,10 @@ def burst(ports: list[int], rc: redis.Redis, cfg: Config) -> dict[str, Any]:
     for t in clients:
         t.start()
     t0_redis = redis_ms(rc)
-    with warm_load(ports, "warm", warm, cfg) as warm_stuck:
+    port = rc.connection_pool.connection_kwargs["port"]
+    with redis_pings(port, cfg.warm_interval_s) as pings, warm_load(
+        ports, "warm", warm, cfg
+    ) as warm_stuck:
         t0 = time.perf_counter()
         go.set()
         time.sleep(cfg.burst_s)
@@ -357,13 +394,23 @@ def burst(ports: list[int], rc: redis.Redis, cfg: Config) -> dict[str, Any]:
         "goodput_per_s": goodput,
         "goodput_pct": 100 * goodput / cfg.capacity,
         **warm_figures(warm, "warm"),
+        # The same without the arrival: the clients' first wave costs CPU whatever answers it.
+        **warm_figures([s for s in warm if s.start - t0 >= arrival_s(cfg)], "sustained"),
         # Where the warm tail came from: (ms after the burst's start, latency ms), slowest first.
         "warm_slowest": [
             (round((s.start - t0) * 1000), round(s.latency * 1000, 1))
             for s in sorted(warm, key=lambda s: -s.latency)[:5]
         ],
+        "redis_ping_p50_ms": ms(pct(pings, 50)),
+        "redis_ping_p99_ms": ms(pct(pings, 99)),
+        "redis_ping_max_ms": ms(max(pings, default=None)),
         "stuck": stuck,
     }
+
+
+def arrival_s(cfg: Config) -> float:
+    """How long the clients' first wave counts as the arrival (not in the sustained figure)."""
+    return min(0.5, cfg.burst_s / 4)
 
 
 def warm_figures(samples: list[Sample], prefix: str) -> dict[str, Any]:
@@ -409,6 +456,9 @@ def run_variant(
         warm_x_idle=row["warm_p99_ms"] / idle_p99
         if row["warm_p99_ms"] is not None and idle_p99
         else None,
+        sustained_x_idle=row["sustained_p99_ms"] / idle_p99
+        if row["sustained_p99_ms"] is not None and idle_p99
+        else None,
         stuck=row["stuck"] + stuck_before + stuck_after,
         server_tracebacks=tracebacks,
         limiter=limiter,
@@ -418,6 +468,7 @@ def run_variant(
 
 # -- over the rounds ------------------------------------------------------------------------
 
+CONFIG_FIELDS = tuple(Config.__dataclass_fields__)
 SPREAD_FIELDS = (
     "max_in_flight",
     "goodput_pct",
@@ -427,6 +478,8 @@ SPREAD_FIELDS = (
     "warm_p99_ms",
     "idle_p99_ms",
     "warm_x_idle",
+    "sustained_p99_ms",
+    "sustained_x_idle",
 )
 
 
@@ -510,7 +563,9 @@ def render(report: dict[str, Any]) -> str:
         f"{c['warm_interval_s'] * 1000:g} ms (open loop); idle warm {c['idle_s']:g} s "
         f"before and after; {c['rounds']} round(s), variant order rotating",
         "latency in ms, client side; inflt = builds in flight across all processes (most); "
-        "builds = builds finished during the burst; goodput % of the budget's builds/s",
+        "builds = builds finished during the burst; goodput % of the budget's builds/s;",
+        f"sust = warm requests started {arrival_s(Config(**{k: c[k] for k in CONFIG_FIELDS})):g} "
+        "s or more after the clients' release (without their first wave); x idle = / idle p99",
         "",
     ]
     for note in report["skipped"].values():
@@ -518,7 +573,8 @@ def render(report: dict[str, Any]) -> str:
     head = (
         f"{'rnd':>3} {'variant':<13} {'load':>5} {'inflt':>5} {'builds':>6} {'goodput':>7} "
         f"{'cold':>5} {'200':>4} {'429':>4} {'5xx':>3} {'err':>3} {'ok p50':>7} {'p99':>7} "
-        f"{'429 p50':>7} {'p99':>6} {'warm p50':>8} {'p99':>6} {'idle p99':>8} {'x idle':>6}"
+        f"{'429 p50':>7} {'p99':>6} {'warm p50':>8} {'p99':>6} {'idle p99':>8} {'x idle':>6} "
+        f"{'sust p99':>8} {'x idle':>6}"
     )
     out += [head, "-" * len(head)]
     for r in report["results"]:
@@ -530,6 +586,7 @@ def render(report: dict[str, Any]) -> str:
                 f"  limiter: peak {lim['peak_active']}/{lim['peak_queued']}, "
                 f"full {lim['rejected_full']}, timeout {lim['rejected_timeout']}"
             )
+        extra += f"  ping p99 {fmt(r['redis_ping_p99_ms'])} max {fmt(r['redis_ping_max_ms'])}"
         warm_bad = r["warm_samples"] - r["warm_status"]["200"]
         if warm_bad:
             extra += f"  warm !200 {warm_bad}"
@@ -546,8 +603,8 @@ def render(report: dict[str, Any]) -> str:
             f"{st['error'] + st['other']:>3} {fmt(r['admitted_p50_ms']):>7} "
             f"{fmt(r['admitted_p99_ms']):>7} {fmt(r['refused_p50_ms']):>7} "
             f"{fmt(r['refused_p99_ms']):>6} {fmt(r['warm_p50_ms']):>8} "
-            f"{fmt(r['warm_p99_ms']):>6} {fmt(r['idle_p99_ms']):>8} {fmt(r['warm_x_idle']):>6}"
-            + extra
+            f"{fmt(r['warm_p99_ms']):>6} {fmt(r['idle_p99_ms']):>8} {fmt(r['warm_x_idle']):>6} "
+            f"{fmt(r['sustained_p99_ms']):>8} {fmt(r['sustained_x_idle']):>6}" + extra
         )
     out += ["", "median over the rounds (min-max)"]
     for s in report["summary"]:
@@ -556,7 +613,8 @@ def render(report: dict[str, Any]) -> str:
             f"  {s['variant']:<13} in flight {spread(s['max_in_flight'], '.0f')}, goodput "
             f"{spread(s['goodput_pct'], '.0f')} %, 429 p50 {spread(s['refused_p50_ms'])} "
             f"p99 {spread(s['refused_p99_ms'])} ms, warm p99 {spread(s['warm_p99_ms'])} ms vs "
-            f"idle {spread(s['idle_p99_ms'])} ms = {spread(s['warm_x_idle'])}x; cold "
+            f"idle {spread(s['idle_p99_ms'])} ms = {spread(s['warm_x_idle'])}x (sustained "
+            f"{spread(s['sustained_x_idle'])}x); cold "
             f"200/429/5xx {t['200']}/{t['429']}/{t['5xx']}"
         )
     labels = (
