@@ -233,13 +233,15 @@ def test_http_redis_quick_json() -> None:
             "in_flight_within_budget",
             "goodput_ge_90pct",
             "warm_p99_le_3x_idle",
+            "sustained_warm_p99_le_3x_idle",
             "no_5xx_or_errors",
         }
         assert all(isinstance(v, bool) for v in s["met"].values())
 
     active = config["active"]
     for r in rows:
-        for key in ("goodput_pct", "refused_p99_ms", "warm_p99_ms", "idle_p99_ms", "warm_x_idle"):
+        for key in ("goodput_pct", "refused_p99_ms", "warm_p99_ms", "idle_p99_ms", "warm_x_idle",
+                    "sustained_x_idle", "redis_ping_p99_ms"):
             assert key in r, (key, r["variant"])
         # Behaviour, not speed: every request answered, nothing stuck, no traceback, no 5xx.
         assert sum(r["cold_status"].values()) == r["cold_requests"] > 0, r
