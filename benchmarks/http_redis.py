@@ -102,7 +102,9 @@ GOAL_GOODPUT_PCT = 90.0
 GOAL_WARM_X_IDLE = 3.0
 READY_DEADLINE_S = 30.0
 JOIN_MARGIN_S = 10.0
+#: Bounds of the load: cold client threads, and warm requests in one phase (60 s at 20 ms).
 MAX_THREADS = 300
+MAX_WARM_PER_PHASE = 3000
 
 
 @dataclass
@@ -202,10 +204,11 @@ def schedule_warm(
     kind: str,
 ) -> None:
     """One warm request every ``warm_interval_s``, each in its own thread, round-robin over
-    the servers, whether or not the earlier ones came back (open loop), until ``stop``."""
+    the servers, whether or not the earlier ones came back (open loop), until ``stop`` (or
+    ``MAX_WARM_PER_PHASE`` requests)."""
     t_next = time.perf_counter()
     i = 0
-    while not stop.is_set() and len(launched) < MAX_THREADS * 10:
+    while not stop.is_set() and len(launched) < MAX_WARM_PER_PHASE:
         path = f"/report?key={WARM_KEYS[i % len(WARM_KEYS)]}"
         t = threading.Thread(
             target=warm_request,
