@@ -16,7 +16,8 @@ returns a private marker through the flight, its followers see it and go round a
 first of them to get back into the flight becomes the new leader.
 
 ``_lock`` guards only the four counters; no cache, build or limiter call is made under it.
-The cache and the limiter are duck-typed so a shared (say, Redis-backed) pair can replace them.
+The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
+protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ._errors import Cancelled
 from ._flight import SingleFlight
 from ._limiter import Grant, LimiterStats
 
-__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
+__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Flight", "Limiter"]
 
 
 class _NotFound:
@@ -65,6 +66,21 @@ class Cache(Protocol):
     def get(self, key: Any) -> Any: ...
 
     def set(self, key: Any, value: Any) -> None: ...
+
+
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight: :class:`~reachlimit.SingleFlight`, or a shared
+    one such as ``reachlimit.redis.RedisSingleFlight``.
+
+    ``do(key, fn, cancel)`` runs ``fn`` once for all concurrent callers of ``key`` and returns
+    ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. Followers get the
+    leader's value or a refusal or error; a follower whose ``cancel`` is set raises
+    ``Cancelled``. ``fn`` may return ColdPath's private leader-cancelled marker: it must reach
+    the followers as a value, so that they go round again."""
+
+    def do(
+        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
 
 
 class Limiter(Protocol):
@@ -107,11 +123,11 @@ class ColdPath:
         self,
         limiter: Limiter,
         cache: Cache | None = None,
-        flight: SingleFlight[Any] | None = None,
+        flight: Flight | None = None,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
-        self.flight: SingleFlight[Any] = flight if flight is not None else SingleFlight()
+        self.flight: Flight = flight if flight is not None else SingleFlight()
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
