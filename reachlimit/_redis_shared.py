@@ -270,7 +270,8 @@ class RedisCache:
 
     ``client`` is a ``redis.Redis`` that does not decode responses. Errors of Redis
     (``redis.exceptions.RedisError``) propagate from ``get`` and ``set``; a stored value that
-    does not decode is a miss, never an exception.
+    does not decode is a miss, never an exception. A value the codec cannot store makes
+    ``set`` raise ``TypeError`` (under ColdPath: the build that made it fails).
     """
 
     def __init__(
@@ -326,7 +327,11 @@ class RedisCache:
         return self._entry_prefix + key_digest(key)
 
     def get(self, key: Hashable) -> Any:
-        value = self._local.get(key)
+        try:
+            value = self._local.get(key)
+        except TypeError:  # unhashable: say which keys are allowed
+            key_digest(key)
+            raise
         if value is not None:
             return value
         return self._fetch(key)

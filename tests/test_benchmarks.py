@@ -38,7 +38,9 @@ def run_json(name: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.parametrize("name", ["micro.py", "threaded_burst.py", "reach_cold.py"])
+@pytest.mark.parametrize(
+    "name", ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py"]
+)
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -187,3 +189,19 @@ def test_reach_cold_quick_json() -> None:
         assert window["median_s"] > 0 and window["baseline_s"] > 0
     request = database["request_7d"]
     assert request["cold_p50_s"] > 0 and request["warm_p50_s"] > 0
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_redis_warm_prints_its_ratio() -> None:
+    from tests.support.redis_server import require_redis_server
+
+    require_redis_server()
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "median ratio" in proc.stdout and "goal <= 1.2x" in proc.stdout
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["results"]["warm_hit"]
+    assert row["ratio"] > 0 and row["builds"] == 0 and isinstance(row["met"], bool)
+    assert (row["rounds"], row["ops_per_round"]) == (3, 500)

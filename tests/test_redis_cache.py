@@ -180,7 +180,9 @@ def test_keys_of_different_types_or_shapes_never_collide(client: CountingRedis) 
     assert [other.get(k) for k in keys] == list(range(len(keys)))
 
 
-@pytest.mark.parametrize("key", [1.5, None, object(), frozenset({1}), ("ok", 2.0)])
+@pytest.mark.parametrize(
+    "key", [1.5, None, object(), frozenset({1}), ("ok", 2.0), ["list"], {"a": 1}]
+)
 def test_a_key_of_another_type_is_a_clear_type_error(client: CountingRedis, key: Any) -> None:
     cache = RedisCache(client)
     with pytest.raises(TypeError, match="str, bytes, int or a tuple"):
