@@ -19,7 +19,9 @@ design:
     script touches one Cluster slot):
 
       C:e:<digest>   STR   one entry: the encoded value, with a TTL (``PX``)
-      C:index        ZSET  digest -> expiry (ms, Redis time) of every entry
+      C:index        ZSET  digest -> expiry (ms, Redis time) of every entry; scores strictly
+                           increase (a set in the same millisecond as the last one adds
+                           1/100 ms), so the index is in the order of the sets
 
     ``get``: the first level (an in-process ``TTLCache`` with ``local_ttl``) first; a hit
     there makes no Redis call. Otherwise one ``GET``; a hit is copied into the first level, a
@@ -244,7 +246,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', index, '-inf', now)  -- their entries expired by themselves
 redis.call('SET', entry, ARGV[3], 'PX', ttl)
-redis.call('ZADD', index, now + ttl, digest)
+-- Scores strictly increase, so that sets within one millisecond keep their order too.
+local score = now + ttl
+local newest = redis.call('ZRANGE', index, -1, -1, 'WITHSCORES')
+if #newest > 0 and tonumber(newest[2]) >= score then score = tonumber(newest[2]) + 0.01 end
+redis.call('ZADD', index, score, digest)
 local over = redis.call('ZCARD', index) - size
 if over > 0 then
   local oldest = redis.call('ZRANGE', index, 0, over - 1)

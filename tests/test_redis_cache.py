@@ -222,6 +222,17 @@ def test_the_size_bound_evicts_the_oldest_one_at_a_time(client: CountingRedis) -
     assert client.zcard("{reachlimit:reachlimit:cache}:index") == 3
 
 
+def test_many_sets_within_a_millisecond_keep_their_order(client: CountingRedis) -> None:
+    cache = RedisCache(client, size=10)
+    for i in range(40):  # far more sets than milliseconds
+        cache.set(i, i)
+    other = RedisCache(client)
+    assert [k for k in range(40) if other.get(k) is not None] == list(range(30, 40))
+    digests = client.zrange("{reachlimit:reachlimit:cache}:index", 0, -1)
+    assert [d.decode() for d in digests] == [cache.key_of(k).rsplit(":", 1)[1]
+                                             for k in range(30, 40)]
+
+
 def test_expired_entries_leave_the_index_before_anything_is_evicted(
     client: CountingRedis,
 ) -> None:
