@@ -390,6 +390,16 @@ local function flight_of(claim)
   return tonumber(string.match(claim, '^(%d+):'))
 end
 
+-- The claim, or nil; a claim that is not ours to read (corrupt) is dropped, as if it ended.
+local function read_claim()
+  local claim = redis.call('GET', lead)
+  if claim and not flight_of(claim) then
+    redis.call('DEL', lead)
+    return nil
+  end
+  return claim
+end
+
 local function outcome(n)
   return redis.call('GET', base .. 'out:' .. n)
 end
@@ -408,7 +418,7 @@ end
 """
 
 _JOIN = _FLIGHT_PRELUDE + """
-local current = redis.call('GET', lead)
+local current = read_claim()
 if current then
   local n = flight_of(current)
   local out = outcome(n)
@@ -423,7 +433,7 @@ _CHECK = _FLIGHT_PRELUDE + """
 local mine = tonumber(ARGV[5])
 local out = outcome(mine)
 if out then return {2, mine, out} end
-local current = redis.call('GET', lead)
+local current = read_claim()
 if current then
   local n = flight_of(current)
   if n == mine then return {1, mine} end
@@ -573,6 +583,8 @@ class RedisSingleFlight:
         while it waited, or ``LeaderFailed`` when the leader raised anything else (in this
         process: the very exception). Errors of Redis propagate.
         """
+        if self._closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("flight closed")
         key_digest(key)  # a key with no encoding fails here, before any flight
         (value, shared, gave_up), local_shared = self._local.do(
             key, lambda: self._shared_do(key, fn, cancel), cancel
@@ -586,7 +598,8 @@ class RedisSingleFlight:
         return value, shared or local_shared
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the renewer thread; claims still held are no longer renewed."""
+        """Stop the renewer thread, for good: claims still held are no longer renewed, and
+        ``do`` raises ``RuntimeError`` from now on."""
         with self._lock:
             self._closed = True
             self._renew_wake.notify_all()

@@ -476,6 +476,27 @@ def test_a_dead_leader_costs_one_more_build_never_two(
     assert {c.value[0] for c in calls} == {"built"}
 
 
+def test_a_corrupt_claim_counts_as_ended(
+    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+) -> None:
+    flight = make_flight()
+    client.set(flight.base_of(KEY) + "lead", b"\xffnot a claim")
+    assert flight.do(KEY, lambda: "v") == ("v", False)
+
+
+def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingleFlight]) -> None:
+    flight = make_flight()
+    gate = Gate(result="v")
+    gate.go.set()
+    assert flight.do(KEY, gate) == ("v", False)
+    renewer = flight._renewer
+    assert renewer is not None and renewer.is_alive()
+    flight.close()
+    assert not renewer.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        flight.do(KEY, never)
+
+
 # -- Redis failing ----------------------------------------------------------------------------
 
 
