@@ -500,6 +500,43 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 # -- Redis failing ----------------------------------------------------------------------------
 
 
+class FailingPublish(CountingRedis):
+    """Its publish script fails as if Redis had gone away, once ``fail_sha`` is set."""
+
+    fail_sha = ""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA" and self.fail_sha and args[1] == self.fail_sha:
+            raise redis.exceptions.ConnectionError("publish lost")
+        return super().execute_command(*args, **options)
+
+
+def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
+    threads: ThreadRunner,
+    client: CountingRedis,
+    redis_server: RedisServer,
+    make_flight: Callable[..., RedisSingleFlight],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    leader = make_flight(client=failing, lease=0.3)
+    failing.fail_sha = leader._publish_script.sha
+    follower = make_flight(lease=0.3)
+    gate = Gate(result="lost")
+    lead = start_call(threads, lambda: leader.do(KEY, gate))
+    assert gate.started.wait(10)
+    second = Gate(result="again")
+    second.go.set()
+    follow = start_call(threads, lambda: follower.do(KEY, second))
+    wait_until("the follower counted", lambda: waiters(client, leader) == 1)
+    gate.go.set()
+    wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set(), timeout=20)
+    assert lead.value == ("lost", False)  # the publish failed: logged, not raised
+    assert follow.value == ("again", False) and second.calls == 1  # took over after the lease
+    assert any("could not publish" in r.getMessage() for r in caplog.records)
+    failing.close()
+
+
 def test_redis_errors_propagate_from_do() -> None:
     dead = redis.Redis(host="127.0.0.1", port=free_port(), socket_timeout=0.2,
                        socket_connect_timeout=0.2)
