@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,31 @@ def test_a_killed_leader_is_taken_over_and_the_key_built_exactly_twice(
     assert builds(client, "dead") == 2  # once lost, once finished; never more
     base = RedisSingleFlight(client, NAME).base_of("dead")
     assert int(client.get(base + "n") or 0) == 1  # the same flight, taken over
+
+
+def test_a_storm_over_four_processes_builds_each_key_at_most_once(
+    client: redis.Redis, start_workers: Callable[..., list[Worker]]
+) -> None:
+    """Random gets over a few keys from 4 processes x 4 threads at once: the cache and the
+    flight together allow at most one build per key in all processes (a leader refused by the
+    limiter builds nothing), and every value of a key comes from that one build."""
+    workers = start_workers(4)
+    for i, w in enumerate(workers):
+        w.send(f"storm 60 4 6 {i + 1}")
+    wait_until("every storm over", lambda: all(w.seen("storm") for w in workers),
+               timeout=DEADLINE * 2)
+    outcomes: Counter[str] = Counter()
+    by_key: dict[str, set[int]] = {}
+    for w in workers:
+        report = w.seen("storm")[0]
+        outcomes.update(report["outcomes"])
+        for key, pids in report["values"].items():
+            by_key.setdefault(key, set()).update(pids)
+    assert sum(outcomes.values()) == 240
+    assert set(outcomes) <= {"value", "Busy"}, outcomes
+    assert outcomes["value"] > 0
+    for i in range(6):
+        key = f"storm-{i}"
+        assert builds(client, key) <= 1, key
+        if key in by_key:
+            assert builds(client, key) == 1 and len(by_key[key]) == 1, (key, by_key[key])

@@ -11,6 +11,10 @@ line, and reports on stdout, one JSON object a line:
                    {"id": ID, "event": "value", "value": ...} or
                    {"id": ID, "event": "error", "error": "..."}
     stats       -> {"event": "stats", "hits": .., "misses": .., "builds": .., "coalesced": ..}
+    storm N T KEYS SEED -> T threads make N gets in all over KEYS keys (``storm-<i>``), chosen
+                   at random; these builds are not gated: each counts itself, sleeps a few
+                   random milliseconds and returns {"key": KEY, "by": PID}. Then
+                   {"event": "storm", "outcomes": {...}, "values": {KEY: [PID, ...]}}
     (end of input) -> the process closes its limiter and flight and exits
 
 A build counts itself in the Redis counter ``NAME:builds:KEY`` (every build of every process),
@@ -23,8 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
+import time
+from collections import Counter
 from typing import Any
 
 import redis
@@ -72,11 +79,54 @@ def main() -> None:
         else:
             report(id=attempt, event="value", value=value)
 
+    def storm(attempts: int, n_threads: int, n_keys: int, seed: int) -> None:
+        outcomes: Counter[str] = Counter()
+        values: dict[str, set[int]] = {}
+        lock = threading.Lock()
+
+        def quick_build(key: str, rng: random.Random) -> Any:
+            def build() -> dict[str, Any]:
+                client.incr(f"{name}:builds:{key}")
+                time.sleep(rng.uniform(0, 0.03))
+                return {"key": key, "by": pid}
+
+            return build
+
+        def run(rng: random.Random, n: int) -> None:
+            for _ in range(n):
+                key = f"storm-{rng.randrange(n_keys)}"
+                try:
+                    value = path.get(key, quick_build(key, rng))
+                except Exception as exc:
+                    outcome = type(exc).__name__
+                else:
+                    outcome = "value"
+                    with lock:
+                        values.setdefault(key, set()).add(value["by"])
+                with lock:
+                    outcomes[outcome] += 1
+                time.sleep(rng.uniform(0, 0.01))
+
+        workers = [
+            threading.Thread(target=run, args=(random.Random(seed * 1000 + i),
+                                               attempts // n_threads), daemon=True)
+            for i in range(n_threads)
+        ]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        report(event="storm", outcomes=dict(outcomes),
+               values={k: sorted(v) for k, v in values.items()})
+
     report(event="ready", pid=pid)
     for line in sys.stdin:
         command, *args = line.split()
         if command == "get":
             threading.Thread(target=get, args=(args[0], args[1]), daemon=True).start()
+        elif command == "storm":
+            numbers = [int(x) for x in args]
+            threading.Thread(target=storm, args=numbers, daemon=True).start()
         elif command == "stats":
             s = path.stats()
             report(event="stats", hits=s.hits, misses=s.misses, builds=s.builds,
