@@ -37,8 +37,9 @@ design:
     RedisSingleFlight keys (one hash tag per caller's key, ``F = {<prefix>:<name>:<digest>}``):
 
       F:n           STR   the flight counter of this key: flight numbers come from INCR
-      F:lead        STR   the claim: "<flight>:<token>", SET NX PX ``lease``, renewed while
-                          the leader's ``fn`` runs
+      F:lead        STR   the claim: "<flight>:<token>" with PX ``lease``, set by a script
+                          only where there is none, renewed while the leader's ``fn`` runs;
+                          a corrupt claim is dropped, as if it had ended
       F:out:<n>     STR   the outcome of flight n, PX ``outcome_ttl`` (a few seconds)
       F:w:<n>       STR   how many followers (one per process and key) wait on flight n
       F:bell:<n>    LIST  flight n's doorbell: the publish pushes one element per follower
@@ -79,8 +80,10 @@ design:
     the leader and its local followers still get the value itself.
 
     Failure cases: a leader's process dies -> its claim is not renewed, ends after ``lease``,
-    and the next ``check`` of a follower (or the next ``join``) takes the flight over: the key
-    is built once more, never twice more. A leader paused past its lease may publish late:
+    and the next ``check`` of a follower takes the flight over (or a newcomer's ``join``
+    starts the next flight, which the followers of the lost one then follow): the key is built
+    once more, never twice more. A Redis restarted empty loses the counter: a follower's
+    ``check`` starts again past the number it knew. A leader paused past its lease may publish late:
     the first outcome of a flight wins, a later one is dropped. A follower slower than
     ``outcome_ttl`` misses the outcome and leads a flight of its own (ColdPath's recheck then
     finds the cached value). Redis errors (``redis.exceptions.RedisError``) propagate from
