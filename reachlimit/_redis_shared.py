@@ -124,7 +124,7 @@ MESSAGE_LIMIT = 1000
 
 def _encode_key(key: Any, out: list[bytes]) -> None:
     """Append the canonical encoding of ``key`` to ``out``; TypeError for a key type that has
-    none. Every item is a tag and a length, so no two different keys share an encoding."""
+    none. Every item is a tag and its length, so no two different keys share an encoding."""
     if isinstance(key, str):
         data = key.encode("utf-8", "surrogatepass")
         out.append(b"s%d:" % len(data))
@@ -133,7 +133,10 @@ def _encode_key(key: Any, out: list[bytes]) -> None:
         out.append(b"b%d:" % len(key))
         out.append(key)
     elif isinstance(key, int):  # bool included: True is the key 1, as in a dict
-        out.append(b"i%d;" % int(key))
+        # Two's complement bytes, not digits: no int is too long to encode.
+        data = int(key).to_bytes(key.bit_length() // 8 + 1, "big", signed=True)
+        out.append(b"i%d:" % len(data))
+        out.append(data)
     elif isinstance(key, tuple):
         out.append(b"t%d:" % len(key))
         for item in key:
