@@ -7,7 +7,7 @@ lives in :mod:`reachlimit.flask`.
 
 from ._cache import TTLCache
 from ._cancel import CancelToken, SocketWatch, watch_client
-from ._errors import Busy, Cancelled, ReachLimitError
+from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from ._flight import SingleFlight
 from ._limiter import ColdLimiter, Grant, LimiterStats
 from ._path import NOT_FOUND, Cache, ColdPath, ColdPathStats, Flight, Limiter
@@ -25,6 +25,7 @@ __all__ = [
     "ColdPathStats",
     "Flight",
     "Grant",
+    "LeaderFailed",
     "Limiter",
     "LimiterStats",
     "ReachLimitError",

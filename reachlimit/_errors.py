@@ -6,7 +6,7 @@ clause; only the Flask layer turns them into HTTP responses.
 
 from __future__ import annotations
 
-__all__ = ["ReachLimitError", "Busy", "Cancelled"]
+__all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed"]
 
 
 class ReachLimitError(Exception):
@@ -45,3 +45,25 @@ class Cancelled(ReachLimitError):
 
     def __str__(self) -> str:
         return "cancelled while waiting"
+
+
+class LeaderFailed(ReachLimitError):
+    """The leader of a shared flight (in another process) raised an exception.
+
+    An exception object cannot cross a process, so a follower raises this one instead,
+    carrying the name of the leader's exception type (``type_name``) and its message
+    (``message``, cut to a bounded length).
+    """
+
+    args: tuple[str, str]
+
+    @property
+    def type_name(self) -> str:
+        return self.args[0]
+
+    @property
+    def message(self) -> str:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return f"the leader's build failed: {self.type_name}: {self.message}"

@@ -16,7 +16,8 @@ returns a private marker through the flight, its followers see it and go round a
 first of them to get back into the flight becomes the new leader.
 
 ``_lock`` guards only the four counters; no cache, build or limiter call is made under it.
-The cache and the limiter are duck-typed so a shared (say, Redis-backed) pair can replace them.
+The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
+protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
@@ -67,21 +68,27 @@ class Cache(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight: :class:`~reachlimit.SingleFlight`, or a shared
+    one such as ``reachlimit.redis.RedisSingleFlight``.
+
+    ``do(key, fn, cancel)`` runs ``fn`` once for all concurrent callers of ``key`` and returns
+    ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. Followers get the
+    leader's value or a refusal or error; a follower whose ``cancel`` is set raises
+    ``Cancelled``. ``fn`` may return ColdPath's private leader-cancelled marker: it must reach
+    the followers as a value, so that they go round again."""
+
+    def do(
+        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
+
+
 class Limiter(Protocol):
     """What ColdPath needs of a cold limiter."""
 
     def acquire(self, cancel: CancelToken | None = None) -> Grant: ...
 
     def stats(self) -> LimiterStats: ...
-
-
-class Flight(Protocol):
-    """What ColdPath needs of a singleflight: ``do`` runs ``fn`` once for concurrent callers
-    of one key and returns ``(value, shared)``, as :meth:`SingleFlight.do` does."""
-
-    def do(
-        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
-    ) -> tuple[Any, bool]: ...
 
 
 @dataclass(frozen=True, slots=True)

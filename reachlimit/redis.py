@@ -1,5 +1,8 @@
 """A cold limiter shared by every process that uses the same Redis and name.
 
+The shared warm cache and singleflight, ``RedisCache`` and ``RedisSingleFlight``, live in
+``reachlimit/_redis_shared.py`` (with their own design note) and are imported from here.
+
 design:
 
     Keys (one hash tag, ``T = {<prefix>:<name>}``, so every script touches one Cluster slot):
@@ -77,8 +80,16 @@ from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
 from ._limiter import Grant, LimiterFigures, LimiterStats
 from ._redis_counters import SharedPathCounters
+from ._redis_shared import RedisCache, RedisSingleFlight
 
-__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats", "SharedPathCounters"]
+__all__ = [
+    "RedisCache",
+    "RedisColdLimiter",
+    "RedisGrant",
+    "RedisLimiterStats",
+    "RedisSingleFlight",
+    "SharedPathCounters",
+]
 
 log = logging.getLogger("reachlimit")
 

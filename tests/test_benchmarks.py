@@ -38,7 +38,9 @@ def run_json(name: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.parametrize("name", ["micro.py", "threaded_burst.py", "reach_cold.py"])
+@pytest.mark.parametrize(
+    "name", ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py"]
+)
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -263,3 +265,19 @@ def test_http_redis_quick_json() -> None:
     assert limiter["rejected_full"] + limiter["rejected_timeout"] == (
         redis_row["cold_status"]["429"]
     )
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_redis_warm_prints_its_ratio() -> None:
+    from tests.support.redis_server import require_redis_server
+
+    require_redis_server()
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "median ratio" in proc.stdout and "goal <= 1.2x" in proc.stdout
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["results"]["warm_hit"]
+    assert row["ratio"] > 0 and row["builds"] == 0 and isinstance(row["met"], bool)
+    assert (row["rounds"], row["ops_per_round"]) == (3, 500)
