@@ -32,7 +32,7 @@ from ._errors import Cancelled
 from ._flight import SingleFlight
 from ._limiter import Grant, LimiterStats
 
-__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
+__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Flight", "Limiter"]
 
 
 class _NotFound:
@@ -67,6 +67,14 @@ class Cache(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight (:class:`SingleFlight`, or a shared one)."""
+
+    def do(
+        self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
+
+
 class Limiter(Protocol):
     """What ColdPath needs of a cold limiter."""
 
@@ -79,12 +87,20 @@ class Limiter(Protocol):
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
     and followers ``coalesced`` onto another request's build (counted whatever that build's
-    outcome: a value, an error or a refusal; not when the follower's own client left)."""
+    outcome: a value, an error or a refusal; not when the follower's own client left).
+
+    ``backend`` (``"local"``: this process's limiter; ``"redis"``: the figures of every
+    process on the shared limiter), ``degraded`` (True while a shared limiter's Redis is
+    unavailable and its fallback answers) and ``lease_lost`` are copied from the limiter's
+    figures when it has them."""
 
     hits: int = 0
     misses: int = 0
     builds: int = 0
     coalesced: int = 0
+    backend: str = "local"
+    degraded: bool = False
+    lease_lost: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,11 +123,11 @@ class ColdPath:
         self,
         limiter: Limiter,
         cache: Cache | None = None,
-        flight: SingleFlight[Any] | None = None,
+        flight: Flight | None = None,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
-        self.flight: SingleFlight[Any] = flight if flight is not None else SingleFlight()
+        self.flight: Flight = flight if flight is not None else SingleFlight()
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
@@ -171,6 +187,9 @@ class ColdPath:
                 misses=self._misses,
                 builds=self._builds,
                 coalesced=self._coalesced,
+                backend=getattr(limiter_stats, "backend", "local"),
+                degraded=getattr(limiter_stats, "degraded", False),
+                lease_lost=getattr(limiter_stats, "lease_lost", 0),
             )
 
     def _lead(self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None) -> Any:
