@@ -523,3 +523,32 @@ def test_resilient_flight_passes_a_builds_own_redis_error_through(server: RedisS
         flight.do("k", build)
     assert calls == [1] and health.up
     client.close()
+
+
+def test_a_leader_queued_in_a_redis_that_hangs_answers_within_wait_plus_two_timeouts(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    """A Redis that stops answering (SIGSTOP) rather than refusing: the waiter's read times
+    out, then the shared limiter's attempt to leave the queue times out too; after that the
+    fallback answers. Bounded by wait + 2 socket timeouts (plus scheduling slack)."""
+    import os
+    import signal
+
+    holder = make_stack(server.url())
+    waiter = make_stack(server.url())
+    held = holder.limiter.acquire()
+    outcome = start_call(runner, waiter.limiter.acquire, name="queued leader")
+    wait_until("the leader queued in Redis", lambda: holder.remote.stats().queued == 1)
+    frozen_at = time.monotonic()
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        outcome.wait_done(timeout=waiter.remote.wait + 2 * TIMEOUT + SLACK)
+        answered = time.monotonic() - frozen_at
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert outcome.error is None, outcome.error
+    assert outcome.value.held and waiter.local.stats().active == 1
+    print(f"\nRedis frozen: the queued leader was answered by the fallback {answered:.3f} s "
+          f"later (socket timeout {TIMEOUT} s)")
+    outcome.value.release()
+    held.release()

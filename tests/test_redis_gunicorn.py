@@ -323,22 +323,29 @@ def test_redis_dying_under_gunicorn_falls_back_and_comes_back(
 # -- the shipped config's worker count -------------------------------------------------------
 
 
-def _load_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, Any]:
+def _load_config(monkeypatch: pytest.MonkeyPatch, tmp: Path, **env: str) -> dict[str, Any]:
+    """The shipped config file's settings, loaded in this process. Every variable it reads
+    or sets is put under monkeypatch first, so that the test process gets its environment
+    back (the metrics directory variables would otherwise leak into later tests)."""
     for name in ("REACH_WORKERS", "REACHLIMIT_REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp / "metrics"))
+    monkeypatch.setenv("REACH_METRICS_MASTER", "")
+    monkeypatch.setenv("REACH_METRICS_TEMPORARY", "")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return runpy.run_path(str(WEBAPP_CONFIG))
 
 
 def test_the_config_runs_one_worker_without_redis_and_two_with_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    assert _load_config(monkeypatch)["workers"] == 1
-    assert _load_config(monkeypatch, REACHLIMIT_REDIS_URL="redis://h:6379/0")["workers"] == 2
-    assert _load_config(monkeypatch, REACH_WORKERS="3")["workers"] == 3
-    assert _load_config(monkeypatch, REACH_WORKERS="3",
-                        REACHLIMIT_REDIS_URL="redis://h/0")["workers"] == 3
+    load = _load_config
+    assert load(monkeypatch, tmp_path)["workers"] == 1
+    assert load(monkeypatch, tmp_path, REACHLIMIT_REDIS_URL="redis://h:6379/0")["workers"] == 2
+    assert load(monkeypatch, tmp_path, REACH_WORKERS="3")["workers"] == 3
+    assert load(monkeypatch, tmp_path, REACH_WORKERS="3",
+                REACHLIMIT_REDIS_URL="redis://h/0")["workers"] == 3
 
 
 def test_real_gunicorn_without_redis_runs_one_worker_and_warns_when_asked_for_more(
@@ -356,3 +363,40 @@ def test_real_gunicorn_without_redis_runs_one_worker_and_warns_when_asked_for_mo
         assert len(two.worker_pids()) == 2
     assert "2 workers without REACHLIMIT_REDIS_URL" in two.stderr()
 
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warning(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    info = warning
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.log = _Log()
+
+
+class _Worker:
+    pid = 424242
+
+
+def test_child_exit_logs_and_never_raises_when_redis_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.support.processes import free_port
+
+    secret = "child-exit-secret"
+    config = _load_config(
+        monkeypatch, tmp_path,
+        REACHLIMIT_REDIS_URL=f"redis://u:{secret}@127.0.0.1:{free_port()}/0",
+    )
+    server = _Server()
+    config["child_exit"](server, _Worker())  # must not raise
+    assert len(server.log.lines) == 1, server.log.lines
+    line = server.log.lines[0]
+    assert "could not free the shared places of worker 424242" in line
+    assert "u:***@127.0.0.1" in line and secret not in line
