@@ -35,7 +35,7 @@ import redis
 from reachlimit.redis import RedisColdLimiter, owner_prefix
 from tests.apps.file_gate_app import build_pids, running_counts
 from tests.support.clients import Herd, Reply, check_refusal, http_request
-from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, serving
+from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, reach_service, serving
 from tests.support.limiter import LIMITER_FIELDS
 from tests.support.redis_server import (
     RedisServer,
@@ -400,3 +400,41 @@ def test_child_exit_logs_and_never_raises_when_redis_is_unreachable(
     line = server.log.lines[0]
     assert "could not free the shared places of worker 424242" in line
     assert "u:***@127.0.0.1" in line and secret not in line
+
+
+def test_the_reach_service_takes_its_redis_settings_from_the_environment(
+    tmp_path: Path, redis_url: str, watch: Watch
+) -> None:
+    """The reach service as an operator starts it, with REACHLIMIT_REDIS_URL (a password in
+    it) in the environment: two workers on the shared limiter, metrics off by default, and
+    the password in no answer and no log line."""
+    from webapp.demodb import write_demo_db
+
+    db = tmp_path / "demo.sqlite"
+    write_demo_db(db, nodes=60, observations=2_000, seed=3)
+    secret = "svc-secret"
+    client = redis.Redis.from_url(redis_url, socket_timeout=2)
+    client.config_set("requirepass", secret)
+    try:
+        url = redis_url.replace("redis://", f"redis://default:{secret}@")
+        server = reach_service(
+            tmp_path, db, "reach-redis", workers=2,
+            env={"REACHLIMIT_REDIS_URL": url, "REACHLIMIT_REDIS_PREFIX": PREFIX},
+        )
+        with serving(server):
+            assert len(server.worker_pids()) == 2
+            health = server.get_json("/api/health")
+            assert (health["reach"]["backend"], health["reach"]["degraded"]) == ("redis", False)
+            assert health["redis"]["up"] is True
+            assert health["redis"]["url"].startswith("redis://default:***@")
+            assert server.get("/metrics").status == 404
+            nodes = server.get_json("/api/nodes?limit=1")["nodes"]
+            reply = server.get(f"/api/nodes/{nodes[0]['pubkey']}/reach?days=7")
+            assert reply.status in (200, 404), reply
+        assert secret not in server.stderr() + server.stdout()
+    finally:
+        authed = redis.Redis.from_url(redis_url, password=secret, socket_timeout=2)
+        authed.config_set("requirepass", "")
+        authed.close()
+        client.close()
+    assert watch.stats().acquired >= 1  # the report went through the shared limiter
