@@ -552,3 +552,41 @@ def test_a_leader_queued_in_a_redis_that_hangs_answers_within_wait_plus_two_time
           f"later (socket timeout {TIMEOUT} s)")
     outcome.value.release()
     held.release()
+
+
+def test_a_call_during_the_backoff_never_touches_redis(
+    make_stack: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make_stack(f"redis://127.0.0.1:{free_port()}/0")
+    s.health = s.limiter.health = RedisHealth(s.health.where, first_retry=60.0, max_retry=60.0)
+    sent: list[Any] = []
+    real = s.client.execute_command
+
+    def counting(*args: Any, **options: Any) -> Any:
+        sent.append(args[0])
+        return real(*args, **options)
+
+    monkeypatch.setattr(s.client, "execute_command", counting)
+    s.limiter.acquire().release()  # the first call finds Redis down
+    assert sent and not s.health.up
+    sent.clear()
+    for _ in range(5):
+        s.limiter.acquire().release()
+        assert s.limiter.stats().degraded
+    assert sent == []  # all answered by the fallback, Redis never asked
+    assert s.local.stats().acquired == 6
+
+
+def test_refuse_mode_when_redis_dies_under_a_queued_leader(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    holder = make_stack(server.url(), fallback="refuse")
+    waiter = make_stack(server.url(), fallback="refuse")
+    held = holder.limiter.acquire()
+    outcome = start_call(runner, waiter.limiter.acquire, name="queued leader")
+    wait_until("queued in Redis", lambda: holder.remote.stats().queued == 1)
+    server.stop()
+    outcome.wait_done(timeout=waiter.remote.wait + 2 * TIMEOUT + SLACK)
+    assert isinstance(outcome.error, Busy) and outcome.error.reason == Busy.UNAVAILABLE
+    assert waiter.local.stats().acquired == 0
+    held.release()
