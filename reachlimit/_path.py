@@ -67,20 +67,21 @@ class Cache(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
-class Flight(Protocol):
-    """What ColdPath needs of a singleflight (:class:`SingleFlight`, or a shared one)."""
-
-    def do(
-        self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None = None
-    ) -> tuple[Any, bool]: ...
-
-
 class Limiter(Protocol):
     """What ColdPath needs of a cold limiter."""
 
     def acquire(self, cancel: CancelToken | None = None) -> Grant: ...
 
     def stats(self) -> LimiterStats: ...
+
+
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight: ``do`` runs ``fn`` once for concurrent callers
+    of one key and returns ``(value, shared)``, as :meth:`SingleFlight.do` does."""
+
+    def do(
+        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,8 +76,9 @@ import redis
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
 from ._limiter import Grant, LimiterFigures, LimiterStats
+from ._redis_counters import SharedPathCounters
 
-__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
+__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats", "SharedPathCounters"]
 
 log = logging.getLogger("reachlimit")
 
