@@ -17,12 +17,15 @@ class Busy(ReachLimitError):
     """The cold limiter refused the request.
 
     ``reason`` is ``"queue_full"`` (refused at once: every queue place was taken) or
-    ``"timeout"`` (admitted to the queue, but no slot came free within the wait).
+    ``"timeout"`` (admitted to the queue, but no slot came free within the wait) or
+    ``"unavailable"`` (the shared limiter's Redis cannot be reached and its fallback is to
+    refuse).
     ``retry_after`` is the whole number of seconds a client should wait before trying again.
     """
 
     QUEUE_FULL = "queue_full"
     TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
 
     # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap
     # (a Python __init__ would more than double the cost of raising).

@@ -95,12 +95,20 @@ class Limiter(Protocol):
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
     and followers ``coalesced`` onto another request's build (counted whatever that build's
-    outcome: a value, an error or a refusal; not when the follower's own client left)."""
+    outcome: a value, an error or a refusal; not when the follower's own client left).
+
+    ``backend`` (``"local"``: this process's limiter; ``"redis"``: the figures of every
+    process on the shared limiter), ``degraded`` (True while a shared limiter's Redis is
+    unavailable and its fallback answers) and ``lease_lost`` are copied from the limiter's
+    figures when it has them."""
 
     hits: int = 0
     misses: int = 0
     builds: int = 0
     coalesced: int = 0
+    backend: str = "local"
+    degraded: bool = False
+    lease_lost: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,6 +195,9 @@ class ColdPath:
                 misses=self._misses,
                 builds=self._builds,
                 coalesced=self._coalesced,
+                backend=getattr(limiter_stats, "backend", "local"),
+                degraded=getattr(limiter_stats, "degraded", False),
+                lease_lost=getattr(limiter_stats, "lease_lost", 0),
             )
 
     def _lead(self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None) -> Any:

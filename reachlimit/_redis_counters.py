@@ -158,4 +158,13 @@ class SharedPathCounters:
 
     def apply(self, stats: ColdPathStats) -> ColdPathStats:
         """``stats`` with the service's counters in place of this process's."""
-        return dataclasses.replace(stats, **self.totals())
+        totals = self.totals()
+        # Named one by one: ColdPathStats also has str and bool fields, which a ** of ints
+        # cannot be checked against.
+        return dataclasses.replace(
+            stats,
+            hits=totals["hits"],
+            misses=totals["misses"],
+            builds=totals["builds"],
+            coalesced=totals["coalesced"],
+        )
