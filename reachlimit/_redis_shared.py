@@ -9,7 +9,8 @@ design:
     Redis. So any key, of any length and with any characters (braces included), becomes a
     short key of a fixed shape that cannot reach into another key's hash tag.
 
-    Values: JSON (codec ``"json"``) or raw bytes (codec ``"bytes"``), never pickle. A stored
+    Values: JSON (codec ``"json"``), raw bytes (codec ``"bytes"``) or either (codec ``"auto"``:
+    bytes stay bytes, anything else is JSON; the Flask extension's choice), never pickle. A stored
     value starts with one tag byte (``j`` or ``b``); a value Redis hands back that does not
     decode under this cache's codec (corrupt, hostile, or written by another codec) is a miss,
     logged once per object; decoding runs no code of any kind, and a JSON nested too deep or
@@ -188,17 +189,24 @@ def _socket_timeout(client: Any) -> float | None:
 # -- values -----------------------------------------------------------------------------------
 
 
+#: "json": JSON values; "bytes": bytes only; "auto": bytes as bytes, anything else as JSON
+#: (what the Flask extension uses: one app may cache a rendered body, another a dict).
+CODECS = ("json", "bytes", "auto")
+
+
 class _Codec:
     """Encodes values to tagged bytes and back; never pickle."""
 
     def __init__(self, codec: str) -> None:
-        if codec not in ("json", "bytes"):
-            raise ValueError('codec must be "json" or "bytes"')
+        if codec not in CODECS:
+            raise ValueError('codec must be "json", "bytes" or "auto"')
         self.name = codec
 
     def encode(self, value: Any) -> bytes:
         """Tagged bytes; TypeError for a value this codec cannot store."""
-        if self.name == "bytes":
+        if self.name == "bytes" or (
+            self.name == "auto" and isinstance(value, (bytes, bytearray, memoryview))
+        ):
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise TypeError(f'codec "bytes" stores bytes, not {type(value).__name__}')
             return b"b" + bytes(value)
@@ -213,7 +221,7 @@ class _Codec:
         """The value; ValueError for anything this codec did not write."""
         if not isinstance(data, bytes):
             raise ValueError(f"not bytes: {type(data).__name__}")
-        if self.name == "bytes":
+        if self.name == "bytes" or (self.name == "auto" and data[:1] == b"b"):
             if data[:1] != b"b":
                 raise ValueError("no bytes tag")
             return data[1:]

@@ -60,7 +60,7 @@ from ._urls import mask_url
 
 if TYPE_CHECKING:
     from .prometheus import ReachMetrics
-    from .redis import RedisHealth
+    from .redis import RedisHealth, SharedPathCounters
 
 __all__ = [
     "ReachLimit", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS", "release_worker"
@@ -274,7 +274,7 @@ _REFUSAL_SENTENCES = {
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path", "metrics", "redis", "_refusals")
+    __slots__ = ("settings", "path", "metrics", "redis", "counters", "_refusals")
 
     def __init__(
         self,
@@ -282,11 +282,13 @@ class _State:
         path: ColdPath,
         metrics: ReachMetrics | None = None,
         redis: RedisHealth | None = None,
+        counters: SharedPathCounters | None = None,
     ) -> None:
         self.settings = settings
         self.path = path
         self.metrics = metrics
         self.redis = redis  # the shared limiter's Redis, when there is one
+        self.counters = counters  # the path's counters added up in Redis, when there is one
         # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
         # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
@@ -306,6 +308,18 @@ class _State:
         return Response([body], status, headers)
 
 
+def _service_stats(state: _State) -> ColdPathStats:
+    stats = state.path.stats()
+    counters = state.counters
+    if counters is None or stats.degraded:
+        return stats
+    try:
+        return counters.apply(stats)
+    except Exception as exc:  # Redis failed between the two reads: this process's figures
+        log.debug("reachlimit: the service's counters could not be read (%s)", type(exc))
+        return stats
+
+
 def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
     retry_after = max(1, int(busy.retry_after))
     sentence = _REFUSAL_SENTENCES.get(busy.reason, _REFUSAL_SENTENCES[Busy.TIMEOUT])
@@ -318,8 +332,7 @@ def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
     ]
 
 
-def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
-    """This app's state with a metered cold path (REACHLIMIT_METRICS)."""
+def _metrics_class() -> type[ReachMetrics]:
     try:
         from .prometheus import ReachMetrics
     except ImportError as exc:
@@ -327,7 +340,12 @@ def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
             "REACHLIMIT_METRICS needs prometheus_client: pip install 'reachlimit[prometheus]' "
             f"({exc})"
         ) from None
-    metrics = ReachMetrics(
+    return ReachMetrics
+
+
+def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
+    """This app's state with a metered cold path (REACHLIMIT_METRICS)."""
+    metrics = _metrics_class()(
         settings.active, settings.queue, settings.wait, settings.retry_after, cache=cache
     )
     return _State(settings, metrics.path, metrics)
@@ -337,13 +355,15 @@ def _shared_state(settings: Settings) -> _State:
     """This app's state on the shared limiter of ``settings.redis_url`` (REACHLIMIT_REDIS_URL):
     a RedisColdLimiter behind a ResilientLimiter that falls back to an in-process limiter of
     the same figures (or refuses) while Redis is unavailable. No connection is opened here."""
-    if settings.metrics:
-        raise ValueError(
-            "REACHLIMIT_METRICS cannot be combined with REACHLIMIT_REDIS_URL yet: turn one of "
-            "them off (metrics of a shared limiter are not implemented)"
-        )
+    metrics_class = _metrics_class() if settings.metrics else None
     try:
-        from .redis import RedisColdLimiter, RedisHealth, ResilientLimiter, connect
+        from .redis import (
+            RedisColdLimiter,
+            RedisHealth,
+            ResilientLimiter,
+            SharedPathCounters,
+            connect,
+        )
     except ImportError as exc:
         raise ValueError(
             f"REACHLIMIT_REDIS_URL needs redis-py: pip install 'reachlimit[redis]' ({exc})"
@@ -365,23 +385,43 @@ def _shared_state(settings: Settings) -> _State:
     local = ColdLimiter(settings.active, settings.queue, settings.wait, settings.retry_after)
     limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
     cache, flight = _shared_cache_and_flight(settings, client, health)
-    return _State(settings, ColdPath(limiter, cache, flight), redis=health)
+    metrics = None
+    if metrics_class is not None:
+        # Its gauges are read from the shared limiter when scraped, never summed per worker.
+        metrics = metrics_class(limiter=limiter, cache=cache, flight=flight)
+        path: ColdPath = metrics.path
+    else:
+        path = ColdPath(limiter, cache, flight)
+    counters = SharedPathCounters(client, path, REDIS_LIMITER_NAME, prefix=settings.redis_prefix)
+    return _State(settings, path, metrics, redis=health, counters=counters)
 
 
 def _shared_cache_and_flight(
     settings: Settings, client: Any, health: RedisHealth
 ) -> tuple[Cache, Flight]:
-    """The warm cache and the singleflight of an app on Redis: the ONE place where shared
-    ones plug in. For now both stay in-process (each process has its own cache and flight;
-    only the cold limiter is shared). ``client`` is the limiter's ``redis.Redis`` (made by
-    ``reachlimit.redis.connect``). A shared pair goes here, each over its in-process
-    fallback and the same ``health``, so that Redis failing degrades it the same way::
+    """The warm cache and the singleflight of an app on Redis, each over its in-process
+    fallback and the limiter's ``health``, so that Redis failing degrades all three at once.
+    ``client`` is the limiter's ``redis.Redis`` (made by ``reachlimit.redis.connect``).
 
-        cache = ResilientCache(RedisCache(client, ...), local_cache, health)
-        flight = ResilientFlight(RedisSingleFlight(client, ...), SingleFlight(), health)
-    """
+    The cache keeps ``cache_ttl`` and ``cache_size`` for the whole service, with a 1 s
+    in-process first level; values are stored with the "auto" codec (bytes as bytes,
+    anything else as JSON - never pickle), so a view must return bytes or JSON-able values.
+    The flight's lease is the limiter's: a leader whose process dies is taken over after it."""
+    from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
+
+    name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
     local_cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
-    return local_cache, SingleFlight()
+    shared_cache = RedisCache(
+        client, name, prefix=prefix, ttl=settings.cache_ttl, size=settings.cache_size,
+        codec="auto",
+    )
+    shared_flight = RedisSingleFlight(
+        client, name, prefix=prefix, lease=settings.lease, codec="auto"
+    )
+    return (
+        ResilientCache(shared_cache, local_cache, health),
+        ResilientFlight(shared_flight, SingleFlight(), health),
+    )
 
 
 def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | None:
@@ -489,6 +529,8 @@ class ReachLimit:
         left while waiting raises :class:`ClientGone` (499); ``build``'s own exceptions pass
         through unchanged and are never cached."""
         state = self._state()
+        if state.counters is not None:
+            state.counters.ensure_running()  # the first request of this (forked) process
         cancel = (
             watch_client(_request_proxy._get_current_object().environ)
             if state.settings.cancel_on_disconnect
@@ -513,8 +555,11 @@ class ReachLimit:
         return self._state().settings
 
     def stats(self) -> ColdPathStats:
-        """The current app's figures: the limiter's plus hits, misses, builds, coalesced."""
-        return self._state().path.stats()
+        """The current app's figures: the limiter's plus hits, misses, builds, coalesced.
+        On Redis, the whole service's: the limiter's from Redis, the path's counters as
+        added up in Redis by every process (each at most about a second behind; this
+        process's own are flushed first). While Redis is unavailable, this process's."""
+        return _service_stats(self._state())
 
     def clear_cache(self) -> None:
         """Empty the current app's warm cache (when the cache object can be emptied)."""
@@ -529,7 +574,7 @@ class ReachLimit:
         this process's fallback's while Redis is unavailable (``degraded: true``)."""
         state = self._state()
         extra = {} if state.redis is None else {"redis": state.redis.figures()}
-        response = jsonify(status="ok", reach=state.path.stats().as_dict(), **extra)
+        response = jsonify(status="ok", reach=_service_stats(state).as_dict(), **extra)
         response.headers["Cache-Control"] = "no-store"
         return response
 

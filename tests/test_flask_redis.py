@@ -53,6 +53,7 @@ def apps() -> Iterator[list[Flask]]:
     yield made
     for app in made:
         limiter = app.extensions["reachlimit"].path.limiter
+        limiter = getattr(limiter, "inner", limiter)  # under metrics: the metered wrapper
         if isinstance(limiter, ResilientLimiter):
             limiter.close()
 
@@ -115,12 +116,28 @@ def test_bad_redis_settings_are_value_errors_naming_the_key(
     assert str(info.value).startswith(message), str(info.value)
 
 
-def test_metrics_with_a_redis_url_is_a_clear_value_error() -> None:
-    app = Flask("metrics")
-    app.config.update(REACHLIMIT_REDIS_URL="redis://127.0.0.1:1/0", REACHLIMIT_METRICS="true")
-    with pytest.raises(ValueError, match="REACHLIMIT_METRICS cannot be combined with "
-                                         "REACHLIMIT_REDIS_URL"):
-        ReachLimit(app)
+def test_metrics_on_redis_read_the_services_gauges(url: str, apps: list[Flask]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from reachlimit.prometheus import MeteredSharedLimiter
+
+    one = make_app(apps, REACHLIMIT_REDIS_URL=url, REACHLIMIT_METRICS="true")
+    two = make_app(apps, REACHLIMIT_REDIS_URL=url, REACHLIMIT_METRICS="true")
+    limiter = one.extensions["reachlimit"].path.limiter
+    assert isinstance(limiter, MeteredSharedLimiter)
+    assert isinstance(limiter.inner, ResilientLimiter)
+    held = limiter.acquire()  # a build slot taken in "worker" one
+    try:
+        for app in (one, two):  # ... is seen by a scrape of either worker
+            text = app.test_client().get("/metrics").get_data(as_text=True)
+            samples = {s.name: s.value for f in text_string_to_metric_families(text)
+                       for s in f.samples if not s.labels}
+            assert samples["reachlimit_builds_active"] == 1
+            assert samples["reachlimit_capacity_active"] == 2
+            assert samples["reachlimit_backend_degraded"] == 0
+            assert samples["reachlimit_lease_lost_total"] == 0
+    finally:
+        held.release()
 
 
 def test_the_shared_limiter_is_wired_from_the_settings(url: str, apps: list[Flask]) -> None:
@@ -156,7 +173,18 @@ def test_two_apps_on_one_redis_share_one_budget_and_report_the_same_figures(
             assert ha[name] == hb[name], name
         assert (ha["backend"], ha["degraded"], ha["active"]) == ("redis", False, 1)
         assert (ha["acquired"], ha["rejected_full"]) == (2, 1)
-        assert (ha["builds"], hb["builds"]) == (1, 0)  # the path's own figures stay per app
+        # The path's counters too are the service's: each app counts its own and both
+        # flush to Redis, and the health answer flushes the answering app's first, so after
+        # b's answer (which flushed b) a's answer (which flushes a) has everything.
+        ha = ca.get("/health").get_json()["reach"]
+        assert (ha["builds"], ha["misses"], ha["hits"]) == (1, 2, 0)
+        assert a.extensions["reachlimit"].path.stats().builds == 1  # per app, underneath
+        assert b.extensions["reachlimit"].path.stats().builds == 0
+        a.extensions["reachlimit"].counters.flush()
+        hb = cb.get("/health").get_json()["reach"]
+        assert {k: hb[k] for k in ("builds", "misses", "hits")} == {
+            k: ha[k] for k in ("builds", "misses", "hits")
+        }
     finally:
         held.release()
     assert cb.get("/health").get_json()["redis"]["up"] is True
@@ -259,7 +287,7 @@ def test_clients_that_leave_while_queued_in_redis_free_their_places(
     assert remote.stats().active == 0
 
 
-def test_webapp_turns_metrics_off_by_default_with_a_redis_url(
+def test_webapp_on_redis_shares_everything_and_keeps_its_metrics(
     url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from webapp import create_app as create_webapp
@@ -268,9 +296,12 @@ def test_webapp_turns_metrics_off_by_default_with_a_redis_url(
     monkeypatch.setenv("REACHLIMIT_REDIS_PREFIX", "webapp-test")
     app = create_webapp({"REACH_DEMO_STALE_AFTER": None})
     state = app.extensions["reachlimit"]
-    assert state.settings.metrics is False and state.settings.redis_prefix == "webapp-test"
-    assert isinstance(state.path.limiter, ResilientLimiter)
-    health = app.test_client().get("/api/health").get_json()
+    assert state.settings.metrics is True and state.settings.redis_prefix == "webapp-test"
+    limiter = state.path.limiter.inner
+    assert isinstance(limiter, ResilientLimiter)
+    client = app.test_client()
+    health = client.get("/api/health").get_json()
     assert health["reach"]["backend"] == "redis"
     assert json.dumps(health)
-    state.path.limiter.close()
+    assert "reachlimit_backend_degraded 0.0" in client.get("/metrics").get_data(as_text=True)
+    limiter.close()

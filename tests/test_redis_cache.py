@@ -85,7 +85,7 @@ def entries(client: redis.Redis) -> int:
         ({"size": 0}, "size >= 1"),
         ({"size": 2.5}, "size >= 1"),
         ({"local_size": 0}, "local_size >= 1"),
-        ({"codec": "pickle"}, 'codec must be "json" or "bytes"'),
+        ({"codec": "pickle"}, 'codec must be "json", "bytes" or "auto"'),
         ({"name": "a{b"}, "name must be a non-empty string without braces"),
         ({"prefix": ""}, "prefix must be a non-empty string without braces"),
     ],
@@ -357,3 +357,14 @@ def test_redis_errors_propagate_from_get_and_set() -> None:
     with pytest.raises(redis.exceptions.ConnectionError):
         cache.set("k", 1)
     assert cache.local.get("k") is None  # a failed set stores nothing here either
+
+
+def test_the_auto_codec_keeps_bytes_as_bytes_and_the_rest_as_json(client: CountingRedis) -> None:
+    cache = RedisCache(client, codec="auto", local_ttl=0.001)
+    cache.set("body", b"{\"rendered\":1}")
+    cache.set("dict", {"a": [1, 2]})
+    other = RedisCache(client, codec="auto")  # another process: nothing in its first level
+    assert other.get("body") == b"{\"rendered\":1}"
+    assert other.get("dict") == {"a": [1, 2]}
+    with pytest.raises(TypeError):
+        cache.set("object", object())

@@ -152,7 +152,7 @@ def lead_and_follow(
         ({"lease": 0}, "lease > 0"),
         ({"lease": float("nan")}, "lease > 0"),
         ({"outcome_ttl": -1}, "outcome_ttl > 0"),
-        ({"codec": "pickle"}, 'codec must be "json" or "bytes"'),
+        ({"codec": "pickle"}, 'codec must be "json", "bytes" or "auto"'),
         ({"name": "}"}, "name must be a non-empty string without braces"),
     ],
 )

@@ -406,8 +406,8 @@ def test_the_reach_service_takes_its_redis_settings_from_the_environment(
     tmp_path: Path, redis_url: str, watch: Watch
 ) -> None:
     """The reach service as an operator starts it, with REACHLIMIT_REDIS_URL (a password in
-    it) in the environment: two workers on the shared limiter, metrics off by default, and
-    the password in no answer and no log line."""
+    it) in the environment: two workers on the shared limiter, metrics on (the gauges read
+    from Redis), and the password in no answer and no log line."""
     from webapp.demodb import write_demo_db
 
     db = tmp_path / "demo.sqlite"
@@ -427,7 +427,10 @@ def test_the_reach_service_takes_its_redis_settings_from_the_environment(
             assert (health["reach"]["backend"], health["reach"]["degraded"]) == ("redis", False)
             assert health["redis"]["up"] is True
             assert health["redis"]["url"].startswith("redis://default:***@")
-            assert server.get("/metrics").status == 404
+            metrics = server.get("/metrics")
+            assert metrics.status == 200
+            assert b"reachlimit_backend_degraded 0.0" in metrics.body
+            assert secret.encode() not in metrics.body
             nodes = server.get_json("/api/nodes?limit=1")["nodes"]
             reply = server.get(f"/api/nodes/{nodes[0]['pubkey']}/reach?days=7")
             assert reply.status in (200, 404), reply

@@ -16,8 +16,8 @@ here and never at import time, and ``config`` overrides it (``webapp/README.md``
                              ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``. The service
                              turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
                              ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
-                             ``REACHLIMIT_REDIS_URL`` shares the limiter between workers
-                             and hosts (metrics are then off by default).
+                             ``REACHLIMIT_REDIS_URL`` shares the limiter, the warm cache
+                             and the singleflight between workers and hosts.
 ===========================  ===============================================================
 
 In ``config``, ``REACH_BLACKLIST`` and ``REACH_HIDDEN_PREFIXES`` may also be lists. Three more
@@ -107,10 +107,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.config.update(_from_env(os.environ))
     if config:
         app.config.update(config)
-    # The service serves GET /metrics (prometheus_client comes with the webapp extra), unless
-    # its limiter is shared on Redis: metrics of a shared limiter do not exist yet.
-    shared = str(app.config.get("REACHLIMIT_REDIS_URL") or "").strip() != ""
-    app.config.setdefault("REACHLIMIT_METRICS", not shared)
+    # The service serves GET /metrics (prometheus_client comes with the webapp extra).
+    app.config.setdefault("REACHLIMIT_METRICS", True)
     if app.logger.level == logging.NOTSET:
         app.logger.setLevel(logging.INFO)  # our start-up and cache messages are INFO
 
