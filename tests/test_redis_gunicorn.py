@@ -1,4 +1,5 @@
-"""One cold-build budget for several REAL gunicorn servers and workers on one Redis.
+"""One service out of several REAL gunicorn servers and workers on one Redis: one cold-build
+budget, one singleflight, one warm cache, one set of figures (health and metrics).
 
 design:
 
@@ -140,6 +141,20 @@ def answered(herds: list[Herd]) -> list[Reply]:
     return out
 
 
+def scrape(server: GunicornServer) -> dict[str, float]:
+    """One scrape of ``server``'s /metrics: every sample by name (labels in braces)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = server.get("/metrics")
+    assert reply.status == 200, reply
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(reply.body.decode()):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
 def debug_health(server: GunicornServer) -> dict[str, Any]:
     reply = server.get("/debug/health")
     assert reply.status == 200, reply
@@ -153,8 +168,9 @@ def debug_health(server: GunicornServer) -> dict[str, Any]:
 def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
     tmp_path: Path, gate: Path, redis_url: str, watch: Watch
 ) -> None:
-    a = gate_server(tmp_path, "a", gate, redis_url)
-    b = gate_server(tmp_path, "b", gate, redis_url)
+    metrics_on = {"REACHLIMIT_METRICS": "true"}
+    a = gate_server(tmp_path, "a", gate, redis_url, env=metrics_on)
+    b = gate_server(tmp_path, "b", gate, redis_url, env=metrics_on)
     with serving(a), serving(b):
         paths = [f"/report/burst-{n}" for n in range(40)]
         herds = [Herd(a.port, paths[0::2]), Herd(b.port, paths[1::2])]
@@ -187,6 +203,19 @@ def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
             "redis", False, 2, 8
         )
 
+        # A scrape of either server shows the service's gauges (read from Redis), while the
+        # admissions are counted by the workers that made them: 30 refusals over both.
+        queue_full = 0.0
+        for server in (a, b):
+            samples = scrape(server)
+            assert samples["reachlimit_builds_active"] == 2  # not 2 per worker
+            assert samples["reachlimit_queue_waiting"] == 8
+            assert (samples["reachlimit_capacity_active"],
+                    samples["reachlimit_capacity_queue"]) == (2, 8)
+            assert samples["reachlimit_backend_degraded"] == 0
+            queue_full += samples.get('reachlimit_admissions_total{result="queue_full"}', 0)
+        assert queue_full == 30
+
         (gate / "open").touch()
         replies = [r for h in herds for r in h.results()]
         statuses = Counter(r.status for r in replies)
@@ -196,6 +225,56 @@ def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
         assert watch.stats().active == 0
         pids = {r.json()["pid"] for r in replies if r.status == 200}
         print(f"the 10 builds ran in {len(pids)} worker process(es)")
+
+
+# -- one singleflight and one warm cache for 2 servers x 2 workers ------------------------------
+
+
+def test_a_same_key_herd_over_two_servers_builds_once_and_is_warm_in_every_worker(
+    tmp_path: Path, gate: Path, redis_url: str, watch: Watch
+) -> None:
+    a = gate_server(tmp_path, "a", gate, redis_url)
+    b = gate_server(tmp_path, "b", gate, redis_url)
+    with serving(a), serving(b):
+        workers = set(a.worker_pids()) | set(b.worker_pids())
+        assert len(workers) == 4
+        herds = [Herd(a.port, ["/report/herd"] * 10), Herd(b.port, ["/report/herd"] * 10)]
+        wait_until("the one build running", lambda: len(build_pids(gate)) == 1)
+        (gate / "open").touch()
+        replies = [r for h in herds for r in h.results()]
+        assert Counter(r.status for r in replies) == {200: 20}
+        assert len({r.body for r in replies}) == 1  # one answer: the one build's
+        assert len(running_counts(gate)) == 1  # built once in the whole service
+
+        # Warm: every worker of both servers answers from the shared cache, without a build.
+        answered_by: Counter[str] = Counter()
+        for _ in range(400):
+            for server in (a, b):
+                reply = server.get("/report/herd")
+                assert reply.status == 200 and reply.body == replies[0].body
+                answered_by[reply.headers["x-worker-pid"]] += 1
+            if len(answered_by) == 4:
+                break
+        print(f"\nwarm answers by worker: {dict(answered_by)}")
+        assert {int(pid) for pid in answered_by} == workers
+        assert len(running_counts(gate)) == 1
+        assert watch.stats().acquired == 1  # one admission in all: the one build's
+        warm = sum(answered_by.values())
+
+        # The health figures add up every worker's counters (each flushed within about 1 s).
+        def service_figures() -> dict[str, Any]:
+            return {s.port: debug_health(s)["reach"] for s in (a, b)}
+
+        def flushed() -> bool:
+            figures = service_figures()
+            return all(
+                f["builds"] == 1 and f["hits"] + f["misses"] == 20 + warm
+                for f in figures.values()
+            )
+
+        wait_until("every worker's counters in Redis", flushed)
+        figures = list(service_figures().values())
+        assert figures[0]["hits"] == figures[1]["hits"] >= warm
 
 
 # -- a worker killed while it holds a slot ------------------------------------------------------

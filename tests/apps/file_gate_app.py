@@ -12,6 +12,7 @@ design: the builds of every worker of every server share one directory, ``$GATE_
                         ``running-`` file and returns {"key", "pid"}.
     GET /health         rl.health_view
     GET /debug/health   {"pid", "token", "reach": rl.stats()}: the figures and who answered
+    every answer        carries ``X-Worker-Pid``: the PID of the worker that answered it
 
 Files, not Redis, so that the gate keeps working while the tests stop the Redis the limiter
 uses. ``REACHLIMIT_*`` variables are copied into the config as strings (``create_app`` reads
@@ -83,6 +84,11 @@ def create_app() -> Flask:
             running.unlink(missing_ok=True)
 
     add_cold_routes(app, rl, build)
+
+    @app.after_request
+    def who_answered(response: Any) -> Any:
+        response.headers["X-Worker-Pid"] = str(os.getpid())
+        return response
 
     @app.get("/debug/health")
     def debug_health() -> Any:
