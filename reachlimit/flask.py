@@ -23,8 +23,11 @@ The refusal body and headers are rendered once per app and reused.
 
 With ``REACHLIMIT_REDIS_URL`` the cold limiter is ``reachlimit.redis``'s ResilientLimiter: the
 shared RedisColdLimiter while Redis answers, an in-process ColdLimiter (or a 503 refusal) while
-it does not; redis-py is imported only then. The warm cache and the singleflight stay
-in-process for now; ``_shared_cache_and_flight`` is where shared ones plug in.
+it does not; redis-py is imported only then. The warm cache and the singleflight are shared
+too (``RedisCache`` and ``RedisSingleFlight``, each behind the same fallback:
+``_shared_cache_and_flight``), and ``SharedPathCounters`` adds up every process's hits, misses,
+builds and coalesced for ``rl.stats()`` and the health view; its thread starts with the
+process's first request (``cold``), so never in a preloading master.
 
 The extension never stores the app: every figure lives in ``app.extensions["reachlimit"]``,
 so one ``ReachLimit`` can serve several apps, each with its own limiter and cache.
