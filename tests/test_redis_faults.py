@@ -312,3 +312,42 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     s = watch.stats()
     assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, 1), s
     assert_no_state_left(client, watch)
+
+
+def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error(
+    client: redis.Redis,
+    redis_server: RedisServer,
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    """The other ending: a waiter whose client does not retry (``impatient``) meets Redis
+    gone and gets ``redis.ConnectionError`` out of ``acquire``: a clear error, never a grant
+    and never a hang. Redis stays down until that error is seen, so the ending is certain.
+    Redis then comes back empty on the same port and everything works again without help."""
+    holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=("impatient",))
+    watch = make_watch(1, 1, wait=60.0)
+    holder.ask("acquire h", "granted")
+    waiter.send("acquire w")
+    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    port = redis_server.port
+
+    redis_server.stop()
+    try:
+        ended = waiter.wait_outcome("w")
+    finally:
+        redis_server.start(port=port, attempts=1)
+    assert ended["event"] == "error" and "ConnectionError" in ended["error"], ended
+
+    wait_until(
+        "the holder's renewer found its grant gone",
+        lambda: holder.ask("status h", "status")["lease_lost"],
+        timeout=DEADLINE,
+    )
+    assert holders(client, watch) == {}
+    assert waiter.ask("acquire w2", "granted")["building"] == 1
+    assert holder.ask("release h", "released")["lease_lost"] is True
+    waiter.ask("release w2", "released")
+    assert_exact_capacity(watch)
+    s = watch.stats()
+    assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, 0), s
+    assert_no_state_left(client, watch)

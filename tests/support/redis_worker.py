@@ -1,9 +1,9 @@
 """One process using a RedisColdLimiter, driven by tests/test_redis_processes.py.
 
-    python tests/support/redis_worker.py PORT NAME ACTIVE QUEUE WAIT LEASE [patient]
+    python tests/support/redis_worker.py PORT NAME ACTIVE QUEUE WAIT LEASE [patient|impatient]
 
-``patient``: the client retries through a Redis restart (50 tries, backoff capped at 0.2 s)
-instead of redis-py's default retries.
+``patient``: the client retries through a Redis restart (50 tries, backoff capped at 0.2 s);
+``impatient``: it never retries; neither: redis-py's default retries.
 
 Reads commands on stdin, one a line, and reports on stdout, one JSON object a line:
 
@@ -40,7 +40,7 @@ from collections import Counter
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from reachlimit import Busy, Cancelled, Grant
@@ -70,6 +70,8 @@ def main() -> None:
     options: dict[str, Any] = {}
     if "patient" in sys.argv[7:]:
         options["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.01), 50)
+    elif "impatient" in sys.argv[7:]:
+        options["retry"] = Retry(NoBackoff(), 0)
     client = redis.Redis(
         host="127.0.0.1", port=int(port), socket_timeout=0.5, socket_connect_timeout=0.5,
         **options,
