@@ -45,6 +45,7 @@ from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
+from tests.test_redis_mutants import PROMOTION_KEEPS_PLACE
 
 pytestmark = [pytest.mark.redis, *stress.MARKS]
 
@@ -163,6 +164,7 @@ class RedisLimiterMachine(local_machine.LimiterMachine):
         token = victim.redis_token  # type: ignore[attr-defined]
         if self.client.zscore(lim.keys[1], token) is not None:
             self.client.hset(lim.keys[3], token, 0)
+            local_machine.MACHINE_COUNTS["deadlines moved"] += 1
 
     def _check_backend(self) -> None:
         lim = self.lim
@@ -216,9 +218,43 @@ def test_redis_limiter_state_machine(client: redis.Redis) -> None:
             f"\n[redis state machine] seed={stress.SEED} examples={counts['examples']} "
             f"steps={counts['steps']} fast={counts['fast_path']} queued={counts['queued']} "
             f"promotions={counts['promotions']} refused_full={counts['refused_full']} "
+            f"deadlines moved={counts['deadlines moved']} "
             f"in {time.monotonic() - started:.1f} s; races: {races}"
         )
     assert counts["steps"] > 0 and counts["promotions"] > 0 and counts["queued"] > 0
+    assert counts["deadlines moved"] > 0, "no wait was ever made to run out in Redis"
+
+
+def test_the_redis_invariants_see_a_forgotten_or_doubled_place(client: redis.Redis) -> None:
+    """The invariant check can fail: it passes on the real limiter, and reports a waiter that
+    promotion left in the queue (a mutant of tests/test_redis_mutants.py), a waiter without its
+    presence entry, and a waiter while a slot is idle."""
+
+    class Patient(RedisColdLimiter):
+        PRESENCE = 60.0  # the ghost waiters below are not dropped, however slow the machine
+
+    class PatientBroken(PROMOTION_KEEPS_PLACE):  # type: ignore[misc, valid-type]
+        PRESENCE = 60.0
+
+    real = Patient(client, "inv-real", 1, 2, wait=60.0)
+    broken = PatientBroken(client, "inv-broken", 1, 2, wait=60.0)
+    try:
+        for lim in (real, broken):
+            holder = lim.acquire()
+            assert lim._admit("ghost")[0] == 2  # queued (a waiter that never polls)
+            assert redis_violations(client, lim) == []
+            holder.release()  # promotes "ghost"
+        assert redis_violations(client, real) == []
+        assert any("both holding and queued" in v for v in redis_violations(client, broken))
+
+        assert real._admit("second")[0] == 2
+        client.zrem(real.keys[2], "second")  # its presence entry forgotten
+        assert any("differ" in v for v in redis_violations(client, real))
+        client.zrem(real.keys[0], "ghost")  # the slot is idle, "second" still waits
+        assert any("waiting while only 0" in v for v in redis_violations(client, real))
+    finally:
+        real.close()
+        broken.close()
 
 
 # -- the storm --------------------------------------------------------------------------------
