@@ -25,9 +25,12 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import assert_exact_capacity
@@ -351,3 +354,96 @@ def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error
     s = watch.stats()
     assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, 0), s
     assert_no_state_left(client, watch)
+
+
+# -- a reply lost on the way back, and the client's retry -------------------------------------
+
+
+class LosesOneReply(redis.Redis):
+    """A client whose next script reply (EVALSHA) is lost once ``lose`` is set: the script
+    runs in Redis, then the client sees a socket timeout, as when the reply is slow or the
+    connection drops just after the command went out. redis-py's retry then sends the same
+    script, with the same arguments, again."""
+
+    lose = False
+    #: Run after the lost script, before the retry (another process acting meanwhile).
+    meanwhile: Callable[[], object] | None = None
+
+    def _send_command_parse_response(
+        self, conn: Any, command_name: str, *args: Any, **options: Any
+    ) -> Any:
+        reply = super()._send_command_parse_response(conn, command_name, *args, **options)
+        if self.lose and command_name == "EVALSHA":
+            self.lose = False
+            if self.meanwhile is not None:
+                self.meanwhile()
+            raise redis.TimeoutError("the reply was lost")
+        return reply
+
+
+def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_run(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    """The client's one retry (the configuration the README shows) runs the acquire script a
+    second time with the same token. Taking the last slot, the first run granted it; the retry
+    must say so again, not queue the token behind its own slot (which left it both holding and
+    queued, counted twice, and let a later promotion cut its lease to a claim's)."""
+    retrying = LosesOneReply(
+        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5,
+        retry=Retry(NoBackoff(), 1),
+    )
+    lim = RedisColdLimiter(retrying, "lost-reply", active=1, queue=2, wait=60.0)
+    try:
+        lim.stats()  # loads the scripts: the lost reply below is the acquire script's
+        retrying.lose = True
+        grant = lim.acquire()
+        assert not retrying.lose, "no reply was lost: the test tested nothing"
+        state = {
+            "holders": client.zcard(lim.keys[0]),
+            "queue": client.zcard(lim.keys[1]),
+            "alive": client.zcard(lim.keys[2]),
+        }
+        assert state == {"holders": 1, "queue": 0, "alive": 0}, state
+        s = lim.stats()
+        assert (s.active, s.queued, s.acquired) == (1, 0, 1), s
+        grant.release()
+        assert not grant.lease_lost  # type: ignore[attr-defined]
+        assert_exact_capacity(lim)
+    finally:
+        lim.close()
+        retrying.close()
+
+
+def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
+    redis_server: RedisServer, client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
+) -> None:
+    """The first run queued the token; before the retry, the holder left and the slot was
+    handed to it. The retry claims that slot: a full lease (not the short claim lease that
+    would run out under its holder), the hand-off counted once, no doorbell left."""
+    retrying = LosesOneReply(
+        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5,
+        retry=Retry(NoBackoff(), 1),
+    )
+    watch = make_watch(1, 2, wait=60.0)
+    lim = RedisColdLimiter(retrying, "procs", active=1, queue=2, wait=60.0)
+    try:
+        holder = watch.acquire()
+        lim.stats()  # loads the scripts: the lost reply below is the acquire script's
+        retrying.meanwhile = holder.release
+        retrying.lose = True
+        grant = lim.acquire()
+        assert not retrying.lose and not holder.held
+        ends = holders(client, watch)
+        assert list(ends) == [grant.token]  # type: ignore[attr-defined]
+        now = server_ms(client)
+        assert ends[grant.token] > now + RedisColdLimiter.PRESENCE * 1000, "a claim lease"  # type: ignore[attr-defined]
+        assert client.keys(watch._bell + "*") == []
+        s = watch.stats()
+        assert (s.active, s.queued, s.acquired) == (1, 0, 2), s
+        grant.release()
+        assert not grant.lease_lost  # type: ignore[attr-defined]
+        assert_exact_capacity(watch)
+        assert_no_state_left(client, watch)
+    finally:
+        lim.close()
+        retrying.close()
