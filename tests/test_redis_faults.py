@@ -152,6 +152,53 @@ def test_a_holder_paused_past_its_lease_loses_the_slot_and_its_release_frees_not
     assert_no_state_left(client, watch)
 
 
+def test_a_waiter_paused_when_the_slot_is_handed_to_it_loses_it_to_the_next_one(
+    client: redis.Redis,
+    make_watch: Callable[..., RedisColdLimiter],
+    start_workers: Callable[..., list[Worker]],
+) -> None:
+    """The slot is handed to a waiter whose process is SIGSTOPped: it cannot claim it, so the
+    claim lease (one presence period of the releasing process, 1 s) runs out, is counted in
+    ``lease_lost``, and the slot goes on to the next waiter. Resumed, the paused waiter finds
+    its place gone: ``Busy("timeout")``, counted once; nothing is left behind.
+
+    The paused process runs with a presence of 30 s, so that it is certainly still queued
+    (not dropped for not polling) when the release promotes it."""
+    (paused,) = start_workers(1, active=1, queue=2, options=("presence=30",))
+    (other,) = start_workers(1, active=1, queue=2)
+    watch = make_watch(1, 2, wait=60.0)
+    holder = watch.acquire()
+    paused.send("acquire a")
+    wait_until("a queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    stale = client.zrange(watch.keys[1], 0, 0)[0].decode()
+    other.send("acquire b")
+    wait_until("b queued", lambda: watch.stats().queued == 2, timeout=DEADLINE)
+
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        holder.release()  # promotes the paused waiter, which cannot claim the slot
+        assert stale in holders(client, watch), "the paused waiter was not promoted"
+        granted = other.wait_outcome("b")
+        assert granted["event"] == "granted", granted
+        assert stale not in holders(client, watch)
+        s = watch.stats()
+        assert (s.active, s.queued, s.lease_lost, s.acquired) == (1, 0, 1, 2), s
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    ended = paused.wait_outcome("a")
+    assert ended["event"] == "timeout", ended
+    assert set(holders(client, watch)) == {granted["token"]}
+    other.ask("release b", "released")
+    s = watch.stats()
+    assert (s.active, s.queued, s.lease_lost, s.rejected_timeout) == (0, 0, 1, 1), s
+    assert_exact_capacity(watch)
+    wait_until(
+        "the unclaimed doorbell expired", lambda: client.keys(watch._bell + "*") == [],
+        timeout=DEADLINE,
+    )
+    assert_no_state_left(client, watch)
+
+
 def test_a_renewal_of_a_reaped_grant_reports_it_lost_and_does_not_revive_it(
     client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
 ) -> None:

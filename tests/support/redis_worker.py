@@ -4,6 +4,8 @@
 
 ``patient``: the client retries through a Redis restart (50 tries, backoff capped at 0.2 s);
 ``impatient``: it never retries; neither: redis-py's default retries.
+``presence=SECONDS``: the limiter's ``PRESENCE`` (how long its waiters stay queued after
+their last poll), for a test that pauses a waiter.
 
 Reads commands on stdin, one a line, and reports on stdout, one JSON object a line:
 
@@ -76,9 +78,12 @@ def main() -> None:
         host="127.0.0.1", port=int(port), socket_timeout=0.5, socket_connect_timeout=0.5,
         **options,
     )
-    lim = RedisColdLimiter(
-        client, name, int(active), int(queue), float(wait), lease=float(lease)
-    )
+    presence = [float(o.split("=", 1)[1]) for o in sys.argv[7:] if o.startswith("presence=")]
+
+    class Limiter(RedisColdLimiter):
+        PRESENCE = presence[-1] if presence else RedisColdLimiter.PRESENCE
+
+    lim = Limiter(client, name, int(active), int(queue), float(wait), lease=float(lease))
     grants: dict[str, Grant] = {}
     building_key = f"{name}:building"
 
