@@ -7,10 +7,10 @@ lives in :mod:`reachlimit.flask`.
 
 from ._cache import TTLCache
 from ._cancel import CancelToken, SocketWatch, watch_client
-from ._errors import Busy, Cancelled, ReachLimitError
+from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from ._flight import SingleFlight
 from ._limiter import ColdLimiter, Grant, LimiterStats
-from ._path import NOT_FOUND, Cache, ColdPath, ColdPathStats, Limiter
+from ._path import NOT_FOUND, Cache, ColdPath, ColdPathStats, Flight, Limiter
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,9 @@ __all__ = [
     "ColdLimiter",
     "ColdPath",
     "ColdPathStats",
+    "Flight",
     "Grant",
+    "LeaderFailed",
     "Limiter",
     "LimiterStats",
     "ReachLimitError",

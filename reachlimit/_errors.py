@@ -6,7 +6,7 @@ clause; only the Flask layer turns them into HTTP responses.
 
 from __future__ import annotations
 
-__all__ = ["ReachLimitError", "Busy", "Cancelled"]
+__all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed"]
 
 
 class ReachLimitError(Exception):
@@ -17,12 +17,15 @@ class Busy(ReachLimitError):
     """The cold limiter refused the request.
 
     ``reason`` is ``"queue_full"`` (refused at once: every queue place was taken) or
-    ``"timeout"`` (admitted to the queue, but no slot came free within the wait).
+    ``"timeout"`` (admitted to the queue, but no slot came free within the wait) or
+    ``"unavailable"`` (the shared limiter's Redis cannot be reached and its fallback is to
+    refuse).
     ``retry_after`` is the whole number of seconds a client should wait before trying again.
     """
 
     QUEUE_FULL = "queue_full"
     TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
 
     # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap
     # (a Python __init__ would more than double the cost of raising).
@@ -45,3 +48,25 @@ class Cancelled(ReachLimitError):
 
     def __str__(self) -> str:
         return "cancelled while waiting"
+
+
+class LeaderFailed(ReachLimitError):
+    """The leader of a shared flight (in another process) raised an exception.
+
+    An exception object cannot cross a process, so a follower raises this one instead,
+    carrying the name of the leader's exception type (``type_name``) and its message
+    (``message``, cut to a bounded length).
+    """
+
+    args: tuple[str, str]
+
+    @property
+    def type_name(self) -> str:
+        return self.args[0]
+
+    @property
+    def message(self) -> str:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return f"the leader's build failed: {self.type_name}: {self.message}"

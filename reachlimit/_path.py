@@ -16,7 +16,8 @@ returns a private marker through the flight, its followers see it and go round a
 first of them to get back into the flight becomes the new leader.
 
 ``_lock`` guards only the four counters; no cache, build or limiter call is made under it.
-The cache and the limiter are duck-typed so a shared (say, Redis-backed) pair can replace them.
+The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
+protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ._errors import Cancelled
 from ._flight import SingleFlight
 from ._limiter import Grant, LimiterStats
 
-__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Limiter"]
+__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Flight", "Limiter"]
 
 
 class _NotFound:
@@ -67,6 +68,21 @@ class Cache(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
+class Flight(Protocol):
+    """What ColdPath needs of a singleflight: :class:`~reachlimit.SingleFlight`, or a shared
+    one such as ``reachlimit.redis.RedisSingleFlight``.
+
+    ``do(key, fn, cancel)`` runs ``fn`` once for all concurrent callers of ``key`` and returns
+    ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. Followers get the
+    leader's value or a refusal or error; a follower whose ``cancel`` is set raises
+    ``Cancelled``. ``fn`` may return ColdPath's private leader-cancelled marker: it must reach
+    the followers as a value, so that they go round again."""
+
+    def do(
+        self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]: ...
+
+
 class Limiter(Protocol):
     """What ColdPath needs of a cold limiter."""
 
@@ -79,12 +95,20 @@ class Limiter(Protocol):
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
     and followers ``coalesced`` onto another request's build (counted whatever that build's
-    outcome: a value, an error or a refusal; not when the follower's own client left)."""
+    outcome: a value, an error or a refusal; not when the follower's own client left).
+
+    ``backend`` (``"local"``: this process's limiter; ``"redis"``: the figures of every
+    process on the shared limiter), ``degraded`` (True while a shared limiter's Redis is
+    unavailable and its fallback answers) and ``lease_lost`` are copied from the limiter's
+    figures when it has them."""
 
     hits: int = 0
     misses: int = 0
     builds: int = 0
     coalesced: int = 0
+    backend: str = "local"
+    degraded: bool = False
+    lease_lost: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,11 +131,11 @@ class ColdPath:
         self,
         limiter: Limiter,
         cache: Cache | None = None,
-        flight: SingleFlight[Any] | None = None,
+        flight: Flight | None = None,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
-        self.flight: SingleFlight[Any] = flight if flight is not None else SingleFlight()
+        self.flight: Flight = flight if flight is not None else SingleFlight()
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
@@ -171,6 +195,9 @@ class ColdPath:
                 misses=self._misses,
                 builds=self._builds,
                 coalesced=self._coalesced,
+                backend=getattr(limiter_stats, "backend", "local"),
+                degraded=getattr(limiter_stats, "degraded", False),
+                lease_lost=getattr(limiter_stats, "lease_lost", 0),
             )
 
     def _lead(self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None) -> Any:

@@ -55,10 +55,17 @@ two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and
 lock free: the moment to publish its new place). The fast path and the refusal path of the
 limiter itself are not touched.
 
-Shared limiters: when a limiter's figures are already those of the whole service (a limiter
-shared through a backend), its gauges must be read at scrape time instead of being published
-per process and added up; :class:`_LimiterGauges` is that scrape-time reader, used today in
-the one-process mode.
+Shared limiters (``ReachMetrics(limiter=...)``, the Redis-backed one): their ``stats()``
+already are the figures of the whole service, so adding them up over processes would count
+every slot once per worker. Such a limiter is wrapped by :class:`MeteredSharedLimiter` (its
+admissions counted and timed in the process that made them, added up as above), and its gauges
+are never published per process: :class:`_LimiterGauges` reads them from the limiter when a
+scrape arrives (one Redis round trip), in both modes. With them come two figures only a shared
+backend has: ``reachlimit_backend_degraded`` (1 while the answering process runs on its
+in-process fallback because Redis cannot be reached; an outage is seen by every process alike,
+and the scrape itself tries Redis) and ``reachlimit_lease_lost_total`` (grants whose lease ran
+out before they were released: a holder paused or cut off longer than the lease; counted in
+Redis, once for the whole service). While degraded, the gauges are the answering process's own.
 """
 
 from __future__ import annotations
@@ -76,15 +83,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as _values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._limiter import ColdLimiter, Grant, _Waiter
-from ._path import Cache, ColdPath
+from ._path import Cache, ColdPath, Flight, Limiter
 
-__all__ = ["CONTENT_TYPE", "MeteredColdPath", "MeteredLimiter", "ReachMetrics"]
+__all__ = [
+    "CONTENT_TYPE", "MeteredColdPath", "MeteredLimiter", "MeteredSharedLimiter", "ReachMetrics",
+]
 
 log = logging.getLogger("reachlimit")
 
@@ -109,6 +118,10 @@ _HELP = {
     "coalesced": "Requests that shared another request's build instead of leading one.",
     "wait": "How long a cold leader waited before its grant or refusal.",
     "build": "How long a cold build ran.",
+    "backend_degraded": "1 while the shared backend (Redis) cannot be reached and this process "
+                        "runs on its in-process fallback, else 0.",
+    "lease_lost": "Grants whose lease ran out before they were released (holder paused or cut "
+                  "off past the lease), for the whole service.",
 }
 
 
@@ -140,10 +153,12 @@ class _Instruments:
 
 
 class _LimiterGauges:
-    """A collector that reads the limiter's gauges when scraped."""
+    """A collector that reads the limiter's gauges when scraped; for a shared limiter, also
+    whether it is degraded and how many leases were lost (figures only such a limiter has)."""
 
-    def __init__(self, limiter: ColdLimiter) -> None:
+    def __init__(self, limiter: Limiter, shared: bool = False) -> None:
         self._limiter = limiter
+        self._shared = shared
 
     def collect(self) -> Iterator[Metric]:
         s = self._limiter.stats()
@@ -154,6 +169,15 @@ class _LimiterGauges:
             ("capacity_queue", s.capacity_queue),
         ):
             yield GaugeMetricFamily(f"reachlimit_{name}", _HELP[name], value=value)
+        if self._shared:
+            degraded = bool(getattr(s, "degraded", False))
+            yield GaugeMetricFamily(
+                "reachlimit_backend_degraded", _HELP["backend_degraded"], value=int(degraded)
+            )
+            yield CounterMetricFamily(
+                "reachlimit_lease_lost", _HELP["lease_lost"],
+                value=int(getattr(s, "lease_lost", 0)),
+            )
 
 
 class MeteredLimiter(ColdLimiter):
@@ -187,6 +211,36 @@ class MeteredLimiter(ColdLimiter):
         return super()._wait_for_slot(waiter, cancel)
 
 
+class MeteredSharedLimiter:
+    """A shared limiter (one whose ``stats()`` count the whole service) whose admissions are
+    counted and timed like :class:`MeteredLimiter`'s; everything else is the limiter's own."""
+
+    def __init__(self, inner: Limiter, metrics: ReachMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+        metrics = self.metrics
+        started = perf_counter()
+        try:
+            grant = self.inner.acquire(cancel)
+        except Busy as busy:
+            metrics.refused(busy.reason, perf_counter() - started)
+            raise
+        except Cancelled:
+            metrics.cancelled()
+            raise
+        metrics.granted(perf_counter() - started)
+        return grant
+
+    def stats(self) -> Any:
+        return self.inner.stats()
+
+    def __getattr__(self, name: str) -> Any:
+        # close(), name, keys... of the wrapped limiter.
+        return getattr(self.inner, name)
+
+
 class _TimedBuild:
     """A build that records its duration (and that it ran) when called."""
 
@@ -211,9 +265,13 @@ class MeteredColdPath(ColdPath):
     after each request (when the figures are kept per process)."""
 
     def __init__(
-        self, metrics: ReachMetrics, limiter: MeteredLimiter, cache: Cache | None = None
+        self,
+        metrics: ReachMetrics,
+        limiter: MeteredLimiter | MeteredSharedLimiter,
+        cache: Cache | None = None,
+        flight: Flight | None = None,
     ) -> None:
-        super().__init__(limiter, cache)
+        super().__init__(limiter, cache, flight)
         self._metrics = metrics
 
     def get(
@@ -244,7 +302,12 @@ class ReachMetrics:
 
     ``exposition()`` is the body of a scrape (Prometheus text format, :data:`CONTENT_TYPE`):
     this process's figures in the one-process mode, every process's in the several-process
-    mode (see the module's design notes)."""
+    mode (see the module's design notes).
+
+    By default the limiter is a new in-process :class:`MeteredLimiter` made from ``active``,
+    ``queue``, ``wait`` and ``retry_after``. ``limiter=`` passes a shared limiter instead (the
+    four numbers are then the shared limiter's business and ignored here); ``flight=`` a
+    shared singleflight."""
 
     #: The Content-Type of :meth:`exposition`.
     content_type = CONTENT_TYPE
@@ -258,13 +321,21 @@ class ReachMetrics:
         *,
         cache: Cache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        limiter: Limiter | None = None,
+        flight: Flight | None = None,
     ) -> None:
         global _per_process_owner
         #: Figures are written to per-process files and published by each process.
         self.per_process = multiprocess_mode()
-        self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
-        self.limiter.metrics = self
-        self.path = MeteredColdPath(self, self.limiter, cache)
+        #: The limiter's figures are the whole service's (read at scrape time, never summed).
+        self.shared = limiter is not None
+        self.limiter: MeteredLimiter | MeteredSharedLimiter
+        if limiter is None:
+            self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
+            self.limiter.metrics = self
+        else:
+            self.limiter = MeteredSharedLimiter(limiter, self)
+        self.path = MeteredColdPath(self, self.limiter, cache, flight)
         self.registry = CollectorRegistry()  # the one-process mode's
         self._wait_buckets = tuple(sorted({*WAIT_BUCKETS, float(wait)}))
         self._lock = threading.Lock()
@@ -351,6 +422,8 @@ class ReachMetrics:
             self.publish(gauges=True)
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            if self.shared:
+                registry.register(_LimiterGauges(self.limiter, shared=True))
             return generate_latest(registry)
         self.publish(gauges=False)
         return generate_latest(self.registry)
@@ -377,7 +450,9 @@ class ReachMetrics:
             "reachlimit_cache_requests", _HELP["cache_requests"], ["result"], registry=registry
         )
         gauges: Sequence[Gauge | None] = (None,) * 4
-        if self.per_process:
+        if self.per_process and self.shared:
+            pass  # read from the shared limiter at scrape time, in exposition()
+        elif self.per_process:
             # Live processes only: a dead worker's gauges drop out once it is marked dead.
             # Slots and places in use add up; a capacity is the limit each process enforces.
             gauges = [
@@ -388,7 +463,7 @@ class ReachMetrics:
                 for name in ("capacity_active", "capacity_queue")
             ]
         else:
-            self.registry.register(_LimiterGauges(self.limiter))
+            self.registry.register(_LimiterGauges(self.limiter, shared=self.shared))
         granted, queue_full, timeout, cancelled = (admissions.labels(r) for r in RESULTS)
         return _Instruments(
             admissions=admissions,

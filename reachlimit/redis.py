@@ -1,5 +1,8 @@
 """A cold limiter shared by every process that uses the same Redis and name.
 
+The shared warm cache and singleflight, ``RedisCache`` and ``RedisSingleFlight``, live in
+``reachlimit/_redis_shared.py`` (with their own design note) and are imported from here.
+
 design:
 
     Keys (one hash tag, ``T = {<prefix>:<name>}``, so every script touches one Cluster slot):
@@ -80,8 +83,17 @@ import redis
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
 from ._limiter import Grant, LimiterFigures, LimiterStats
+from ._redis_counters import SharedPathCounters
+from ._redis_shared import RedisCache, RedisSingleFlight
 
-__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
+__all__ = [
+    "RedisCache",
+    "RedisColdLimiter",
+    "RedisGrant",
+    "RedisLimiterStats",
+    "RedisSingleFlight",
+    "SharedPathCounters",
+]
 
 log = logging.getLogger("reachlimit")
 
@@ -415,7 +427,7 @@ class RedisColdLimiter(LimiterFigures):
             raise Cancelled()
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
-        token = secrets.token_hex(12)
+        token = owner_prefix() + secrets.token_hex(12)
         status, remaining_ms = self._admit(token)
         if status == _GRANTED:
             return self._granted(token)
@@ -584,3 +596,91 @@ def _socket_timeout(client: Any) -> float | None:
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     value = kwargs.get("socket_timeout")
     return float(value) if value else None
+
+
+# -- owners: freeing the places of a process that died ----------------------------------------
+#
+# Every token starts with its owner, "<hostname>:<pid>:", so that the parent of a process that
+# died (the gunicorn master) can free its slots and queue places at once instead of waiting
+# for their leases and presence periods to end.
+
+import os  # noqa: E402
+import socket  # noqa: E402
+
+_HOSTNAME = socket.gethostname()
+
+
+def owner_prefix(pid: int | None = None) -> str:
+    """The prefix of every token made by process ``pid`` (this one when None) on this host."""
+    return f"{_HOSTNAME}:{os.getpid() if pid is None else pid}:"
+
+
+# ARGV[5] the owner prefix. Replies {slots freed, queue places removed}.
+_RELEASE_OWNER = _PRELUDE + """
+local owner = ARGV[5]
+local n = #owner
+local freed, dropped = 0, 0
+for _, token in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+  if string.sub(token, 1, n) == owner then
+    redis.call('ZREM', holders, token)
+    redis.call('DEL', bell .. token)
+    freed = freed + 1
+  end
+end
+for _, token in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+  if string.sub(token, 1, n) == owner then
+    forget_waiter(token)
+    redis.call('DEL', bell .. token)
+    dropped = dropped + 1
+  end
+end
+fill()
+return {freed, dropped}
+"""
+
+
+def release_owner(
+    client: redis.Redis,
+    owner: str,
+    *,
+    name: str = "reachlimit",
+    prefix: str = "reachlimit",
+    active: int = 2,
+    lease: float = 10.0,
+) -> tuple[int, int]:
+    """Free, in one script, every slot held and every queue place taken by tokens that
+    start with ``owner`` (``owner_prefix(pid)`` of a process that died), then promote the
+    oldest waiters into the freed slots. ``name``, ``prefix``, ``active`` and ``lease`` must
+    be those of the limiters that use the name. Returns (slots freed, places removed).
+    Errors of Redis propagate."""
+    if not isinstance(owner, str) or not owner.endswith(":") or owner.count(":") < 2:
+        raise ValueError(f"owner must look like '<host>:<pid>:', got {owner!r}")
+    limiter = RedisColdLimiter(client, name, active, lease=lease, prefix=prefix)
+    script = client.register_script(_RELEASE_OWNER)
+    freed, dropped = script(keys=limiter._keys, args=[*limiter._common, owner])
+    return int(freed), int(dropped)
+
+
+# The resilient layer (fallbacks when Redis fails), re-exported here: only modules named
+# after redis import redis-py.
+from ._redis_resilient import (  # noqa: E402
+    FALLBACKS,
+    RedisHealth,
+    ResilientCache,
+    ResilientFlight,
+    ResilientLimiter,
+    connect,
+)
+from ._urls import mask_url  # noqa: E402
+
+__all__ += [
+    "FALLBACKS",
+    "RedisHealth",
+    "ResilientCache",
+    "ResilientFlight",
+    "ResilientLimiter",
+    "connect",
+    "mask_url",
+    "owner_prefix",
+    "release_owner",
+]

@@ -38,7 +38,9 @@ def run_json(name: str) -> dict[str, Any]:
     return report
 
 
-@pytest.mark.parametrize("name", ["micro.py", "threaded_burst.py", "reach_cold.py"])
+@pytest.mark.parametrize(
+    "name", ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py"]
+)
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -187,3 +189,95 @@ def test_reach_cold_quick_json() -> None:
         assert window["median_s"] > 0 and window["baseline_s"] > 0
     request = database["request_7d"]
     assert request["cold_p50_s"] > 0 and request["warm_p50_s"] > 0
+
+
+# -- benchmarks/http_redis.py: several gunicorn servers x workers on one Redis ---------------
+
+REDIS_VARIANTS = ["process", "redis", "flask-limiter"]
+
+
+def test_http_redis_help() -> None:
+    proc = run_script("http_redis.py", "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "--quick" in proc.stdout and "--json" in proc.stdout
+
+
+@pytest.mark.redis
+@pytest.mark.gunicorn
+@pytest.mark.timeout(240)
+def test_http_redis_quick_json() -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("redis")
+    from tests.support.redis_server import require_redis_server
+
+    require_redis_server()
+    # Tiny settings; the script's own bounds end it well inside the subprocess timeout.
+    proc = run_script(
+        "http_redis.py", "--quick", "--json", "--clients", "6", "--burst-s", "0.5",
+        "--idle-s", "0.2", timeout=200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    assert {"platform", "cores", "loadavg", "gunicorn", "redis_server"} <= set(report["machine"])
+    config = report["config"]
+    assert (config["servers"], config["workers"], config["rounds"]) == (2, 2, 1)
+
+    expected = list(REDIS_VARIANTS)
+    if "flask-limiter" in report["skipped"]:  # Flask-Limiter not installed: said so
+        assert "Flask-Limiter" in report["skipped"]["flask-limiter"]
+        expected.remove("flask-limiter")
+    assert config["variants"] == expected
+    rows = report["results"]
+    assert sorted(r["variant"] for r in rows) == sorted(expected)
+    assert [s["variant"] for s in report["summary"]] == expected
+    for s in report["summary"]:
+        assert set(s["met"]) == {
+            "in_flight_within_budget",
+            "goodput_ge_90pct",
+            "warm_p99_le_3x_idle",
+            "sustained_warm_p99_le_3x_idle",
+            "no_5xx_or_errors",
+        }
+        assert all(isinstance(v, bool) for v in s["met"].values())
+
+    active = config["active"]
+    for r in rows:
+        for key in ("goodput_pct", "refused_p99_ms", "warm_p99_ms", "idle_p99_ms", "warm_x_idle",
+                    "sustained_x_idle", "redis_ping_p99_ms"):
+            assert key in r, (key, r["variant"])
+        # Behaviour, not speed: every request answered, nothing stuck, no traceback, no 5xx.
+        assert sum(r["cold_status"].values()) == r["cold_requests"] > 0, r
+        assert not r["stuck"] and not r["server_tracebacks"] and not r["cold_errors"], r
+        for f in ("cold_status", "warm_status", "idle_status"):
+            assert r[f]["5xx"] == r[f]["error"] == r[f]["other"] == 0, (f, r)
+        # Every key of the burst is new, so each 200 is exactly one build, counted in Redis.
+        assert r["builds_started"] == r["builds_finished"] == r["cold_status"]["200"], r
+        assert r["max_in_flight"] >= 1, r
+        if r["variant"] == "process":  # a budget per worker
+            assert r["max_in_flight"] <= config["servers"] * config["workers"] * active, r
+    redis_row = next(r for r in rows if r["variant"] == "redis")
+    assert redis_row["redis_path"] in ("library", "extension")
+    # One budget for the service: never more than `active` builds in all processes together,
+    # and every 429 is one refusal of the shared limiter (no follower shares a new key).
+    assert redis_row["max_in_flight"] <= active
+    limiter = redis_row["limiter"]
+    assert limiter["peak_active"] <= active
+    assert limiter["rejected_full"] + limiter["rejected_timeout"] == (
+        redis_row["cold_status"]["429"]
+    )
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_redis_warm_prints_its_ratio() -> None:
+    from tests.support.redis_server import require_redis_server
+
+    require_redis_server()
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "median ratio" in proc.stdout and "goal <= 1.2x" in proc.stdout
+    proc = run_script("redis_warm.py", "--number", "500", "--rounds", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["results"]["warm_hit"]
+    assert row["ratio"] > 0 and row["builds"] == 0 and isinstance(row["met"], bool)
+    assert (row["rounds"], row["ops_per_round"]) == (3, 500)

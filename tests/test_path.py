@@ -564,8 +564,9 @@ def test_a_single_flight_passed_in_is_the_one_used() -> None:
 def test_a_fresh_path_and_limiter_report_all_zero_figures() -> None:
     stats = ColdPath(ColdLimiter(active=3, queue=5, wait=2.5)).stats()
     counters = {name: value for name, value in stats.as_dict().items()
-                if name not in ("capacity_active", "capacity_queue", "wait")}
+                if name not in ("capacity_active", "capacity_queue", "wait", "backend")}
     assert counters and set(counters.values()) == {0}, counters
+    assert (stats.backend, stats.degraded) == ("local", False)
     assert "peak_active" in counters and "peak_queued" in counters
     assert (stats.capacity_active, stats.capacity_queue, stats.wait) == (3, 5, 2.5)
 

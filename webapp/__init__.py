@@ -16,6 +16,8 @@ here and never at import time, and ``config`` overrides it (``webapp/README.md``
                              ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``. The service
                              turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
                              ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
+                             ``REACHLIMIT_REDIS_URL`` shares the limiter, the warm cache
+                             and the singleflight between workers and hosts.
 ===========================  ===============================================================
 
 In ``config``, ``REACH_BLACKLIST`` and ``REACH_HIDDEN_PREFIXES`` may also be lists. Three more
@@ -101,12 +103,12 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         REACH_SNAPSHOT_INTERVAL=60.0,
         REACH_DEMO_STALE_AFTER=86_400.0,
         REACH_WALL_CLOCK=time.time,
-        # The service serves GET /metrics (prometheus_client comes with the webapp extra).
-        REACHLIMIT_METRICS=True,
     )
     app.config.update(_from_env(os.environ))
     if config:
         app.config.update(config)
+    # The service serves GET /metrics (prometheus_client comes with the webapp extra).
+    app.config.setdefault("REACHLIMIT_METRICS", True)
     if app.logger.level == logging.NOTSET:
         app.logger.setLevel(logging.INFO)  # our start-up and cache messages are INFO
 

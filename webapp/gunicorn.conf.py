@@ -12,9 +12,20 @@ design: one expensive endpoint, so every worker is sized around its cold limiter
   responsive while the limiter is saturated. With fewer threads the queue could never fill
   and warm requests would wait behind cold ones (reachlimit warns at start-up).
 
-Limits are per process: W workers run up to W x active cold builds at once (2 x 2 = 4 by
-default) and queue up to W x queue leaders. Keep W x active at or below the cores the database
-scans can use. Raise the threads if you raise REACHLIMIT_ACTIVE or REACHLIMIT_QUEUE.
+Workers and the budget:
+
+- without REACHLIMIT_REDIS_URL each worker has its own limiter, so limits multiply: W workers
+  run up to W x active cold builds at once and queue W x queue leaders. One worker is run
+  (the limits are then the service's); REACH_WORKERS=W runs more, with a warning at start.
+- with REACHLIMIT_REDIS_URL every worker (and every host on the same Redis and
+  REACHLIMIT_REDIS_PREFIX) shares ONE budget of active builds and queue places, so REACH_WORKERS
+  (default 2) adds capacity for warm hits without adding cold builds. ``child_exit`` frees the
+  slots and queue places of a worker that died (SIGKILL, OOM, timeout) at once; without it they
+  would come back only when their lease (REACHLIMIT_LEASE, 10 s) ends. Redis failing is a
+  degraded mode (REACHLIMIT_REDIS_FALLBACK): per-worker limits or 503 refusals, never an error.
+
+Keep the builds that can run at once at or below the cores the database scans can use. Raise
+the threads if you raise REACHLIMIT_ACTIVE or REACHLIMIT_QUEUE.
 
 Metrics: GET /metrics must count the whole server whichever worker answers, so every worker
 writes its figures to files in one directory (prometheus_client's multiprocess mode) and a
@@ -25,7 +36,8 @@ here, at config load - before the preloaded app imports prometheus_client, which
 variable once, at import. ``child_exit`` marks each worker that exits, killed or not, as dead,
 so its gauges (builds running, leaders waiting) drop out of the sums while its counters stay.
 
-Environment: REACH_BIND (default 127.0.0.1:8000), REACH_WORKERS (2), REACH_THREADS (16),
+Environment: REACH_BIND (default 127.0.0.1:8000), REACH_WORKERS (1, or 2 with a Redis URL),
+REACH_THREADS (16), REACHLIMIT_REDIS_URL (and the other REACHLIMIT_* the app reads),
 PROMETHEUS_MULTIPROC_DIR (see above), plus the app's own REACH_DB, REACH_BLACKLIST,
 REACH_HIDDEN_PREFIXES, REACHLIMIT_*. GUNICORN_CMD_ARGS and command-line flags still override
 everything here.
@@ -38,7 +50,9 @@ import tempfile
 from typing import Any
 
 bind = os.environ.get("REACH_BIND", "127.0.0.1:8000")
-workers = int(os.environ.get("REACH_WORKERS", "2"))
+#: The shared limiter's Redis (see the design above); empty: per-worker limiters.
+_REDIS_URL = os.environ.get("REACHLIMIT_REDIS_URL", "").strip()
+workers = int(os.environ.get("REACH_WORKERS", "2" if _REDIS_URL else "1"))
 worker_class = "gthread"
 threads = int(os.environ.get("REACH_THREADS", "16"))
 
@@ -86,8 +100,46 @@ def _prepare_metrics_dir() -> None:
 _prepare_metrics_dir()
 
 
+def when_ready(server: Any) -> None:
+    """In the master, once it listens: warn when per-worker limits multiply."""
+    count = server.cfg.workers
+    if not _REDIS_URL and count > 1:
+        server.log.warning(
+            "reach: %d workers without REACHLIMIT_REDIS_URL: every worker has its own cold "
+            "limiter, so up to %d x REACHLIMIT_ACTIVE builds run at once and %d x "
+            "REACHLIMIT_QUEUE leaders wait; set REACHLIMIT_REDIS_URL to share one budget",
+            count, count, count,
+        )
+
+
+def _release_shared_places(server: Any, pid: int) -> None:
+    """Free the shared build slots and queue places of dead worker ``pid`` on Redis at once
+    (not when their leases end). Never raises: a failure is logged, and the leases still
+    free the places later."""
+    try:
+        from reachlimit.flask import release_worker
+
+        released = release_worker(os.environ, pid)
+    except Exception as exc:
+        from reachlimit._urls import mask_url, scrub, url_secrets
+
+        server.log.warning(
+            "reach: could not free the shared places of worker %d on %s (%s); their leases "
+            "will", pid, mask_url(_REDIS_URL),
+            scrub(f"{type(exc).__name__}: {exc}", url_secrets(_REDIS_URL)),
+        )
+        return
+    if released and any(released):
+        server.log.info(
+            "reach: freed %d build slot(s) and %d queue place(s) of worker %d", *released, pid
+        )
+
+
 def child_exit(server: Any, worker: Any) -> None:
-    """In the master, for every worker that exited (SIGKILL included): drop its gauges."""
+    """In the master, for every worker that exited (SIGKILL included): free its shared
+    places on Redis, then drop its gauges."""
+    if _REDIS_URL:
+        _release_shared_places(server, worker.pid)
     try:
         from prometheus_client import multiprocess
     except ImportError:  # metrics are off and prometheus_client is not installed

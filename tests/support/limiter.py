@@ -32,7 +32,9 @@ LIMITER_FIELDS = frozenset(
     }
 )
 #: The figures ``ColdPathStats.as_dict()`` adds to those of its limiter.
-PATH_FIELDS = frozenset({"hits", "misses", "builds", "coalesced"})
+PATH_FIELDS = frozenset(
+    {"hits", "misses", "builds", "coalesced", "backend", "degraded", "lease_lost"}
+)
 
 
 @contextlib.contextmanager

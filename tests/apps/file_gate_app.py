@@ -1,0 +1,99 @@
+"""A Flask app whose builds wait for a gate FILE, for tests with several gunicorn processes.
+
+design: the builds of every worker of every server share one directory, ``$GATE_DIR``:
+
+    GET /report/<key>   rl.cold(key, build). The build, under an exclusive ``flock`` of
+                        ``GATE_DIR/lock``, creates ``running-<key>`` holding its PID and the
+                        number of builds running (its own included) - so the largest number
+                        ever written is the most builds that ran at once across processes -
+                        and appends the same line to ``log``; then it waits (20 ms polls) until
+                        ``GATE_DIR/open`` exists, for at most ``GATE_TIMEOUT`` s (default 40;
+                        then it fails, so a forgotten gate fails loudly); then removes its
+                        ``running-`` file and returns {"key", "pid"}.
+    GET /health         rl.health_view
+    GET /debug/health   {"pid", "token", "reach": rl.stats()}: the figures and who answered
+    every answer        carries ``X-Worker-Pid``: the PID of the worker that answered it
+
+Files, not Redis, so that the gate keeps working while the tests stop the Redis the limiter
+uses. ``REACHLIMIT_*`` variables are copied into the config as strings (``create_app`` reads
+the environment, never at import time). Test-only: ``/debug/*`` is never in a real service.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, jsonify
+
+from reachlimit.flask import ReachLimit
+from tests.apps.slow_app import add_cold_routes
+
+
+def running_counts(gate_dir: Path) -> list[int]:
+    """The number of builds running that each build saw when it started (see the design)."""
+    log = gate_dir / "log"
+    if not log.exists():
+        return []
+    return [int(line.split()[2]) for line in log.read_text().splitlines() if line.strip()]
+
+
+def build_pids(gate_dir: Path) -> dict[str, int]:
+    """key -> PID of every build running now."""
+    out = {}
+    for path in gate_dir.glob("running-*"):
+        try:
+            out[path.name[len("running-"):]] = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # being written or removed this instant
+    return out
+
+
+def create_app() -> Flask:
+    app = Flask(__name__)
+    for name, value in os.environ.items():
+        if name.startswith("REACHLIMIT_"):
+            app.config[name] = value
+    gate_dir = Path(os.environ["GATE_DIR"])
+    gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
+    rl = ReachLimit(app)
+
+    def build(key: str) -> dict[str, Any]:
+        running = gate_dir / f"running-{key}"
+        with open(gate_dir / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                count = len(list(gate_dir.glob("running-*"))) + 1
+                line = f"{os.getpid()} {key} {count}\n"
+                running.write_text(line)
+                with open(gate_dir / "log", "a") as log:
+                    log.write(line)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        try:
+            deadline = time.monotonic() + gate_timeout
+            while not (gate_dir / "open").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the test never opened the gate for {key!r}")
+                time.sleep(0.02)
+            return {"key": key, "pid": os.getpid()}
+        finally:
+            running.unlink(missing_ok=True)
+
+    add_cold_routes(app, rl, build)
+
+    @app.after_request
+    def who_answered(response: Any) -> Any:
+        response.headers["X-Worker-Pid"] = str(os.getpid())
+        return response
+
+    @app.get("/debug/health")
+    def debug_health() -> Any:
+        return jsonify(
+            pid=os.getpid(), token=os.environ.get("SLOW_APP_TOKEN"), reach=rl.stats().as_dict()
+        )
+
+    return app
