@@ -53,7 +53,11 @@ design:
     poll. A holder that was paused past its lease has lost the slot (counted once, when it is
     reaped); its release is then a no-op in Redis. The same covers a reply lost on the way
     back (a socket timeout after the script ran): the grant or the queue place it made is
-    nobody's, and it ends with its lease or its presence.
+    nobody's, and it ends with its lease or its presence. A client that retries sends the
+    same token again: the acquire script then answers what its first run decided (claiming
+    a slot handed over in between), so a token never both holds and waits. A retried poll,
+    release or refusal can still count its outcome twice (or flag its grant ``lease_lost``);
+    no slot or place is affected.
 
     In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
     each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
@@ -162,6 +166,16 @@ fill()
 # ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms).
 _ACQUIRE = _PRELUDE + """
 local token = ARGV[5]
+-- A token Redis knows already: this is the client retrying the call after losing its reply.
+-- Answer what the first run decided (a slot handed over meanwhile is claimed here), so
+-- that the token never both holds and waits and nothing is counted twice.
+if redis.call('ZSCORE', holders, token) then
+  if redis.call('DEL', bell .. token) == 1 then redis.call('HINCRBY', stats, 'acquired', 1) end
+  redis.call('ZADD', holders, now + lease_ms, token)
+  return {1, 0}
+end
+local first = redis.call('HGET', deadlines, token)
+if first then return {2, math.max(0, tonumber(first) - now)} end
 local held = redis.call('ZCARD', holders)
 if held < capacity then  -- after fill(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)

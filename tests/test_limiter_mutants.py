@@ -1,6 +1,7 @@
 """The key checks catch a broken limiter: each check of ``tests/support/limiter_checks.py``
 passes on ColdLimiter and fails, for the reason it names, on a limiter changed on purpose
-(no gate; a gate place kept when a waiter gives up; a gate place kept at promotion).
+(no gate; a gate place kept when a waiter gives up; a gate place kept at promotion; a release
+that frees nothing).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.support.limiter_checks import (
     check_gate_place_returned_after_promotion,
     check_gate_place_returned_after_timeout,
     check_queue_bound,
+    check_slots_come_back,
 )
 from tests.support.threads import ThreadRunner
 
@@ -29,6 +31,7 @@ def test_the_checks_pass_on_the_real_limiter(threads: ThreadRunner) -> None:
     check_gate_place_returned_after_timeout(ColdLimiter, threads)
     check_gate_place_returned_after_cancel(ColdLimiter, threads)
     check_gate_place_returned_after_promotion(ColdLimiter, threads)
+    check_slots_come_back(ColdLimiter, threads)
 
 
 class _GatelessQueue(queue.Queue):  # type: ignore[type-arg]
@@ -84,3 +87,11 @@ def test_a_limiter_keeping_the_place_of_a_promoted_waiter_fails(
     # The timeout and cancel paths are intact, so those checks still pass.
     check_gate_place_returned_after_timeout(ColdLimiter, threads)
     check_gate_place_returned_after_cancel(ColdLimiter, threads)
+
+
+def test_a_limiter_whose_release_frees_nothing_fails_the_slots_check(
+    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
+) -> None:
+    monkeypatch.setattr(ColdLimiter, "_hand_off_or_free", lambda self: None)
+    with pytest.raises(AssertionError, match="slot not returned after release"):
+        check_slots_come_back(ColdLimiter, threads)

@@ -220,7 +220,12 @@ LOSER_OUTCOME = {"cancel": "cancelled", "expire": "timeout", "token": "error", "
 
 class LimiterMachine(RuleBasedStateMachine):
     """Model: ``holders`` (clients holding a slot) and ``queue`` (admitted waiters in arrival
-    order). A freed slot must go to ``queue[0]``; nothing else may move."""
+    order). A freed slot must go to ``queue[0]``; nothing else may move.
+
+    What depends on the limiter's kind is in three hooks, which
+    ``tests/test_redis_stress.py`` overrides to run this machine on ``RedisColdLimiter``:
+    ``_admitted`` (a waiter has joined the queue), ``_trigger`` (end a waiter's wait) and
+    ``_check_backend`` (the invariants read from the limiter's own state)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -313,10 +318,7 @@ class LimiterMachine(RuleBasedStateMachine):
             stress.wait_for_step(
                 f"{client} admitted", lambda: lim.stats().queued == len(self.queue)
             )
-            if client.token is not None:  # its deadline must be fixed before it may expire
-                assert client.deadline_fixed.wait(stress.STEP_TIMEOUT), (
-                    f"{client} never read the clock"
-                )
+            self._admitted(client)
             MACHINE_COUNTS["queued"] += 1
         else:
             self._expect(client, "queue_full")
@@ -356,7 +358,7 @@ class LimiterMachine(RuleBasedStateMachine):
         """A queued waiter's deadline passes (its own clock jumps to it): Busy(timeout)."""
         MACHINE_COUNTS["steps"] += 1
         victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
-        victim.set_clock(WAIT)
+        self._trigger(victim, "expire")
         self._expect(victim, "timeout")
         self.queue.remove(victim)
         self.expected["rejected_timeout"] += 1
@@ -416,7 +418,7 @@ class LimiterMachine(RuleBasedStateMachine):
             f"the hand-off to {victim}", lambda: self.limiter.stats().queued == len(self.queue) - 1
         )
         assert not victim.done.is_set()
-        trigger(victim, what)
+        self._trigger(victim, what)
         victim.token.resume.set()
         outcome = self._outcome(victim)
         self._wait_finished(holder)
@@ -454,7 +456,24 @@ class LimiterMachine(RuleBasedStateMachine):
         }
         want = {k: self.expected[k] for k in got}
         assert got == want, f"counters {got} != model {want}"
-        check_white_box(self.lim)
+        self._check_backend()
+
+    # -- what depends on the limiter's kind -----------------------------------------------------
+
+    def _admitted(self, client: Client) -> None:
+        """``client`` has just joined the queue."""
+        if client.token is not None:  # its deadline must be fixed before it may expire
+            assert client.deadline_fixed.wait(stress.STEP_TIMEOUT), (
+                f"{client} never read the clock"
+            )
+
+    def _trigger(self, victim: Client, what: str) -> None:
+        """End ``victim``'s wait the way ``what`` says (see :func:`trigger`)."""
+        trigger(victim, what)
+
+    def _check_backend(self) -> None:
+        """The invariants only the limiter's own state shows."""
+        check_white_box(self.limiter)
 
     # -- teardown ----------------------------------------------------------------------------
 
@@ -475,7 +494,7 @@ class LimiterMachine(RuleBasedStateMachine):
                     == self.expected["acquired"]
                     == sum(c.outcome == "grant" for c in self.clients)
                 ), s
-                check_white_box(self.lim)
+                self._check_backend()
         finally:
             for client in self.clients:  # after a failure: unblock whatever is left
                 if client.token is not None:

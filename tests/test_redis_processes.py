@@ -1,9 +1,9 @@
 """RedisColdLimiter across real processes: one budget for all of them.
 
-Each process is ``tests/support/redis_worker.py``, a Python subprocess with its own
-limiter object on the same Redis and name, told over stdin what to acquire and release
-and reporting each outcome on stdout. The test process watches the global figures through a
-limiter of its own.
+Each process is ``tests/support/redis_worker.py`` (started by ``tests/support/redis_procs.py``),
+a Python subprocess with its own limiter object on the same Redis and name, told over stdin
+what to acquire and release and reporting each outcome on stdout. The test process watches
+the global figures through a limiter of its own.
 Every process is stopped by its PID at the end of its test (SIGKILL, then a bounded wait).
 Waits are for states, with a bounded ``wait_until``; nothing is timed.
 """
@@ -11,11 +11,8 @@ Waits are for states, with a bounded ``wait_until``; nothing is timed.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +23,11 @@ import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
+from tests.support.redis_procs import (
+    DEADLINE,
+    Worker,
+    start_workers_fixture,  # noqa: F401 (the start_workers fixture)
+)
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -36,10 +38,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "support" / "redis_worker.py"
-#: How long a process may take to start, or a state to be reached, before the test fails.
-#: Generous: only a failing (or hopelessly overloaded) run gets near it.
-DEADLINE = 30.0
 
 
 @pytest.fixture
@@ -64,81 +62,6 @@ def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]
     yield make
     for lim in made:
         lim.close()
-
-
-class Worker:
-    """One ``redis_worker.py`` process and the events it has reported."""
-
-    def __init__(self, port: int, name: str, settings: dict[str, Any]) -> None:
-        args = [str(port), name] + [str(settings[k]) for k in ("active", "queue", "wait", "lease")]
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._lock:
-                self.events.append(json.loads(line))
-
-    def seen(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.events)
-
-    def outcome(self, attempt: str) -> str | None:
-        for event in self.seen():
-            if event.get("id") == attempt and event["event"] != "released":
-                return str(event["event"])
-        return None
-
-    def send(self, command: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-
-    def kill(self) -> None:
-        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(DEADLINE)
-        self._reader.join(DEADLINE)
-
-
-@pytest.fixture
-def start_workers(
-    redis_server: RedisServer, client: redis.Redis
-) -> Iterator[Callable[..., list[Worker]]]:
-    started: list[Worker] = []
-
-    def start(n: int, name: str = "procs", **settings: Any) -> list[Worker]:
-        merged = {"active": 2, "queue": 8, "wait": 60.0, "lease": 10.0, **settings}
-        workers = [Worker(redis_server.port, name, merged) for _ in range(n)]
-        started.extend(workers)
-        for w in workers:
-            wait_until(
-                f"worker {w.pid} ready",
-                lambda w=w: any(e["event"] == "ready" for e in w.seen()),
-                timeout=DEADLINE,
-            )
-        return workers
-
-    yield start
-    for w in started:
-        w.kill()
-    assert all(w.process.poll() is not None for w in started)
 
 
 def test_four_processes_share_one_budget(

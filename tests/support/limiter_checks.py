@@ -2,7 +2,11 @@
 
 The normal tests run them against ``ColdLimiter``; ``tests/test_limiter_mutants.py`` runs
 them against limiters broken on purpose and shows that each check then fails, and fails for
-the reason it names.
+the reason it names. ``tests/test_redis_mutants.py`` does the same for ``RedisColdLimiter``
+(a factory that makes one on a fresh name, and mutants whose Lua scripts forget a place):
+the checks only use the public ``acquire``/``stats`` and :func:`places_taken`, which reads
+the queue where each limiter keeps it (the gate of a ``ColdLimiter``, the queue ZSET in
+Redis).
 """
 
 from __future__ import annotations
@@ -15,11 +19,25 @@ import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter, Grant
 from tests.support.clock import FakeClock
-from tests.support.limiter import Attempt, ProbeCancel, gate_size, start_acquire
+from tests.support.limiter import (
+    Attempt,
+    ProbeCancel,
+    gate_size,
+    start_acquire,
+    try_acquire_now,
+)
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 
 MakeLimiter = Callable[..., ColdLimiter]
+
+
+def places_taken(lim: Any) -> int:
+    """Queue places taken right now: the gate of a ``ColdLimiter`` (read under its lock), or
+    the queue ZSET of a ``RedisColdLimiter``, read from Redis itself."""
+    if isinstance(lim, ColdLimiter):
+        return gate_size(lim)
+    return int(lim._client.zcard(lim.keys[1]))
 
 
 def check_queue_bound(make_limiter: MakeLimiter, threads: ThreadRunner) -> None:
@@ -74,7 +92,7 @@ def check_gate_place_returned_after_timeout(
                 f"gate place not returned after timeout: attempt {attempt} got "
                 f"{info.value.reason!r} instead of being admitted"
             )
-            assert gate_size(lim) == 0, "gate place not returned after timeout (qsize != 0)"
+            assert places_taken(lim) == 0, "gate place not returned after timeout (qsize != 0)"
             assert lim.stats().queued == 0
         assert lim.stats().rejected_timeout == 3
     finally:
@@ -116,7 +134,7 @@ def check_gate_place_returned_after_cancel(
             cancels[-1].set()
             waiter.wait_done()
             assert isinstance(waiter.error, Cancelled)
-            assert gate_size(lim) == 0, "gate place not returned after cancel (qsize != 0)"
+            assert places_taken(lim) == 0, "gate place not returned after cancel (qsize != 0)"
             assert lim.stats().queued == 0
         assert lim.stats().cancelled == 3
     finally:
@@ -143,7 +161,7 @@ def check_gate_place_returned_after_promotion(
             waiter.wait_done()
             assert waiter.grant is not None, f"not promoted: {waiter.error!r}"
             holder = waiter.grant
-            assert gate_size(lim) == 0, "gate place not returned after promotion (qsize != 0)"
+            assert places_taken(lim) == 0, "gate place not returned after promotion (qsize != 0)"
             s = lim.stats()
             assert (s.active, s.queued) == (1, 0)
     finally:
@@ -152,3 +170,18 @@ def check_gate_place_returned_after_promotion(
         threads.join_all()
         if holder is not None:
             holder.release()
+
+
+def check_slots_come_back(make_limiter: MakeLimiter, threads: ThreadRunner) -> None:
+    """Every release gives its slot back: three rounds of taking every slot at once
+    (``active=2``, no queue) and releasing them all."""
+    lim = make_limiter(active=2, queue=0, clock=FakeClock())
+    for round_ in range(3):
+        taken = [g for g in (try_acquire_now(lim) for _ in range(2)) if g is not None]
+        for grant in taken:
+            grant.release()
+        assert len(taken) == 2, (
+            f"slot not returned after release: round {round_} could take {len(taken)} of 2"
+        )
+        held = lim.stats().active
+        assert held == 0, f"slot not returned after release: {held} still held"

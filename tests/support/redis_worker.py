@@ -1,12 +1,24 @@
 """One process using a RedisColdLimiter, driven by tests/test_redis_processes.py.
 
-    python tests/redis_worker.py PORT NAME ACTIVE QUEUE WAIT LEASE
+    python tests/support/redis_worker.py PORT NAME ACTIVE QUEUE WAIT LEASE [patient|impatient]
+
+``patient``: the client retries through a Redis restart (50 tries, backoff capped at 0.2 s);
+``impatient``: it never retries; neither: redis-py's default retries.
+``presence=SECONDS``: the limiter's ``PRESENCE`` (how long its waiters stay queued after
+their last poll), for a test that pauses a waiter.
 
 Reads commands on stdin, one a line, and reports on stdout, one JSON object a line:
 
     acquire ID   -> {"id": ID, "event": "granted" | "queue_full" | "timeout" | "cancelled"
-                     | "error", ...} once the acquire (run in its own thread) returns
-    release ID   -> {"id": ID, "event": "released"}
+                     | "error", "elapsed": seconds (this process's monotonic clock), ...}
+                    once the acquire (run in its own thread) returns; a grant also reports
+                    its ``token`` and ``building``: the grants held at that instant in all
+                    processes (a shared Redis counter ``NAME:building``, +1 on a grant and -1
+                    on its release)
+    release ID   -> {"id": ID, "event": "released", "lease_lost": bool}
+    status ID    -> {"id": ID, "event": "status", "held": bool, "lease_lost": bool}
+    time         -> {"event": "time", "time": time.time(), "monotonic": time.monotonic()}:
+                    what this process's clocks say (a test runs one under libfaketime)
     storm N T SEED -> T threads make N attempts in all, each held a few random milliseconds
                      (some with a cancel token that fires after a random delay); then
                      {"event": "storm", "granted": .., "queue_full": .., "timeout": ..,
@@ -30,6 +42,8 @@ from collections import Counter
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
 
 from reachlimit import Busy, Cancelled, Grant
 from reachlimit.redis import RedisColdLimiter
@@ -55,25 +69,52 @@ def report(**fields: Any) -> None:
 
 def main() -> None:
     port, name, active, queue, wait, lease = sys.argv[1:7]
+    options: dict[str, Any] = {}
+    if "patient" in sys.argv[7:]:
+        options["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.01), 50)
+    elif "impatient" in sys.argv[7:]:
+        options["retry"] = Retry(NoBackoff(), 0)
     client = redis.Redis(
-        host="127.0.0.1", port=int(port), socket_timeout=0.5, socket_connect_timeout=0.5
+        host="127.0.0.1", port=int(port), socket_timeout=0.5, socket_connect_timeout=0.5,
+        **options,
     )
-    lim = RedisColdLimiter(
-        client, name, int(active), int(queue), float(wait), lease=float(lease)
-    )
+    presence = [float(o.split("=", 1)[1]) for o in sys.argv[7:] if o.startswith("presence=")]
+
+    class Limiter(RedisColdLimiter):
+        PRESENCE = presence[-1] if presence else RedisColdLimiter.PRESENCE
+
+    lim = Limiter(client, name, int(active), int(queue), float(wait), lease=float(lease))
     grants: dict[str, Grant] = {}
+    building_key = f"{name}:building"
 
     def acquire(attempt: str) -> None:
+        started = time.monotonic()
         try:
-            grants[attempt] = lim.acquire()
+            grant = lim.acquire()
         except Busy as exc:
-            report(id=attempt, event=exc.reason)
+            report(id=attempt, event=exc.reason, elapsed=time.monotonic() - started)
         except Cancelled:
-            report(id=attempt, event="cancelled")
+            report(id=attempt, event="cancelled", elapsed=time.monotonic() - started)
+        except Exception as exc:  # reported, so that the test fails with it
+            report(
+                id=attempt, event="error", error=repr(exc), elapsed=time.monotonic() - started
+            )
+        else:
+            elapsed = time.monotonic() - started
+            grants[attempt] = grant
+            building = int(client.incr(building_key))
+            token = getattr(grant, "token", None)
+            report(id=attempt, event="granted", elapsed=elapsed, token=token, building=building)
+
+    def release(attempt: str) -> None:
+        grant = grants.pop(attempt)
+        try:
+            grant.release()
+            client.decr(building_key)
         except Exception as exc:  # reported, so that the test fails with it
             report(id=attempt, event="error", error=repr(exc))
-        else:
-            report(id=attempt, event="granted")
+            return
+        report(id=attempt, event="released", lease_lost=bool(getattr(grant, "lease_lost", 0)))
 
     def storm(attempts: int, threads: int, seed: int) -> None:
         outcomes: Counter[str] = Counter()
@@ -122,8 +163,13 @@ def main() -> None:
             n, t, seed = (int(x) for x in attempt.split())
             threading.Thread(target=storm, args=(n, t, seed), daemon=True).start()
         elif command == "release":
-            grants.pop(attempt).release()
-            report(id=attempt, event="released")
+            release(attempt)
+        elif command == "status":
+            grant = grants[attempt]
+            lost = bool(getattr(grant, "lease_lost", False))
+            report(id=attempt, event="status", held=grant.held, lease_lost=lost)
+        elif command == "time":
+            report(event="time", time=time.time(), monotonic=time.monotonic())
     lim.close()
 
 

@@ -1,0 +1,214 @@
+"""The key checks catch a broken Redis limiter too.
+
+Each check of ``tests/support/limiter_checks.py`` passes on ``RedisColdLimiter`` and fails,
+for the reason it names, on a ``RedisColdLimiter`` whose Lua scripts forget a place on
+purpose. A mutant's script is the real script text with one piece replaced; the test first
+asserts that the piece is there exactly once in every script it changes, so a change of the
+real scripts makes the mutant fail loudly instead of quietly testing the unchanged code.
+
+Mutants:
+
+* the poll script's timeout branch keeps the waiter queued (its place is never given back);
+* the poll script's give-up branch keeps the waiter queued (a cancel keeps the place);
+* promotion (``fill``, in every script) moves the oldest waiter into the holders but leaves
+  it in the queue too;
+* the release script leaves the holder where it is (the slot is never given back).
+
+The factory below stands for ``ColdLimiter(active, queue, wait, clock=...)``: each call makes
+a limiter on a fresh name (so no check sees another's leftovers). A ``FakeClock`` that steps
+on every read means "the wait runs out at once" in the checks; on Redis, whose clock cannot
+be faked, that becomes a 50 ms wait; otherwise the wait is a minute.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit import redis as redis_module
+from reachlimit.redis import RedisColdLimiter
+from tests.support.limiter_checks import (
+    check_gate_place_returned_after_cancel,
+    check_gate_place_returned_after_promotion,
+    check_gate_place_returned_after_timeout,
+    check_queue_bound,
+    check_slots_come_back,
+)
+from tests.support.redis_server import (
+    RedisServer,
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+)
+from tests.support.threads import ThreadRunner
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+#: Each script of the limiter: the attribute that holds it and the module's script text.
+SCRIPTS = {
+    "_acquire_script": "_ACQUIRE",
+    "_poll_script": "_POLL",
+    "_release_script": "_RELEASE",
+    "_renew_script": "_RENEW",
+    "_stats_script": "_STATS",
+}
+
+
+def mutant(old: str, new: str, scripts: tuple[str, ...]) -> type[RedisColdLimiter]:
+    """A RedisColdLimiter whose ``scripts`` (attribute names) run the real text with ``old``
+    replaced by ``new``; ``old`` must be found exactly once in each of them."""
+    broken: dict[str, str] = {}
+    for attr in scripts:
+        text: str = getattr(redis_module, SCRIPTS[attr])
+        assert text.count(old) == 1, f"{SCRIPTS[attr]} no longer contains the mutated piece"
+        broken[attr] = text.replace(old, new)
+        assert broken[attr] != text
+
+    class Mutant(RedisColdLimiter):
+        def __init__(self, client: redis.Redis, *args: Any, **kwargs: Any) -> None:
+            super().__init__(client, *args, **kwargs)
+            for attr, text in broken.items():
+                assert hasattr(self, attr), f"RedisColdLimiter has no {attr} any more"
+                setattr(self, attr, client.register_script(text))
+
+    return Mutant
+
+
+#: The poll script's timeout branch, without the line that gives the place back.
+TIMEOUT_KEEPS_PLACE = mutant(
+    "if remaining <= 0 then\n  forget_waiter(token)\n",
+    "if remaining <= 0 then\n",
+    ("_poll_script",),
+)
+#: The poll script's give-up branch (cancelled, or an error), keeping the place.
+GIVE_UP_KEEPS_PLACE = mutant(
+    "if leaving ~= 0 then\n  forget_waiter(token)\n",
+    "if leaving ~= 0 then\n",
+    ("_poll_script",),
+)
+#: Promotion that forgets to take the promoted waiter out of the queue (in every script,
+#: since every script promotes).
+PROMOTION_KEEPS_PLACE = mutant(
+    "    forget_waiter(token)\n    redis.call('ZADD', holders, now + presence_ms, token)",
+    "    redis.call('ZREM', alive, token)\n    redis.call('HDEL', deadlines, token)\n"
+    "    redis.call('ZADD', holders, now + presence_ms, token)",
+    tuple(SCRIPTS),
+)
+#: A release that answers as if it freed the slot, and frees nothing.
+RELEASE_KEEPS_SLOT = mutant(
+    "local mine = redis.call('ZREM', holders, ARGV[5])",
+    "local mine = redis.call('ZSCORE', holders, ARGV[5]) and 1 or 0",
+    ("_release_script",),
+)
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(
+        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5, socket_connect_timeout=0.5
+    )
+    c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def factory(client: redis.Redis) -> Iterator[Callable[[type[RedisColdLimiter]], Any]]:
+    """``factory(cls)``: a limiter factory with ColdLimiter's signature, making ``cls`` on a
+    fresh name each call; every limiter made is closed at teardown."""
+    made: list[RedisColdLimiter] = []
+    names = itertools.count()
+
+    def for_class(cls: type[RedisColdLimiter]) -> Callable[..., RedisColdLimiter]:
+        def make(
+            active: int = 2, queue: int = 8, wait: float = 3.0, clock: Any = None, **_: Any
+        ) -> RedisColdLimiter:
+            runs_out = getattr(clock, "step", 0) > 0
+            lim = cls(
+                client, f"check-{next(names)}", active, queue, wait=0.05 if runs_out else 60.0
+            )
+            made.append(lim)
+            return lim
+
+        return make
+
+    yield for_class
+    for lim in made:
+        lim.close()
+
+
+ALL_CHECKS = (
+    check_queue_bound,
+    check_gate_place_returned_after_timeout,
+    check_gate_place_returned_after_cancel,
+    check_gate_place_returned_after_promotion,
+    check_slots_come_back,
+)
+
+
+def test_the_checks_pass_on_the_real_redis_limiter(
+    factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
+) -> None:
+    for check in ALL_CHECKS:
+        check(factory(RedisColdLimiter), threads)
+
+
+TIMEOUT, CANCEL, PROMOTION = (
+    check_gate_place_returned_after_timeout,
+    check_gate_place_returned_after_cancel,
+    check_gate_place_returned_after_promotion,
+)
+
+
+@pytest.mark.parametrize(
+    ("cls", "check", "reason", "intact"),
+    [
+        pytest.param(
+            TIMEOUT_KEEPS_PLACE,
+            TIMEOUT,
+            "gate place not returned after timeout",
+            (check_queue_bound, CANCEL, PROMOTION, check_slots_come_back),
+            id="timeout-keeps-place",
+        ),
+        pytest.param(
+            GIVE_UP_KEEPS_PLACE,
+            CANCEL,
+            "gate place not returned after cancel",
+            (check_queue_bound, TIMEOUT, PROMOTION, check_slots_come_back),
+            id="give-up-keeps-place",
+        ),
+        pytest.param(
+            PROMOTION_KEEPS_PLACE,
+            PROMOTION,
+            "gate place not returned after promotion",
+            (check_queue_bound, TIMEOUT, CANCEL, check_slots_come_back),
+            id="promotion-keeps-place",
+        ),
+        # No release at all: the promotion check would only wait for a hand-off that never
+        # comes, so it is left out; the others never need a holder to leave.
+        pytest.param(
+            RELEASE_KEEPS_SLOT,
+            check_slots_come_back,
+            "slot not returned after release",
+            (check_queue_bound, TIMEOUT, CANCEL),
+            id="release-keeps-slot",
+        ),
+    ],
+)
+def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(
+    cls: type[RedisColdLimiter],
+    check: Callable[..., None],
+    reason: str,
+    intact: tuple[Callable[..., None], ...],
+    factory: Callable[[type[RedisColdLimiter]], Any],
+    threads: ThreadRunner,
+) -> None:
+    """The mutant fails the check named for its fault, with that check's message, and passes
+    the checks of the paths it left intact (so it is caught for the right reason)."""
+    make = factory(cls)
+    with pytest.raises(AssertionError, match=reason):
+        check(make, threads)
+    for other in intact:
+        other(make, threads)
