@@ -54,7 +54,9 @@ design:
 
     In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
     each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
-    lock, notified when the first grant is taken and on ``close``. No Redis call is made
+    lock. It waits untimed only when it found nothing held (idle); a grant taken then, and
+    ``close``, notify it. Once woken it waits a whole interval before it may go idle again,
+    so an acquire has a thread to wake at most once per interval. No Redis call is made
     under the lock.
 
     Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
@@ -68,10 +70,13 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
@@ -92,6 +97,12 @@ _KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
 
 # Common to every script: KEYS as above; ARGV[1] the doorbell key prefix, ARGV[2] active,
 # ARGV[3] the lease and ARGV[4] the presence period (ms).
+#
+# The prelude counts the holders and the waiters once (``held``, ``queued``) and every step
+# after it keeps the two counts up to date, so that the common cases cost few calls: a reap
+# with nothing to reap is one read per set that is not empty, a fill with nobody waiting or
+# no slot free is none. A script that removes holders or waiters itself adjusts the counts
+# (or calls ``recount()``) before it calls ``fill()``.
 _PRELUDE = """
 local holders, queue, alive, deadlines, stats, seq =
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -101,6 +112,13 @@ local lease_ms = tonumber(ARGV[3])
 local presence_ms = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = redis.call('ZCARD', holders)
+local queued = redis.call('ZCARD', queue)  -- alive holds exactly the queued tokens
+
+local function recount()
+  held = redis.call('ZCARD', holders)
+  queued = redis.call('ZCARD', queue)
+end
 
 local function raise_peak(field, value)
   if value > (tonumber(redis.call('HGET', stats, field)) or 0) then
@@ -116,58 +134,65 @@ end
 
 local function reap()
   -- Counted first, removed only if there is something to remove: a refusal writes nothing.
-  local lost = redis.call('ZCOUNT', holders, '-inf', now)
-  if lost > 0 then
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-    redis.call('HINCRBY', stats, 'lease_lost', lost)
+  if held > 0 then
+    local lost = redis.call('ZCOUNT', holders, '-inf', now)
+    if lost > 0 then
+      redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+      redis.call('HINCRBY', stats, 'lease_lost', lost)
+      held = held - lost
+    end
   end
-  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
-  for _, token in ipairs(dead) do
-    forget_waiter(token)
-    redis.call('DEL', bell .. token)
+  if queued > 0 then
+    local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+    for _, token in ipairs(dead) do
+      forget_waiter(token)
+      redis.call('DEL', bell .. token)
+    end
+    if #dead > 0 then queued = redis.call('ZCARD', queue) end
   end
 end
 
 local function fill()
-  local promoted = false
-  while redis.call('ZCARD', holders) < capacity do
-    local oldest = redis.call('ZRANGE', queue, 0, 0)
-    if #oldest == 0 then break end
-    local token = oldest[1]
+  if held >= capacity or queued == 0 then return end
+  -- The oldest waiters, as many as there are free slots, in ticket order.
+  local oldest = redis.call('ZRANGE', queue, 0, capacity - held - 1)
+  for _, token in ipairs(oldest) do
     forget_waiter(token)
     redis.call('ZADD', holders, now + presence_ms, token)
     redis.call('RPUSH', bell .. token, 1)
     redis.call('PEXPIRE', bell .. token, 2 * presence_ms)
-    promoted = true
   end
-  if promoted then raise_peak('peak_active', redis.call('ZCARD', holders)) end
+  if #oldest > 0 then
+    held = held + #oldest
+    queued = queued - #oldest
+    raise_peak('peak_active', held)
+  end
 end
 
 reap()
 fill()
 """
 
-# ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms).
+# ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms). Replies 1 granted, 0 refused
+# (queue full), 2 queued (the wait is the client's own ``wait``: it sent it).
 _ACQUIRE = _PRELUDE + """
 local token = ARGV[5]
-local held = redis.call('ZCARD', holders)
 if held < capacity then  -- after fill(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)
   redis.call('HINCRBY', stats, 'acquired', 1)
   raise_peak('peak_active', held + 1)
-  return {1, 0}
+  return 1
 end
-local queued = redis.call('ZCARD', queue)
 if queued >= tonumber(ARGV[6]) then
   redis.call('HINCRBY', stats, 'rejected_full', 1)
-  return {0, 0}
+  return 0
 end
 local ticket = redis.call('INCR', seq)
 redis.call('ZADD', queue, ticket, token)
 redis.call('ZADD', alive, now + presence_ms, token)
 redis.call('HSET', deadlines, token, now + tonumber(ARGV[7]))
 raise_peak('peak_queued', queued + 1)
-return {2, tonumber(ARGV[7])}
+return 2
 """
 
 # ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error; not counted).
@@ -178,6 +203,7 @@ if redis.call('ZSCORE', holders, token) then
   redis.call('DEL', bell .. token)
   if leaving ~= 0 then  -- promoted at the instant we gave up: pass the slot on
     redis.call('ZREM', holders, token)
+    held = held - 1
     if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
     fill()
     return {4, 0}
@@ -212,7 +238,10 @@ return {2, remaining}
 # ARGV[5] token. Replies 1 if the slot was still this grant's, else 0.
 _RELEASE = _PRELUDE + """
 local mine = redis.call('ZREM', holders, ARGV[5])
-if mine == 1 then fill() end
+if mine == 1 then
+  held = held - 1
+  fill()
+end
 return mine
 """
 
@@ -230,7 +259,7 @@ return lost
 """
 
 _STATS = _PRELUDE + """
-return {redis.call('ZCARD', holders), redis.call('ZCARD', queue), redis.call('HGETALL', stats)}
+return {held, queued, redis.call('HGETALL', stats)}
 """
 
 _COUNTERS = (
@@ -361,11 +390,26 @@ class RedisColdLimiter(LimiterFigures):
         self._release_script = client.register_script(_RELEASE)
         self._renew_script = client.register_script(_RENEW)
         self._stats_script = client.register_script(_STATS)
+        # The hot paths send EVALSHA themselves, with everything but the token encoded once
+        # here: redis-py's Script object rebuilds and re-encodes the keys and arguments on
+        # every call, which costs about as much as the script takes to run.
+        fixed = [
+            str(len(self._keys)).encode(),
+            *(key.encode() for key in self._keys),
+            *(str(arg).encode() for arg in self._common),
+        ]
+        self._acquire_head = (self._acquire_script.sha.encode(), *fixed)
+        self._acquire_tail = (str(self._queue_capacity).encode(), str(self._wait_ms).encode())
+        self._release_head = (self._release_script.sha.encode(), *fixed)
+        self._poll_head = (self._poll_script.sha.encode(), *fixed)
+        self._execute: Callable[..., Any] = client.execute_command
         socket_timeout = _socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
         self._block_cap = socket_timeout / 2 if socket_timeout else math.inf
         self._lock = threading.Lock()
-        self._renew_wake = threading.Condition(self._lock)  # notified on a new grant and close
+        self._renew_wake = threading.Condition(self._lock)  # notified on close, and on a
+        # grant taken while the renewer is idle (it found nothing held: then it waits untimed)
+        self._renewer_idle = False  # guarded by _lock
         self._held: dict[str, RedisGrant] = {}  # guarded by _lock: grants to renew
         self._closed = False  # guarded by _lock
         self._renewer: threading.Thread | None = None  # guarded by _lock
@@ -402,12 +446,12 @@ class RedisColdLimiter(LimiterFigures):
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         token = secrets.token_hex(12)
-        status, remaining_ms = self._admit(token)
+        status = self._evalsha(self._acquire_script, self._acquire_head, token, *self._acquire_tail)
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
-        return self._wait_for_slot(token, remaining_ms / 1000, cancel)
+        return self._wait_for_slot(token, self._wait_ms / 1000, cancel)
 
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together (one round trip, which also reaps)."""
@@ -450,16 +494,24 @@ class RedisColdLimiter(LimiterFigures):
 
     # -- the scripts ----------------------------------------------------------------------
 
+    def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes) -> Any:
+        """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
+        common arguments, encoded; ``args`` follow. A Redis that does not know the script
+        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does."""
+        try:
+            return self._execute("EVALSHA", *head, *args)
+        except NoScriptError:
+            self._client.script_load(script.script)
+            return self._execute("EVALSHA", *head, *args)
+
     def _admit(self, token: str) -> tuple[int, int]:
         """The acquire script: (status, wait in ms)."""
-        reply = self._acquire_script(
-            keys=self._keys, args=[*self._common, token, self._queue_capacity, self._wait_ms]
-        )
-        return int(reply[0]), int(reply[1])
+        status = self._evalsha(self._acquire_script, self._acquire_head, token, *self._acquire_tail)
+        return int(status), self._wait_ms
 
     def _poll(self, token: str, leaving: int) -> tuple[int, int]:
         """The poll script: (outcome, milliseconds left of the wait)."""
-        reply = self._poll_script(keys=self._keys, args=[*self._common, token, leaving])
+        reply = self._evalsha(self._poll_script, self._poll_head, token, str(leaving))
         return int(reply[0]), int(reply[1])
 
     # -- waiting --------------------------------------------------------------------------
@@ -511,8 +563,9 @@ class RedisColdLimiter(LimiterFigures):
     def _granted(self, token: str) -> RedisGrant:
         grant = RedisGrant(self, token)
         with self._lock:
-            if not self._held:
-                self._renew_wake.notify()  # the renewer sleeps while nothing is held
+            if self._renewer_idle:  # waiting untimed: it has a lease to renew now
+                self._renewer_idle = False
+                self._renew_wake.notify()
             self._held[token] = grant
             if self._renewer is None or not self._renewer.is_alive():
                 # None yet, or the process forked since: threads do not survive a fork.
@@ -531,8 +584,8 @@ class RedisColdLimiter(LimiterFigures):
                 return
             grant._held = False
             del self._held[grant.token]
-        mine = self._release_script(keys=self._keys, args=[*self._common, grant.token])
-        if not int(mine):
+        mine = self._evalsha(self._release_script, self._release_head, grant.token)
+        if not mine:
             grant._lost = True
 
     def _renew_forever(self) -> None:
@@ -541,8 +594,15 @@ class RedisColdLimiter(LimiterFigures):
         interval = self._lease / 3
         while True:
             with self._lock:
-                while not self._closed and not self._held:
-                    self._renew_wake.wait()
+                if not self._closed and not self._held:
+                    # Idle until a grant is taken (it clears the flag) or close. Woken, we
+                    # wait a whole interval before we may go idle again: a limiter whose
+                    # grants come and go wakes this thread at most once an interval, not on
+                    # every acquire.
+                    self._renewer_idle = True
+                    while not self._closed and self._renewer_idle:
+                        self._renew_wake.wait()
+                    self._renewer_idle = False
                 if self._closed:
                     return
                 self._renew_wake.wait(interval)
