@@ -95,25 +95,39 @@ _STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowh
 # The fixed keys, after the hash tag, in the order the scripts read KEYS.
 _KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
 
-# Common to every script: KEYS as above; ARGV[1] the doorbell key prefix, ARGV[2] active,
-# ARGV[3] the lease and ARGV[4] the presence period (ms).
-#
-# The prelude counts the holders and the waiters once (``held``, ``queued``) and every step
-# after it keeps the two counts up to date, so that the common cases cost few calls: a reap
-# with nothing to reap is one read per set that is not empty, a fill with nobody waiting or
-# no slot free is none. A script that removes holders or waiters itself adjusts the counts
-# (or calls ``recount()``) before it calls ``fill()``.
-_PRELUDE = """
-local holders, queue, alive, deadlines, stats, seq =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+# Every script reads KEYS as above. Its settings come one of two ways:
+# - sent: ARGV[1] the doorbell key prefix, ARGV[2] active, ARGV[3] the lease and ARGV[4] the
+#   presence period (ms); the script's own arguments follow from ARGV[5] (``_PRELUDE``);
+# - built in: the two hot scripts, acquire and release, are made per limiter with its
+#   settings written into the text (``_hot_script``), so that each call sends only the token;
+#   the doorbell prefix is then derived from KEYS[1] (``T:holders`` -> ``T:w:``).
+_SENT_SETTINGS = """
 local bell = ARGV[1]
 local capacity = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local presence_ms = tonumber(ARGV[4])
+local queue_cap = false  -- not sent: waiters are counted the general way
+"""
+
+_BUILT_IN_SETTINGS = """
+local bell = string.sub(KEYS[1], 1, -8) .. 'w:'
+local capacity, lease_ms, presence_ms = @ACTIVE@, @LEASE_MS@, @PRESENCE_MS@
+local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
+"""
+
+# The prelude counts the holders and the waiters once (``held``, ``queued``) and every step
+# after it keeps the two counts up to date, so that the common cases cost few calls: nothing
+# to reap is one read for the holders (none when there are none) and one for the waiters; a
+# fill with nobody waiting or no slot free is none. When every slot is held and the queue
+# capacity is known, the waiters are counted by their live presences: a queue full of live
+# waiters (the refusal's case) is then one read, and nothing in it is due for reaping. A
+# script that removes holders or waiters itself adjusts the counts (or calls ``recount()``)
+# before it calls ``fill()``.
+_BODY = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local held = redis.call('ZCARD', holders)
-local queued = redis.call('ZCARD', queue)  -- alive holds exactly the queued tokens
+local held = redis.call('ZCARD', holders)  -- never more than capacity
+local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
 
 local function recount()
   held = redis.call('ZCARD', holders)
@@ -142,6 +156,14 @@ local function reap()
       held = held - lost
     end
   end
+  if queue_cap and held >= capacity then
+    local live = redis.call('ZCOUNT', alive, '(' .. now, '+inf')
+    if live >= queue_cap then
+      queued = live
+      return
+    end
+  end
+  queued = redis.call('ZCARD', queue)
   if queued > 0 then
     local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
     for _, token in ipairs(dead) do
@@ -173,27 +195,55 @@ reap()
 fill()
 """
 
-# ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms). Replies 1 granted, 0 refused
-# (queue full), 2 queued (the wait is the client's own ``wait``: it sent it).
-_ACQUIRE = _PRELUDE + """
-local token = ARGV[5]
+_KEYS = """
+local holders, queue, alive, deadlines, stats, seq =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+"""
+
+#: The start of every script whose settings are sent (ARGV[1..4]); its own arguments follow.
+_PRELUDE = _KEYS + _SENT_SETTINGS + _BODY
+
+# Hot: ARGV[1] token. Replies 1 granted, 0 refused (queue full), 2 queued (for the client's
+# own ``wait``).
+_ACQUIRE = """
+local token = ARGV[1]
 if held < capacity then  -- after fill(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)
   redis.call('HINCRBY', stats, 'acquired', 1)
   raise_peak('peak_active', held + 1)
   return 1
 end
-if queued >= tonumber(ARGV[6]) then
+if queued >= queue_cap then
   redis.call('HINCRBY', stats, 'rejected_full', 1)
   return 0
 end
 local ticket = redis.call('INCR', seq)
 redis.call('ZADD', queue, ticket, token)
 redis.call('ZADD', alive, now + presence_ms, token)
-redis.call('HSET', deadlines, token, now + tonumber(ARGV[7]))
+redis.call('HSET', deadlines, token, now + wait_ms)
 raise_peak('peak_queued', queued + 1)
 return 2
 """
+
+# Hot: ARGV[1] token. Replies 1 if the slot was still this grant's, else 0.
+_RELEASE = """
+local mine = redis.call('ZREM', holders, ARGV[1])
+if mine == 1 then
+  held = held - 1
+  fill()
+end
+return mine
+"""
+
+
+def _hot_script(steps: str, active: int, queue: int, lease_ms: int, presence_ms: int,
+                wait_ms: int) -> str:
+    """The text of a hot script (``_ACQUIRE`` or ``_RELEASE``) for these settings."""
+    settings = _BUILT_IN_SETTINGS
+    for name, value in (("ACTIVE", active), ("QUEUE", queue), ("LEASE_MS", lease_ms),
+                        ("PRESENCE_MS", presence_ms), ("WAIT_MS", wait_ms)):
+        settings = settings.replace(f"@{name}@", str(int(value)))
+    return _KEYS + settings + _BODY + steps
 
 # ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error; not counted).
 _POLL = _PRELUDE + """
@@ -233,16 +283,6 @@ if remaining <= 0 then
 end
 redis.call('ZADD', alive, now + presence_ms, token)
 return {2, remaining}
-"""
-
-# ARGV[5] token. Replies 1 if the slot was still this grant's, else 0.
-_RELEASE = _PRELUDE + """
-local mine = redis.call('ZREM', holders, ARGV[5])
-if mine == 1 then
-  held = held - 1
-  fill()
-end
-return mine
 """
 
 # ARGV[5..] tokens. Replies the tokens no longer held (their lease was lost).
@@ -385,23 +425,24 @@ class RedisColdLimiter(LimiterFigures):
             max(1, round(self.PRESENCE * 1000)),
         ]
         self._wait_ms = max(1, round(self._wait * 1000))
-        self._acquire_script = client.register_script(_ACQUIRE)
+        lease_ms, presence_ms = int(self._common[2]), int(self._common[3])
+        hot = (active, queue, lease_ms, presence_ms, self._wait_ms)
+        self._acquire_script = client.register_script(_hot_script(_ACQUIRE, *hot))
+        self._release_script = client.register_script(_hot_script(_RELEASE, *hot))
         self._poll_script = client.register_script(_POLL)
-        self._release_script = client.register_script(_RELEASE)
         self._renew_script = client.register_script(_RENEW)
         self._stats_script = client.register_script(_STATS)
-        # The hot paths send EVALSHA themselves, with everything but the token encoded once
-        # here: redis-py's Script object rebuilds and re-encodes the keys and arguments on
-        # every call, which costs about as much as the script takes to run.
-        fixed = [
-            str(len(self._keys)).encode(),
-            *(key.encode() for key in self._keys),
+        # The hot paths and the poll send EVALSHA themselves, with everything but the token
+        # encoded once here: redis-py's Script object builds and encodes the keys and the
+        # arguments again on every call, and packing an argument costs more than it seems.
+        keys = (str(len(self._keys)).encode(), *(key.encode() for key in self._keys))
+        self._acquire_head = (self._acquire_script.sha.encode(), *keys)
+        self._release_head = (self._release_script.sha.encode(), *keys)
+        self._poll_head = (
+            self._poll_script.sha.encode(),
+            *keys,
             *(str(arg).encode() for arg in self._common),
-        ]
-        self._acquire_head = (self._acquire_script.sha.encode(), *fixed)
-        self._acquire_tail = (str(self._queue_capacity).encode(), str(self._wait_ms).encode())
-        self._release_head = (self._release_script.sha.encode(), *fixed)
-        self._poll_head = (self._poll_script.sha.encode(), *fixed)
+        )
         self._execute: Callable[..., Any] = client.execute_command
         socket_timeout = _socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
@@ -446,7 +487,7 @@ class RedisColdLimiter(LimiterFigures):
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         token = secrets.token_hex(12)
-        status = self._evalsha(self._acquire_script, self._acquire_head, token, *self._acquire_tail)
+        status = self._evalsha(self._acquire_script, self._acquire_head, token)
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:
@@ -506,8 +547,12 @@ class RedisColdLimiter(LimiterFigures):
 
     def _admit(self, token: str) -> tuple[int, int]:
         """The acquire script: (status, wait in ms)."""
-        status = self._evalsha(self._acquire_script, self._acquire_head, token, *self._acquire_tail)
+        status = self._evalsha(self._acquire_script, self._acquire_head, token)
         return int(status), self._wait_ms
+
+    def _free(self, token: str) -> int:
+        """The release script: 1 if the slot was still ``token``'s (now freed), else 0."""
+        return int(self._evalsha(self._release_script, self._release_head, token))
 
     def _poll(self, token: str, leaving: int) -> tuple[int, int]:
         """The poll script: (outcome, milliseconds left of the wait)."""
@@ -584,8 +629,7 @@ class RedisColdLimiter(LimiterFigures):
                 return
             grant._held = False
             del self._held[grant.token]
-        mine = self._evalsha(self._release_script, self._release_head, grant.token)
-        if not mine:
+        if not self._free(grant.token):
             grant._lost = True
 
     def _renew_forever(self) -> None:

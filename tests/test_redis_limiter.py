@@ -259,8 +259,12 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     assert ghosts._admit("holder")[0] == GRANTED
     assert ghosts._admit("waiter")[0] == QUEUED
     refuser_client = make_client()
-    lim = make_limiter(cls=Patient, client=refuser_client, active=1, queue=1, retry_after=5)
-    lim.stats()  # loads the scripts, so that the refusal below is a plain EVALSHA
+    # The ghosts' settings: the acquire script, made per settings, is loaded by their admits,
+    # so that the refusal below is a plain EVALSHA.
+    lim = make_limiter(
+        cls=Patient, client=refuser_client, active=1, queue=1, lease=120.0, retry_after=5
+    )
+    refuser_client.ping()  # its connection is open (a new one says HELLO)
     before = state_of(client)
     stats_key = lim.keys[4]
     commands_before = client.info("commandstats")
@@ -694,7 +698,7 @@ class ScriptMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(sorted(self.holders)))
-        mine = self.lim._release_script(keys=self.lim._keys, args=[*self.lim._common, token])
+        mine = self.lim._free(token)
         assert mine == 1
         self.holders.discard(token)
         self._hand_off()
