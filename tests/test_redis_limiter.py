@@ -548,6 +548,112 @@ def test_a_lost_lease_is_counted_and_its_late_release_frees_nothing(
     assert lim.stats().active == 0
 
 
+class BlockSpy(CountingRedis):
+    """Records the timeout of every BLPOP a waiter blocks in (its doorbell)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocks: list[float] = []
+
+    def blpop(self, keys: Any, timeout: float | None = 0) -> Any:
+        self.blocks.append(float(timeout or 0))
+        return super().blpop(keys, timeout=timeout)
+
+
+def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_place(
+    make_client: Callable[..., CountingRedis],
+    make_limiter: Callable[..., RedisColdLimiter],
+    threads: Any,
+) -> None:
+    """Blocked on its doorbell, a waiter looks at its cancel token at least every
+    ``CANCEL_POLL_INTERVAL`` (the local limiter's 50 ms slice): each BLPOP is that short."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        cancel = threading.Event()
+        attempt = start_acquire(threads, waiting, cancel, name="cancelled")
+        wait_until("queued", lambda: lim.stats().queued == 1)
+        wait_until("blocked on its doorbell a few times", lambda: len(spy.blocks) >= 3)
+        cancel.set()
+        attempt.wait_done(timeout=10)  # generous: one slice and one round trip in fact
+        assert isinstance(attempt.error, Cancelled), attempt.error
+        s = lim.stats()
+        assert (s.queued, s.cancelled, s.rejected_timeout) == (0, 1, 0)
+        with pytest.raises(Busy) as info:  # the place is free again: a newcomer is admitted
+            make_limiter(active=1, queue=1, wait=0.05).acquire()
+        assert info.value.reason == "timeout"
+    assert spy.blocks and max(spy.blocks) <= RedisColdLimiter.CANCEL_POLL_INTERVAL
+    assert_exact_capacity(lim)
+
+
+def test_a_waiter_notices_its_deadline_while_blocked_on_its_doorbell(
+    make_client: Callable[..., CountingRedis], make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """No block outlasts the deadline by more than a millisecond, and no slice is longer
+    than the cancel slice while a cancel token is watched: the timeout comes in time."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=0.3)
+    with lim.acquire():
+        with pytest.raises(Busy) as info:
+            waiting.acquire(threading.Event())
+    assert info.value.reason == "timeout"
+    assert spy.blocks and max(spy.blocks) <= RedisColdLimiter.CANCEL_POLL_INTERVAL
+    assert sum(spy.blocks) <= 0.3 + 0.001 * len(spy.blocks)  # it never slept past its wait
+    s = lim.stats()
+    assert (s.queued, s.rejected_timeout, s.cancelled) == (0, 1, 0)
+
+
+class _Lasting(RedisColdLimiter):
+    PRESENCE = 120.0  # its ghost waiters stay present for the whole test
+
+
+class _Fleeting(RedisColdLimiter):
+    PRESENCE = 0.2  # its ghost waiters are gone (their process "died") after 0.2 s
+
+
+def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """Every slot held and every place taken, but one waiter no longer present: the acquire
+    script reaps it and admits the newcomer to its place."""
+    lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
+    fleeting = make_limiter(cls=_Fleeting, active=1, queue=2, wait=60.0, lease=120.0)
+    start = server_ms(client)
+    assert lasting._admit("holder")[0] == GRANTED
+    assert fleeting._admit("dead")[0] == QUEUED
+    assert lasting._admit("live")[0] == QUEUED
+    assert lasting._admit("refused")[0] == FULL
+    wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
+    assert lasting._admit("next")[0] == QUEUED
+    assert client.zrange(lasting.keys[1], 0, -1) == [b"live", b"next"]
+    assert client.zrange(lasting.keys[0], 0, -1) == [b"holder"]
+    s = lasting.stats()
+    assert (s.queued, s.rejected_full, s.lease_lost) == (2, 1, 0)
+
+
+def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """Every place taken and the one slot held by a lease that ended: the acquire script
+    reaps the holder (counted lost), promotes the oldest waiter (its doorbell rings) and
+    admits the newcomer to the place that freed."""
+    short = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=0.2)
+    lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
+    start = server_ms(client)
+    assert short._admit("holder")[0] == GRANTED
+    assert lasting._admit("w1")[0] == QUEUED
+    assert lasting._admit("w2")[0] == QUEUED
+    wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
+    assert lasting._admit("next")[0] == QUEUED
+    assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
+    assert client.llen(lasting._bell + "w1") == 1
+    assert client.zrange(lasting.keys[1], 0, -1) == [b"w2", b"next"]
+    s = lasting.stats()
+    assert (s.active, s.queued, s.lease_lost, s.rejected_full) == (1, 2, 1, 0)
+
+
 def test_a_waiter_that_stops_polling_is_dropped(
     make_limiter: Callable[..., RedisColdLimiter], threads: Any
 ) -> None:
