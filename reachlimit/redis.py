@@ -115,14 +115,20 @@ local capacity, lease_ms, presence_ms = @ACTIVE@, @LEASE_MS@, @PRESENCE_MS@
 local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
 """
 
-# The prelude counts the holders and the waiters once (``held``, ``queued``) and every step
-# after it keeps the two counts up to date, so that the common cases cost few calls: nothing
-# to reap is one read for the holders (none when there are none) and one for the waiters; a
-# fill with nobody waiting or no slot free is none. When every slot is held and the queue
-# capacity is known, the waiters are counted by their live presences: a queue full of live
-# waiters (the refusal's case) is then one read, and nothing in it is due for reaping. A
-# script that removes holders or waiters itself adjusts the counts (or calls ``recount()``)
-# before it calls ``fill()``.
+# The prelude counts the holders and the waiters once (``held``, ``queued``) and the steps
+# after it keep the two counts up to date (``promote()``), so that the common cases cost few
+# calls. ``fill()`` counts afresh first: a script that changed ``holders`` or ``queue`` itself
+# calls it (as every script did before the counts were kept).
+#
+# Every script ends with nobody waiting while a slot is free (it fills), and only scripts
+# change ``holders``; so at the start of a script, fewer entries in ``holders`` than
+# ``capacity`` (those whose lease ended included) means an empty queue. The hot scripts rely
+# on that and do not look at the queue then: a fast acquire with no slot held is one read,
+# a release with a slot still free two. The other scripts count the queue every time, so a
+# waiter's regular poll would repair a state that broke the rule (a key evicted, say).
+# When every slot is held and the queue capacity is known (the hot scripts), the waiters are
+# counted by their live presences: a queue full of live waiters (the refusal's case) is one
+# read, and nothing in it is due for reaping.
 _BODY = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -147,6 +153,7 @@ local function forget_waiter(token)
 end
 
 local function reap()
+  local nobody_waits = queue_cap and held < capacity  -- the rule above
   -- Counted first, removed only if there is something to remove: a refusal writes nothing.
   if held > 0 then
     local lost = redis.call('ZCOUNT', holders, '-inf', now)
@@ -155,6 +162,10 @@ local function reap()
       redis.call('HINCRBY', stats, 'lease_lost', lost)
       held = held - lost
     end
+  end
+  if nobody_waits then
+    queued = 0
+    return
   end
   if queue_cap and held >= capacity then
     local live = redis.call('ZCOUNT', alive, '(' .. now, '+inf')
@@ -174,7 +185,7 @@ local function reap()
   end
 end
 
-local function fill()
+local function promote()
   if held >= capacity or queued == 0 then return end
   -- The oldest waiters, as many as there are free slots, in ticket order.
   local oldest = redis.call('ZRANGE', queue, 0, capacity - held - 1)
@@ -191,8 +202,13 @@ local function fill()
   end
 end
 
+local function fill()
+  recount()
+  promote()
+end
+
 reap()
-fill()
+promote()
 """
 
 _KEYS = """
@@ -207,7 +223,7 @@ _PRELUDE = _KEYS + _SENT_SETTINGS + _BODY
 # own ``wait``).
 _ACQUIRE = """
 local token = ARGV[1]
-if held < capacity then  -- after fill(), a free slot means nobody is waiting
+if held < capacity then  -- after promote(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)
   redis.call('HINCRBY', stats, 'acquired', 1)
   raise_peak('peak_active', held + 1)
@@ -230,7 +246,7 @@ _RELEASE = """
 local mine = redis.call('ZREM', holders, ARGV[1])
 if mine == 1 then
   held = held - 1
-  fill()
+  promote()
 end
 return mine
 """
@@ -255,7 +271,7 @@ if redis.call('ZSCORE', holders, token) then
     redis.call('ZREM', holders, token)
     held = held - 1
     if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
-    fill()
+    promote()
     return {4, 0}
   end
   redis.call('ZADD', holders, now + lease_ms, token)

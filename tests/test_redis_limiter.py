@@ -654,6 +654,22 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     assert (s.active, s.queued, s.lease_lost, s.rejected_full) == (1, 2, 1, 0)
 
 
+def test_a_waiters_poll_repairs_a_free_slot_left_with_a_waiter(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """The hot scripts trust that a free slot means an empty queue (every script fills);
+    if that ever breaks (here: the holders key evicted), the waiter's own poll counts the
+    queue, promotes it and claims the slot."""
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    holder = lim.acquire()
+    assert lim._admit("waiter")[0] == QUEUED
+    client.delete(lim.keys[0])  # the holder's slot vanishes without a script noticing
+    assert lim._poll("waiter", STAY)[0] == POLL_GRANTED
+    assert client.zrange(lim.keys[0], 0, -1) == [b"waiter"]
+    holder.release()  # gone already: frees nothing
+    assert lim.stats().active == 1
+
+
 def test_a_waiter_that_stops_polling_is_dropped(
     make_limiter: Callable[..., RedisColdLimiter], threads: Any
 ) -> None:
