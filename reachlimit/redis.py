@@ -107,12 +107,14 @@ local capacity = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local presence_ms = tonumber(ARGV[4])
 local queue_cap = false  -- not sent: waiters are counted the general way
+local expect_full = false
 """
 
 _BUILT_IN_SETTINGS = """
 local bell = string.sub(KEYS[1], 1, -8) .. 'w:'
 local capacity, lease_ms, presence_ms = @ACTIVE@, @LEASE_MS@, @PRESENCE_MS@
 local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
+local expect_full = @EXPECT_FULL@
 """
 
 # The prelude counts the holders and the waiters once (``held``, ``queued``) and the steps
@@ -132,6 +134,16 @@ local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
 _BODY = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if expect_full then
+  -- Only in the acquire script sent after a refusal: the refusal is checked first. Every slot
+  -- held by a live lease and every place by a live waiter leaves nothing to reap or promote
+  -- (there are never more than capacity holders, nor more than queue_cap waiters).
+  if redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
+      and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+    redis.call('HINCRBY', stats, 'rejected_full', 1)
+    return 0
+  end
+end
 local held = redis.call('ZCARD', holders)  -- never more than capacity
 local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
 
@@ -253,9 +265,10 @@ return mine
 
 
 def _hot_script(steps: str, active: int, queue: int, lease_ms: int, presence_ms: int,
-                wait_ms: int) -> str:
-    """The text of a hot script (``_ACQUIRE`` or ``_RELEASE``) for these settings."""
-    settings = _BUILT_IN_SETTINGS
+                wait_ms: int, expect_full: bool = False) -> str:
+    """The text of a hot script (``_ACQUIRE`` or ``_RELEASE``) for these settings;
+    ``expect_full`` (acquire only) checks for the refusal before anything else."""
+    settings = _BUILT_IN_SETTINGS.replace("@EXPECT_FULL@", "true" if expect_full else "false")
     for name, value in (("ACTIVE", active), ("QUEUE", queue), ("LEASE_MS", lease_ms),
                         ("PRESENCE_MS", presence_ms), ("WAIT_MS", wait_ms)):
         settings = settings.replace(f"@{name}@", str(int(value)))
@@ -444,6 +457,8 @@ class RedisColdLimiter(LimiterFigures):
         lease_ms, presence_ms = int(self._common[2]), int(self._common[3])
         hot = (active, queue, lease_ms, presence_ms, self._wait_ms)
         self._acquire_script = client.register_script(_hot_script(_ACQUIRE, *hot))
+        # The same, checking for the refusal first: sent while the last acquire was refused.
+        self._refusing_script = client.register_script(_hot_script(_ACQUIRE, *hot, True))
         self._release_script = client.register_script(_hot_script(_RELEASE, *hot))
         self._poll_script = client.register_script(_POLL)
         self._renew_script = client.register_script(_RENEW)
@@ -453,6 +468,8 @@ class RedisColdLimiter(LimiterFigures):
         # arguments again on every call, and packing an argument costs more than it seems.
         keys = (str(len(self._keys)).encode(), *(key.encode() for key in self._keys))
         self._acquire_head = (self._acquire_script.sha.encode(), *keys)
+        self._refusing_head = (self._refusing_script.sha.encode(), *keys)
+        self._refusing = False  # racy: only picks which of the two acquire scripts is sent
         self._release_head = (self._release_script.sha.encode(), *keys)
         self._poll_head = (
             self._poll_script.sha.encode(),
@@ -503,7 +520,11 @@ class RedisColdLimiter(LimiterFigures):
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         token = secrets.token_hex(12)
-        status = self._evalsha(self._acquire_script, self._acquire_head, token)
+        if self._refusing:
+            status = self._evalsha(self._refusing_script, self._refusing_head, token)
+        else:
+            status = self._evalsha(self._acquire_script, self._acquire_head, token)
+        self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:

@@ -247,11 +247,15 @@ def test_release_twice_raises_and_creates_no_capacity(
     assert lim.stats().active == 0
 
 
+@pytest.mark.parametrize("refused_before", [False, True])
 def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     make_client: Callable[..., CountingRedis],
     client: CountingRedis,
     make_limiter: Callable[..., RedisColdLimiter],
+    refused_before: bool,
 ) -> None:
+    """Both acquire scripts: the first refusal's, and the one sent after a refusal (which
+    checks for the refusal first)."""
     class Patient(RedisColdLimiter):
         PRESENCE = 120.0  # the ghost waiter below must not be dropped during the test
 
@@ -265,6 +269,11 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
         cls=Patient, client=refuser_client, active=1, queue=1, lease=120.0, retry_after=5
     )
     refuser_client.ping()  # its connection is open (a new one says HELLO)
+    if refused_before:
+        for _ in range(2):  # the second one loads the script sent after a refusal
+            with pytest.raises(Busy):
+                lim.acquire()
+        assert lim._refusing
     before = state_of(client)
     stats_key = lim.keys[4]
     commands_before = client.info("commandstats")
@@ -277,7 +286,9 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     assert refuser_client.sent == Counter({"EVALSHA": 1}), "not one round trip"
     commands_after = client.info("commandstats")
     after = state_of(client)
-    assert after[stats_key].pop(b"rejected_full") == b"1"
+    assert int(after[stats_key].pop(b"rejected_full")) == 1 + int(
+        before[stats_key].pop(b"rejected_full", 0)
+    )
     assert after == before, "the refusal wrote something besides its counter"
 
     def calls(stats: dict[str, Any], name: str) -> int:
@@ -291,6 +302,22 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     moved.pop("info", None)  # the INFO call made just above
     assert moved.pop("evalsha") == 1 and moved.pop("hincrby") == 1, moved
     assert set(moved) <= READS, f"write commands on the refusal path: {set(moved) - READS}"
+
+
+def test_after_a_refusal_a_freed_slot_is_still_granted(
+    make_limiter: Callable[..., RedisColdLimiter],
+) -> None:
+    lim = make_limiter(active=1, queue=0)
+    holder = lim.acquire()
+    for _ in range(2):
+        with pytest.raises(Busy):
+            lim.acquire()
+    assert lim._refusing  # the next acquire checks for the refusal first...
+    holder.release()
+    with lim.acquire():  # ...and, the slot being free, goes on to grant it
+        assert not lim._refusing
+    s = lim.stats()
+    assert (s.acquired, s.rejected_full, s.active) == (2, 2, 0)
 
 
 def test_queue_zero_refuses_at_once(make_limiter: Callable[..., RedisColdLimiter]) -> None:
@@ -613,8 +640,17 @@ class _Fleeting(RedisColdLimiter):
     PRESENCE = 0.2  # its ghost waiters are gone (their process "died") after 0.2 s
 
 
+def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
+    """The acquire script's answer for ``token``: the usual script, or the one sent after a
+    refusal (which checks for the refusal first, then goes on as the usual one)."""
+    if refusing:
+        return int(lim._evalsha(lim._refusing_script, lim._refusing_head, token))
+    return lim._admit(token)[0]
+
+
+@pytest.mark.parametrize("refusing", [False, True])
 def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
 ) -> None:
     """Every slot held and every place taken, but one waiter no longer present: the acquire
     script reaps it and admits the newcomer to its place."""
@@ -626,15 +662,16 @@ def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
     assert lasting._admit("live")[0] == QUEUED
     assert lasting._admit("refused")[0] == FULL
     wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
-    assert lasting._admit("next")[0] == QUEUED
+    assert admit(lasting, "next", refusing) == QUEUED
     assert client.zrange(lasting.keys[1], 0, -1) == [b"live", b"next"]
     assert client.zrange(lasting.keys[0], 0, -1) == [b"holder"]
     s = lasting.stats()
     assert (s.queued, s.rejected_full, s.lease_lost) == (2, 1, 0)
 
 
+@pytest.mark.parametrize("refusing", [False, True])
 def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
 ) -> None:
     """Every place taken and the one slot held by a lease that ended: the acquire script
     reaps the holder (counted lost), promotes the oldest waiter (its doorbell rings) and
@@ -646,7 +683,7 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     assert lasting._admit("w1")[0] == QUEUED
     assert lasting._admit("w2")[0] == QUEUED
     wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
-    assert lasting._admit("next")[0] == QUEUED
+    assert admit(lasting, "next", refusing) == QUEUED
     assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
     assert client.llen(lasting._bell + "w1") == 1
     assert client.zrange(lasting.keys[1], 0, -1) == [b"w2", b"next"]
