@@ -101,52 +101,48 @@ _KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
 # - built in: the two hot scripts, acquire and release, are made per limiter with its
 #   settings written into the text (``_hot_script``), so that each call sends only the token;
 #   the doorbell prefix is then derived from KEYS[1] (``T:holders`` -> ``T:w:``).
+_KEYS = """
+local holders, queue, alive, deadlines, stats, seq =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+"""
+
 _SENT_SETTINGS = """
 local bell = ARGV[1]
 local capacity = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local presence_ms = tonumber(ARGV[4])
 local queue_cap = false  -- not sent: waiters are counted the general way
-local expect_full = false
 """
 
 _BUILT_IN_SETTINGS = """
-local bell = string.sub(KEYS[1], 1, -8) .. 'w:'
 local capacity, lease_ms, presence_ms = @ACTIVE@, @LEASE_MS@, @PRESENCE_MS@
 local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
-local expect_full = @EXPECT_FULL@
 """
 
-# The prelude counts the holders and the waiters once (``held``, ``queued``) and the steps
-# after it keep the two counts up to date (``promote()``), so that the common cases cost few
-# calls. ``fill()`` counts afresh first: a script that changed ``holders`` or ``queue`` itself
-# calls it (as every script did before the counts were kept).
+_CLOCK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_COUNT = """
+local held = redis.call('ZCARD', holders)  -- never more than capacity
+local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
+"""
+
+# The general steps, after _COUNT. They keep ``held`` and ``queued`` up to date
+# (``promote()``), so that each is counted once; ``fill()`` counts afresh first, for a script
+# that changed ``holders`` or ``queue`` itself (as every script did before the counts were
+# kept).
 #
 # Every script ends with nobody waiting while a slot is free (it fills), and only scripts
 # change ``holders``; so at the start of a script, fewer entries in ``holders`` than
 # ``capacity`` (those whose lease ended included) means an empty queue. The hot scripts rely
-# on that and do not look at the queue then: a fast acquire with no slot held is one read,
-# a release with a slot still free two. The other scripts count the queue every time, so a
-# waiter's regular poll would repair a state that broke the rule (a key evicted, say).
+# on that and do not look at the queue then. The other scripts count the queue every time, so
+# a waiter's regular poll would repair a state that broke the rule (a key evicted, say).
 # When every slot is held and the queue capacity is known (the hot scripts), the waiters are
-# counted by their live presences: a queue full of live waiters (the refusal's case) is one
-# read, and nothing in it is due for reaping.
-_BODY = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if expect_full then
-  -- Only in the acquire script sent after a refusal: the refusal is checked first. Every slot
-  -- held by a live lease and every place by a live waiter leaves nothing to reap or promote
-  -- (there are never more than capacity holders, nor more than queue_cap waiters).
-  if redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
-      and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
-    redis.call('HINCRBY', stats, 'rejected_full', 1)
-    return 0
-  end
-end
-local held = redis.call('ZCARD', holders)  -- never more than capacity
-local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
-
+# counted by their live presences: a queue full of live waiters is one read, and nothing in
+# it is due for reaping (there are never more than ``queue_cap`` waiters).
+_STEPS = """
 local function recount()
   held = redis.call('ZCARD', holders)
   queued = redis.call('ZCARD', queue)
@@ -223,18 +219,48 @@ reap()
 promote()
 """
 
-_KEYS = """
-local holders, queue, alive, deadlines, stats, seq =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+#: The start of every script whose settings are sent (ARGV[1..4]); its own arguments follow.
+_PRELUDE = _KEYS + _SENT_SETTINGS + _CLOCK + _COUNT + _STEPS
+
+# The hot scripts answer their common cases before the general steps (whose functions Lua
+# would otherwise build on every call): each such case is one where those steps would find
+# nothing to reap and nobody to promote, and it makes the same calls they would have made.
+
+# Acquire, sent while this limiter's last acquire was refused, before _COUNT: the refusal
+# first. Every slot held by a live lease and every place by a live waiter leaves nothing to
+# reap or promote (there are never more than capacity holders, nor queue_cap waiters).
+_REFUSAL_FIRST = """
+if redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+  redis.call('HINCRBY', stats, 'rejected_full', 1)
+  return 0
+end
 """
 
-#: The start of every script whose settings are sent (ARGV[1..4]); its own arguments follow.
-_PRELUDE = _KEYS + _SENT_SETTINGS + _BODY
-
-# Hot: ARGV[1] token. Replies 1 granted, 0 refused (queue full), 2 queued (for the client's
-# own ``wait``).
-_ACQUIRE = """
+# Acquire, ARGV[1] token. Replies 1 granted, 0 refused (queue full), 2 queued (for the
+# client's own ``wait``). First its two common cases: a slot free with no lease ended (then
+# nobody waits: grant it), and every slot held with no lease ended and every place taken by
+# a live waiter (refuse: reads only, and the counter).
+_ACQUIRE_FIRST = """
 local token = ARGV[1]
+if held < capacity then
+  if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+    redis.call('ZADD', holders, now + lease_ms, token)
+    redis.call('HINCRBY', stats, 'acquired', 1)
+    -- A peak of one needs no write: any grant implies it (``stats`` reads it so).
+    if held > 0 and held + 1 > (tonumber(redis.call('HGET', stats, 'peak_active')) or 0) then
+      redis.call('HSET', stats, 'peak_active', held + 1)
+    end
+    return 1
+  end
+elseif redis.call('ZCOUNT', holders, '-inf', now) == 0
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+  redis.call('HINCRBY', stats, 'rejected_full', 1)
+  return 0
+end
+"""
+
+_ACQUIRE = """
 if held < capacity then  -- after promote(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)
   redis.call('HINCRBY', stats, 'acquired', 1)
@@ -253,7 +279,14 @@ raise_peak('peak_queued', queued + 1)
 return 2
 """
 
-# Hot: ARGV[1] token. Replies 1 if the slot was still this grant's, else 0.
+# Release, ARGV[1] token. Replies 1 if the slot was still this grant's, else 0. First its
+# common case: a slot still free besides (nobody waits) and no lease ended.
+_RELEASE_FIRST = """
+if held < capacity and redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+  return redis.call('ZREM', holders, ARGV[1])
+end
+"""
+
 _RELEASE = """
 local mine = redis.call('ZREM', holders, ARGV[1])
 if mine == 1 then
@@ -264,15 +297,20 @@ return mine
 """
 
 
-def _hot_script(steps: str, active: int, queue: int, lease_ms: int, presence_ms: int,
-                wait_ms: int, expect_full: bool = False) -> str:
-    """The text of a hot script (``_ACQUIRE`` or ``_RELEASE``) for these settings;
-    ``expect_full`` (acquire only) checks for the refusal before anything else."""
-    settings = _BUILT_IN_SETTINGS.replace("@EXPECT_FULL@", "true" if expect_full else "false")
+def _hot_script(first: str, steps: str, active: int, queue: int, lease_ms: int,
+                presence_ms: int, wait_ms: int, refusal_first: bool = False) -> str:
+    """The text of a hot script for these settings: its common cases (``first``), then the
+    general steps and its own (``steps``); ``refusal_first`` (acquire only) checks for the
+    refusal before anything else."""
+    settings = _BUILT_IN_SETTINGS
     for name, value in (("ACTIVE", active), ("QUEUE", queue), ("LEASE_MS", lease_ms),
                         ("PRESENCE_MS", presence_ms), ("WAIT_MS", wait_ms)):
         settings = settings.replace(f"@{name}@", str(int(value)))
-    return _KEYS + settings + _BODY + steps
+    return (
+        _KEYS + settings + _CLOCK + (_REFUSAL_FIRST if refusal_first else "") + _COUNT + first
+        + "local bell = string.sub(holders, 1, -8) .. 'w:'\n" + _STEPS + steps
+    )
+
 
 # ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error; not counted).
 _POLL = _PRELUDE + """
@@ -456,10 +494,16 @@ class RedisColdLimiter(LimiterFigures):
         self._wait_ms = max(1, round(self._wait * 1000))
         lease_ms, presence_ms = int(self._common[2]), int(self._common[3])
         hot = (active, queue, lease_ms, presence_ms, self._wait_ms)
-        self._acquire_script = client.register_script(_hot_script(_ACQUIRE, *hot))
+        self._acquire_script = client.register_script(
+            _hot_script(_ACQUIRE_FIRST, _ACQUIRE, *hot)
+        )
         # The same, checking for the refusal first: sent while the last acquire was refused.
-        self._refusing_script = client.register_script(_hot_script(_ACQUIRE, *hot, True))
-        self._release_script = client.register_script(_hot_script(_RELEASE, *hot))
+        self._refusing_script = client.register_script(
+            _hot_script(_ACQUIRE_FIRST, _ACQUIRE, *hot, refusal_first=True)
+        )
+        self._release_script = client.register_script(
+            _hot_script(_RELEASE_FIRST, _RELEASE, *hot)
+        )
         self._poll_script = client.register_script(_POLL)
         self._renew_script = client.register_script(_RENEW)
         self._stats_script = client.register_script(_STATS)
@@ -542,7 +586,8 @@ class RedisColdLimiter(LimiterFigures):
         return RedisLimiterStats(
             active=int(held),
             queued=int(queued),
-            peak_active=counters["peak_active"],
+            # The fast path records a peak only above one: any grant made it at least one.
+            peak_active=max(counters["peak_active"], min(1, counters["acquired"])),
             peak_queued=counters["peak_queued"],
             acquired=counters["acquired"],
             rejected_full=counters["rejected_full"],

@@ -691,6 +691,28 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     assert (s.active, s.queued, s.lease_lost, s.rejected_full) == (1, 2, 1, 0)
 
 
+def test_the_hot_scripts_reap_a_lease_ended_beside_a_free_slot(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """A slot free and another held by a lease that ended: neither a fast acquire nor a
+    release skips the reap (read straight from Redis, not through stats, which reaps too)."""
+    short = make_limiter(active=3, queue=1, lease=0.2)
+    lasting = make_limiter(active=3, queue=1, lease=120.0)
+    holders_key, stats_key = lasting.keys[0], lasting.keys[4]
+    start = server_ms(client)
+    assert short._admit("ended-1")[0] == GRANTED
+    kept = lasting.acquire()
+    wait_until("the short lease ended", lambda: server_ms(client) > start + 300)
+    with lasting.acquire():
+        assert client.hget(stats_key, "lease_lost") == b"1"
+        assert client.zscore(holders_key, "ended-1") is None
+    assert short._admit("ended-2")[0] == GRANTED
+    wait_until("the second short lease ended", lambda: server_ms(client) > start + 600)
+    kept.release()
+    assert client.hget(stats_key, "lease_lost") == b"2"
+    assert client.zcard(holders_key) == 0
+
+
 def test_a_waiters_poll_repairs_a_free_slot_left_with_a_waiter(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
