@@ -38,10 +38,27 @@ design:
       renew     push the lease end of the tokens still held; a reaped token is not revived
       stats     reap, fill, and read the figures
 
+    Cost: a call to Redis inside a script costs a few microseconds, and a script's argument
+    a little more to pack and parse than it seems, so the hot scripts (acquire and release)
+    are lean. They are made per limiter with its settings written into the text (a call
+    sends the SHA, the keys and the token); they answer their common cases before building
+    the general steps, making the calls those steps would have made and no more. The rule
+    that makes this cheap: every script ends with nobody waiting while a slot is free, so
+    fewer entries in ``holders`` than ``active`` at the start of a script means an empty
+    queue. Per call, besides ``TIME``: a fast acquire with no slot held is ZCARD, ZADD and
+    HINCRBY; a release with a slot still free ZCARD, ZCOUNT and ZREM; a refusal ZCARD, two
+    ZCOUNT and HINCRBY (two ZCOUNT and HINCRBY in the variant sent after a refusal, which
+    checks for the refusal first). The poll, renew and stats scripts count everything each
+    time, so a waiter's own poll repairs a state that ever broke the rule.
+
     Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
     ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
     promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
     for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
+    Redis ends a ``BLPOP`` that timed out when its event loop next runs: on a server with no
+    other traffic that is its cron tick, every ``1 / hz`` seconds (100 ms by default). So a
+    waiter notices a cancel or its deadline up to one tick late on an idle server, sooner on
+    a busy one (or with a higher ``hz``); ``benchmarks/redis_handoff.py`` measures both.
 
     Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
     daemon thread per limiter object, in one round trip for all its grants. A process that
