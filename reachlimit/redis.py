@@ -55,10 +55,13 @@ design:
     ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
     promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
     for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
-    Redis ends a ``BLPOP`` that timed out when its event loop next runs: on a server with no
-    other traffic that is its cron tick, every ``1 / hz`` seconds (100 ms by default). So a
-    waiter notices a cancel or its deadline up to one tick late on an idle server, sooner on
-    a busy one (or with a higher ``hz``); ``benchmarks/redis_handoff.py`` measures both.
+    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
+    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
+    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
+    (``_Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
+    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
+    a slice and its deadline within a few milliseconds, as the local limiter does
+    (``benchmarks/redis_handoff.py`` measures both).
 
     Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
     daemon thread per limiter object, in one round trip for all its grants. A process that
@@ -82,6 +85,7 @@ design:
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import secrets
@@ -550,6 +554,7 @@ class RedisColdLimiter(LimiterFigures):
         self._renewer: threading.Thread | None = None  # guarded by _lock
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = threading.Event()
+        self._waker = _Waker(client)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -623,6 +628,7 @@ class RedisColdLimiter(LimiterFigures):
             self._closed = True
             self._renew_wake.notify_all()
             renewer = self._renewer
+        self._waker.close(timeout)
         if renewer is not None and renewer is not threading.current_thread():
             renewer.join(timeout)
 
@@ -677,6 +683,7 @@ class RedisColdLimiter(LimiterFigures):
                     raise Cancelled()
                 now = time.monotonic()
                 block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
+                self._waker.wake_at(time.monotonic() + block)
                 rang = self._client.blpop([bell], timeout=block)
                 now = time.monotonic()
                 if rang is None and now < next_poll and now < deadline:
@@ -765,6 +772,74 @@ class RedisColdLimiter(LimiterFigures):
                     # Released meanwhile: not lost, its release removed it.
                     if key in self._held:
                         grants[key]._lost = True
+
+
+class _Waker:
+    """Ends a waiter's timed-out ``BLPOP`` on time: sends Redis a ``PING`` when it is due.
+
+    Redis notices a blocking command that timed out only when its event loop runs: at once
+    on a busy server, but on a server with no other traffic at its next cron tick (every
+    100 ms at the default ``hz 10``), so a 50 ms slice could last 100 ms. Any command makes
+    the loop run, so a ``PING`` on another connection just after the slice's end makes the
+    ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait;
+    a ``PING`` that comes when the ``BLPOP`` has already ended is harmless. A failing
+    ``PING`` is ignored: the waiter then ends on Redis's tick, as it would without this.
+    """
+
+    #: After a slice's end: the first nudge, and a second in case the first came too early
+    #: for Redis's clock (the BLPOP's timeout starts when Redis reads it).
+    NUDGES = (0.001, 0.005)
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._cond = threading.Condition(threading.Lock())
+        self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
+        self._closed = False  # guarded by _cond
+        self._thread: threading.Thread | None = None  # guarded by _cond
+
+    def wake_at(self, end: float) -> None:
+        """A ``BLPOP`` sent now times out at ``end`` (monotonic): nudge Redis just after."""
+        with self._cond:
+            if self._closed:
+                return
+            earliest = self._due[0] if self._due else math.inf
+            for nudge in self.NUDGES:
+                heapq.heappush(self._due, end + nudge)
+            if self._thread is None or not self._thread.is_alive():
+                # None yet, or the process forked since: threads do not survive a fork.
+                self._thread = threading.Thread(
+                    target=self._run, name="reachlimit-blpop-waker", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0] < earliest:
+                self._cond.notify()
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._due:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                wait = self._due[0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                now = time.monotonic()
+                while self._due and self._due[0] <= now:
+                    heapq.heappop(self._due)
+            try:
+                self._client.ping()
+            except redis.RedisError:
+                pass
 
 
 def _socket_timeout(client: Any) -> float | None:

@@ -614,6 +614,30 @@ def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_pla
     assert_exact_capacity(lim)
 
 
+def test_a_blocked_waiter_has_redis_nudged_when_each_slice_ends(
+    make_client: Callable[..., CountingRedis],
+    make_limiter: Callable[..., RedisColdLimiter],
+    threads: Any,
+) -> None:
+    """Redis ends a timed-out BLPOP only when its event loop runs (on an idle server, at its
+    next cron tick): the limiter's waker sends a PING after each slice's end, so that the
+    slice ends on time. Here: PINGs come while a waiter blocks, and stop when it is gone."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        cancel = threading.Event()
+        attempt = start_acquire(threads, waiting, cancel, name="nudged")
+        wait_until("three slices nudged", lambda: spy.sent["PING"] >= 3)
+        assert len(spy.blocks) >= 2
+        cancel.set()
+        attempt.wait_done(timeout=10)
+        assert isinstance(attempt.error, Cancelled), attempt.error
+    waiting.close()
+    assert waiting._waker._thread is not None and not waiting._waker._thread.is_alive()
+    assert lim.stats().queued == 0
+
+
 def test_a_waiter_notices_its_deadline_while_blocked_on_its_doorbell(
     make_client: Callable[..., CountingRedis], make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
