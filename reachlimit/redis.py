@@ -461,7 +461,8 @@ class RedisColdLimiter(LimiterFigures):
     leaves the queue (or Redis drops it within a presence period); a grant whose release
     fails keeps its slot until its lease ends.
 
-    Call :meth:`close` at the end to stop the renewer thread (a daemon thread either way).
+    Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
+    that ends waiters' blocking reads on time (daemon threads either way).
     Make the limiter in the process that uses it (after a fork: in a gunicorn worker, not in
     a preloaded master).
 
@@ -622,8 +623,9 @@ class RedisColdLimiter(LimiterFigures):
         )
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the renewer thread, for good: grants still held are no longer renewed (their
-        release still works) and ``acquire`` raises ``RuntimeError`` from now on."""
+        """Stop the renewer and waker threads, for good: grants still held are no longer
+        renewed (their release still works) and ``acquire`` raises ``RuntimeError`` from now
+        on."""
         with self._lock:
             self._closed = True
             self._renew_wake.notify_all()
