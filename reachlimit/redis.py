@@ -41,10 +41,30 @@ design:
       renew     push the lease end of the tokens still held; a reaped token is not revived
       stats     reap, fill, and read the figures
 
+    Cost: a call to Redis inside a script costs a few microseconds, and a script's argument
+    a little more to pack and parse than it seems, so the hot scripts (acquire and release)
+    are lean. They are made per limiter with its settings written into the text (a call
+    sends the SHA, the keys and the token); they answer their common cases before building
+    the general steps, making the calls those steps would have made and no more. The rule
+    that makes this cheap: every script ends with nobody waiting while a slot is free, so
+    fewer entries in ``holders`` than ``active`` at the start of a script means an empty
+    queue. Per call, besides ``TIME``: a fast acquire with no slot held is ZCARD, ZADD and
+    HINCRBY; a release with a slot still free ZCARD, ZCOUNT and ZREM; a refusal ZCARD, two
+    ZCOUNT and HINCRBY (two ZCOUNT and HINCRBY in the variant sent after a refusal, which
+    checks for the refusal first). The poll, renew and stats scripts count everything each
+    time, so a waiter's own poll repairs a state that ever broke the rule.
+
     Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
     ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
     promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
     for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
+    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
+    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
+    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
+    (``_Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
+    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
+    a slice and its deadline within a few milliseconds, as the local limiter does
+    (``benchmarks/redis_handoff.py`` measures both).
 
     Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
     daemon thread per limiter object, in one round trip for all its grants. A process that
@@ -55,13 +75,19 @@ design:
     back (a socket timeout after the script ran): the grant or the queue place it made is
     nobody's, and it ends with its lease or its presence. A client that retries sends the
     same token again: the acquire script then answers what its first run decided (claiming
-    a slot handed over in between), so a token never both holds and waits. A retried poll,
-    release or refusal can still count its outcome twice (or flag its grant ``lease_lost``);
-    no slot or place is affected.
+    a slot handed over in between), so a token never both holds and waits. That check is on
+    the acquire script's general path only, to keep the fast grant and the refusal as cheap
+    as they are: a retry that finds every slot held and every queue place taken is refused
+    although its first run took a slot or a place, which then ends with its lease (counted
+    ``lease_lost``) or its presence (about a second). A retried poll, release or refusal can
+    still count its outcome twice (or flag its grant ``lease_lost``). ``reachlimit.redis.
+    connect`` makes clients that never retry, so none of this happens through the extension.
 
     In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
     each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
-    lock, notified when the first grant is taken and on ``close``. No Redis call is made
+    lock. It waits untimed only when it found nothing held (idle); a grant taken then, and
+    ``close``, notify it. Once woken it waits a whole interval before it may go idle again,
+    so an acquire has a thread to wake at most once per interval. No Redis call is made
     under the lock.
 
     Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
@@ -70,15 +96,19 @@ design:
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
@@ -106,17 +136,58 @@ _STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowh
 # The fixed keys, after the hash tag, in the order the scripts read KEYS.
 _KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
 
-# Common to every script: KEYS as above; ARGV[1] the doorbell key prefix, ARGV[2] active,
-# ARGV[3] the lease and ARGV[4] the presence period (ms).
-_PRELUDE = """
+# Every script reads KEYS as above. Its settings come one of two ways:
+# - sent: ARGV[1] the doorbell key prefix, ARGV[2] active, ARGV[3] the lease and ARGV[4] the
+#   presence period (ms); the script's own arguments follow from ARGV[5] (``_PRELUDE``);
+# - built in: the two hot scripts, acquire and release, are made per limiter with its
+#   settings written into the text (``_hot_script``), so that each call sends only the token;
+#   the doorbell prefix is then derived from KEYS[1] (``T:holders`` -> ``T:w:``).
+_KEYS = """
 local holders, queue, alive, deadlines, stats, seq =
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+"""
+
+_SENT_SETTINGS = """
 local bell = ARGV[1]
 local capacity = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local presence_ms = tonumber(ARGV[4])
+local queue_cap = false  -- not sent: waiters are counted the general way
+"""
+
+_BUILT_IN_SETTINGS = """
+local capacity, lease_ms, presence_ms = @ACTIVE@, @LEASE_MS@, @PRESENCE_MS@
+local queue_cap, wait_ms = @QUEUE@, @WAIT_MS@
+"""
+
+_CLOCK = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_COUNT = """
+local held = redis.call('ZCARD', holders)  -- never more than capacity
+local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
+"""
+
+# The general steps, after _COUNT. They keep ``held`` and ``queued`` up to date
+# (``promote()``), so that each is counted once; ``fill()`` counts afresh first, for a script
+# that changed ``holders`` or ``queue`` itself (as every script did before the counts were
+# kept).
+#
+# Every script ends with nobody waiting while a slot is free (it fills), and only scripts
+# change ``holders``; so at the start of a script, fewer entries in ``holders`` than
+# ``capacity`` (those whose lease ended included) means an empty queue. The hot scripts rely
+# on that and do not look at the queue then. The other scripts count the queue every time, so
+# a waiter's regular poll would repair a state that broke the rule (a key evicted, say).
+# When every slot is held and the queue capacity is known (the hot scripts), the waiters are
+# counted by their live presences: a queue full of live waiters is one read, and nothing in
+# it is due for reaping (there are never more than ``queue_cap`` waiters).
+_STEPS = """
+local function recount()
+  held = redis.call('ZCARD', holders)
+  queued = redis.call('ZCARD', queue)
+end
 
 local function raise_peak(field, value)
   if value > (tonumber(redis.call('HGET', stats, field)) or 0) then
@@ -131,70 +202,167 @@ local function forget_waiter(token)
 end
 
 local function reap()
+  local nobody_waits = queue_cap and held < capacity  -- the rule above
   -- Counted first, removed only if there is something to remove: a refusal writes nothing.
-  local lost = redis.call('ZCOUNT', holders, '-inf', now)
-  if lost > 0 then
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-    redis.call('HINCRBY', stats, 'lease_lost', lost)
+  if held > 0 then
+    local lost = redis.call('ZCOUNT', holders, '-inf', now)
+    if lost > 0 then
+      redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+      redis.call('HINCRBY', stats, 'lease_lost', lost)
+      held = held - lost
+    end
   end
-  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
-  for _, token in ipairs(dead) do
-    forget_waiter(token)
-    redis.call('DEL', bell .. token)
+  if nobody_waits then
+    queued = 0
+    return
+  end
+  if queue_cap and held >= capacity then
+    local live = redis.call('ZCOUNT', alive, '(' .. now, '+inf')
+    if live >= queue_cap then
+      queued = live
+      return
+    end
+  end
+  queued = redis.call('ZCARD', queue)
+  if queued > 0 then
+    local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+    for _, token in ipairs(dead) do
+      forget_waiter(token)
+      redis.call('DEL', bell .. token)
+    end
+    if #dead > 0 then queued = redis.call('ZCARD', queue) end
   end
 end
 
-local function fill()
-  local promoted = false
-  while redis.call('ZCARD', holders) < capacity do
-    local oldest = redis.call('ZRANGE', queue, 0, 0)
-    if #oldest == 0 then break end
-    local token = oldest[1]
+local function promote()
+  if held >= capacity or queued == 0 then return end
+  -- The oldest waiters, as many as there are free slots, in ticket order.
+  local oldest = redis.call('ZRANGE', queue, 0, capacity - held - 1)
+  for _, token in ipairs(oldest) do
     forget_waiter(token)
     redis.call('ZADD', holders, now + presence_ms, token)
     redis.call('RPUSH', bell .. token, 1)
     redis.call('PEXPIRE', bell .. token, 2 * presence_ms)
-    promoted = true
   end
-  if promoted then raise_peak('peak_active', redis.call('ZCARD', holders)) end
+  if #oldest > 0 then
+    held = held + #oldest
+    queued = queued - #oldest
+    raise_peak('peak_active', held)
+  end
+end
+
+local function fill()
+  recount()
+  promote()
 end
 
 reap()
-fill()
+promote()
 """
 
-# ARGV[5] token, ARGV[6] queue capacity, ARGV[7] wait (ms).
-_ACQUIRE = _PRELUDE + """
-local token = ARGV[5]
--- A token Redis knows already: this is the client retrying the call after losing its reply.
--- Answer what the first run decided (a slot handed over meanwhile is claimed here), so
--- that the token never both holds and waits and nothing is counted twice.
+#: The start of every script whose settings are sent (ARGV[1..4]); its own arguments follow.
+_PRELUDE = _KEYS + _SENT_SETTINGS + _CLOCK + _COUNT + _STEPS
+
+# The hot scripts answer their common cases before the general steps (whose functions Lua
+# would otherwise build on every call): each such case is one where those steps would find
+# nothing to reap and nobody to promote, and it makes the same calls they would have made.
+
+# Acquire, sent while this limiter's last acquire was refused, before _COUNT: the refusal
+# first. Every slot held by a live lease and every place by a live waiter leaves nothing to
+# reap or promote (there are never more than capacity holders, nor queue_cap waiters).
+_REFUSAL_FIRST = """
+if redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+  redis.call('HINCRBY', stats, 'rejected_full', 1)
+  return 0
+end
+"""
+
+# Acquire, ARGV[1] token. Replies 1 granted, 0 refused (queue full), 2 queued (for the
+# client's own ``wait``). First its two common cases: a slot free with no lease ended (then
+# nobody waits: grant it), and every slot held with no lease ended and every place taken by
+# a live waiter (refuse: reads only, and the counter).
+_ACQUIRE_FIRST = """
+local token = ARGV[1]
+if held < capacity then
+  if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+    redis.call('ZADD', holders, now + lease_ms, token)
+    redis.call('HINCRBY', stats, 'acquired', 1)
+    -- A peak of one needs no write: any grant implies it (``stats`` reads it so).
+    if held > 0 and held + 1 > (tonumber(redis.call('HGET', stats, 'peak_active')) or 0) then
+      redis.call('HSET', stats, 'peak_active', held + 1)
+    end
+    return 1
+  end
+elseif redis.call('ZCOUNT', holders, '-inf', now) == 0
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+  redis.call('HINCRBY', stats, 'rejected_full', 1)
+  return 0
+end
+"""
+
+_ACQUIRE = """
+-- A token Redis knows already: the client is retrying this call after losing its reply.
+-- Answer what the first run decided (a slot handed over meanwhile is claimed here), so that
+-- the token never both holds and waits and nothing is counted twice. Only here, on the
+-- general path: the common cases above cannot meet a known token, but for the one written
+-- down in the design note (a retry that finds every place taken).
 if redis.call('ZSCORE', holders, token) then
   if redis.call('DEL', bell .. token) == 1 then redis.call('HINCRBY', stats, 'acquired', 1) end
   redis.call('ZADD', holders, now + lease_ms, token)
-  return {1, 0}
+  return 1
 end
-local first = redis.call('HGET', deadlines, token)
-if first then return {2, math.max(0, tonumber(first) - now)} end
-local held = redis.call('ZCARD', holders)
-if held < capacity then  -- after fill(), a free slot means nobody is waiting
+if redis.call('HEXISTS', deadlines, token) == 1 then return 2 end
+if held < capacity then  -- after promote(), a free slot means nobody is waiting
   redis.call('ZADD', holders, now + lease_ms, token)
   redis.call('HINCRBY', stats, 'acquired', 1)
   raise_peak('peak_active', held + 1)
-  return {1, 0}
+  return 1
 end
-local queued = redis.call('ZCARD', queue)
-if queued >= tonumber(ARGV[6]) then
+if queued >= queue_cap then
   redis.call('HINCRBY', stats, 'rejected_full', 1)
-  return {0, 0}
+  return 0
 end
 local ticket = redis.call('INCR', seq)
 redis.call('ZADD', queue, ticket, token)
 redis.call('ZADD', alive, now + presence_ms, token)
-redis.call('HSET', deadlines, token, now + tonumber(ARGV[7]))
+redis.call('HSET', deadlines, token, now + wait_ms)
 raise_peak('peak_queued', queued + 1)
-return {2, tonumber(ARGV[7])}
+return 2
 """
+
+# Release, ARGV[1] token. Replies 1 if the slot was still this grant's, else 0. First its
+# common case: a slot still free besides (nobody waits) and no lease ended.
+_RELEASE_FIRST = """
+if held < capacity and redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+  return redis.call('ZREM', holders, ARGV[1])
+end
+"""
+
+_RELEASE = """
+local mine = redis.call('ZREM', holders, ARGV[1])
+if mine == 1 then
+  held = held - 1
+  promote()
+end
+return mine
+"""
+
+
+def _hot_script(first: str, steps: str, active: int, queue: int, lease_ms: int,
+                presence_ms: int, wait_ms: int, refusal_first: bool = False) -> str:
+    """The text of a hot script for these settings: its common cases (``first``), then the
+    general steps and its own (``steps``); ``refusal_first`` (acquire only) checks for the
+    refusal before anything else."""
+    settings = _BUILT_IN_SETTINGS
+    for name, value in (("ACTIVE", active), ("QUEUE", queue), ("LEASE_MS", lease_ms),
+                        ("PRESENCE_MS", presence_ms), ("WAIT_MS", wait_ms)):
+        settings = settings.replace(f"@{name}@", str(int(value)))
+    return (
+        _KEYS + settings + _CLOCK + (_REFUSAL_FIRST if refusal_first else "") + _COUNT + first
+        + "local bell = string.sub(holders, 1, -8) .. 'w:'\n" + _STEPS + steps
+    )
+
 
 # ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error; not counted).
 _POLL = _PRELUDE + """
@@ -204,8 +372,9 @@ if redis.call('ZSCORE', holders, token) then
   redis.call('DEL', bell .. token)
   if leaving ~= 0 then  -- promoted at the instant we gave up: pass the slot on
     redis.call('ZREM', holders, token)
+    held = held - 1
     if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
-    fill()
+    promote()
     return {4, 0}
   end
   redis.call('ZADD', holders, now + lease_ms, token)
@@ -235,13 +404,6 @@ redis.call('ZADD', alive, now + presence_ms, token)
 return {2, remaining}
 """
 
-# ARGV[5] token. Replies 1 if the slot was still this grant's, else 0.
-_RELEASE = _PRELUDE + """
-local mine = redis.call('ZREM', holders, ARGV[5])
-if mine == 1 then fill() end
-return mine
-"""
-
 # ARGV[5..] tokens. Replies the tokens no longer held (their lease was lost).
 _RENEW = _PRELUDE + """
 local lost = {}
@@ -256,7 +418,7 @@ return lost
 """
 
 _STATS = _PRELUDE + """
-return {redis.call('ZCARD', holders), redis.call('ZCARD', queue), redis.call('HGETALL', stats)}
+return {held, queued, redis.call('HGETALL', stats)}
 """
 
 _COUNTERS = (
@@ -330,7 +492,8 @@ class RedisColdLimiter(LimiterFigures):
     leaves the queue (or Redis drops it within a presence period); a grant whose release
     fails keeps its slot until its lease ends.
 
-    Call :meth:`close` at the end to stop the renewer thread (a daemon thread either way).
+    Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
+    that ends waiters' blocking reads on time (daemon threads either way).
     Make the limiter in the process that uses it (after a fork: in a gunicorn worker, not in
     a preloaded master).
 
@@ -382,21 +545,48 @@ class RedisColdLimiter(LimiterFigures):
             max(1, round(self.PRESENCE * 1000)),
         ]
         self._wait_ms = max(1, round(self._wait * 1000))
-        self._acquire_script = client.register_script(_ACQUIRE)
+        lease_ms, presence_ms = int(self._common[2]), int(self._common[3])
+        hot = (active, queue, lease_ms, presence_ms, self._wait_ms)
+        self._acquire_script = client.register_script(
+            _hot_script(_ACQUIRE_FIRST, _ACQUIRE, *hot)
+        )
+        # The same, checking for the refusal first: sent while the last acquire was refused.
+        self._refusing_script = client.register_script(
+            _hot_script(_ACQUIRE_FIRST, _ACQUIRE, *hot, refusal_first=True)
+        )
+        self._release_script = client.register_script(
+            _hot_script(_RELEASE_FIRST, _RELEASE, *hot)
+        )
         self._poll_script = client.register_script(_POLL)
-        self._release_script = client.register_script(_RELEASE)
         self._renew_script = client.register_script(_RENEW)
         self._stats_script = client.register_script(_STATS)
+        # The hot paths and the poll send EVALSHA themselves, with everything but the token
+        # encoded once here: redis-py's Script object builds and encodes the keys and the
+        # arguments again on every call, and packing an argument costs more than it seems.
+        keys = (str(len(self._keys)).encode(), *(key.encode() for key in self._keys))
+        self._acquire_head = (self._acquire_script.sha.encode(), *keys)
+        self._refusing_head = (self._refusing_script.sha.encode(), *keys)
+        self._refusing = False  # racy: only picks which of the two acquire scripts is sent
+        self._release_head = (self._release_script.sha.encode(), *keys)
+        self._poll_head = (
+            self._poll_script.sha.encode(),
+            *keys,
+            *(str(arg).encode() for arg in self._common),
+        )
+        self._execute: Callable[..., Any] = client.execute_command
         socket_timeout = _socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
         self._block_cap = socket_timeout / 2 if socket_timeout else math.inf
         self._lock = threading.Lock()
-        self._renew_wake = threading.Condition(self._lock)  # notified on a new grant and close
+        self._renew_wake = threading.Condition(self._lock)  # notified on close, and on a
+        # grant taken while the renewer is idle (it found nothing held: then it waits untimed)
+        self._renewer_idle = False  # guarded by _lock
         self._held: dict[str, RedisGrant] = {}  # guarded by _lock: grants to renew
         self._closed = False  # guarded by _lock
         self._renewer: threading.Thread | None = None  # guarded by _lock
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = threading.Event()
+        self._waker = _Waker(client)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -428,12 +618,16 @@ class RedisColdLimiter(LimiterFigures):
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         token = owner_prefix() + secrets.token_hex(12)
-        status, remaining_ms = self._admit(token)
+        if self._refusing:
+            status = self._evalsha(self._refusing_script, self._refusing_head, token)
+        else:
+            status = self._evalsha(self._acquire_script, self._acquire_head, token)
+        self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
-        return self._wait_for_slot(token, remaining_ms / 1000, cancel)
+        return self._wait_for_slot(token, self._wait_ms / 1000, cancel)
 
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together (one round trip, which also reaps)."""
@@ -446,7 +640,8 @@ class RedisColdLimiter(LimiterFigures):
         return RedisLimiterStats(
             active=int(held),
             queued=int(queued),
-            peak_active=counters["peak_active"],
+            # The fast path records a peak only above one: any grant made it at least one.
+            peak_active=max(counters["peak_active"], min(1, counters["acquired"])),
             peak_queued=counters["peak_queued"],
             acquired=counters["acquired"],
             rejected_full=counters["rejected_full"],
@@ -459,12 +654,14 @@ class RedisColdLimiter(LimiterFigures):
         )
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the renewer thread, for good: grants still held are no longer renewed (their
-        release still works) and ``acquire`` raises ``RuntimeError`` from now on."""
+        """Stop the renewer and waker threads, for good: grants still held are no longer
+        renewed (their release still works) and ``acquire`` raises ``RuntimeError`` from now
+        on."""
         with self._lock:
             self._closed = True
             self._renew_wake.notify_all()
             renewer = self._renewer
+        self._waker.close(timeout)
         if renewer is not None and renewer is not threading.current_thread():
             renewer.join(timeout)
 
@@ -476,16 +673,28 @@ class RedisColdLimiter(LimiterFigures):
 
     # -- the scripts ----------------------------------------------------------------------
 
+    def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes) -> Any:
+        """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
+        common arguments, encoded; ``args`` follow. A Redis that does not know the script
+        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does."""
+        try:
+            return self._execute("EVALSHA", *head, *args)
+        except NoScriptError:
+            self._client.script_load(script.script)
+            return self._execute("EVALSHA", *head, *args)
+
     def _admit(self, token: str) -> tuple[int, int]:
         """The acquire script: (status, wait in ms)."""
-        reply = self._acquire_script(
-            keys=self._keys, args=[*self._common, token, self._queue_capacity, self._wait_ms]
-        )
-        return int(reply[0]), int(reply[1])
+        status = self._evalsha(self._acquire_script, self._acquire_head, token)
+        return int(status), self._wait_ms
+
+    def _free(self, token: str) -> int:
+        """The release script: 1 if the slot was still ``token``'s (now freed), else 0."""
+        return int(self._evalsha(self._release_script, self._release_head, token))
 
     def _poll(self, token: str, leaving: int) -> tuple[int, int]:
         """The poll script: (outcome, milliseconds left of the wait)."""
-        reply = self._poll_script(keys=self._keys, args=[*self._common, token, leaving])
+        reply = self._evalsha(self._poll_script, self._poll_head, token, str(leaving))
         return int(reply[0]), int(reply[1])
 
     # -- waiting --------------------------------------------------------------------------
@@ -507,6 +716,7 @@ class RedisColdLimiter(LimiterFigures):
                     raise Cancelled()
                 now = time.monotonic()
                 block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
+                self._waker.wake_at(time.monotonic() + block)
                 rang = self._client.blpop([bell], timeout=block)
                 now = time.monotonic()
                 if rang is None and now < next_poll and now < deadline:
@@ -537,8 +747,9 @@ class RedisColdLimiter(LimiterFigures):
     def _granted(self, token: str) -> RedisGrant:
         grant = RedisGrant(self, token)
         with self._lock:
-            if not self._held:
-                self._renew_wake.notify()  # the renewer sleeps while nothing is held
+            if self._renewer_idle:  # waiting untimed: it has a lease to renew now
+                self._renewer_idle = False
+                self._renew_wake.notify()
             self._held[token] = grant
             if self._renewer is None or not self._renewer.is_alive():
                 # None yet, or the process forked since: threads do not survive a fork.
@@ -557,8 +768,7 @@ class RedisColdLimiter(LimiterFigures):
                 return
             grant._held = False
             del self._held[grant.token]
-        mine = self._release_script(keys=self._keys, args=[*self._common, grant.token])
-        if not int(mine):
+        if not self._free(grant.token):
             grant._lost = True
 
     def _renew_forever(self) -> None:
@@ -567,8 +777,15 @@ class RedisColdLimiter(LimiterFigures):
         interval = self._lease / 3
         while True:
             with self._lock:
-                while not self._closed and not self._held:
-                    self._renew_wake.wait()
+                if not self._closed and not self._held:
+                    # Idle until a grant is taken (it clears the flag) or close. Woken, we
+                    # wait a whole interval before we may go idle again: a limiter whose
+                    # grants come and go wakes this thread at most once an interval, not on
+                    # every acquire.
+                    self._renewer_idle = True
+                    while not self._closed and self._renewer_idle:
+                        self._renew_wake.wait()
+                    self._renewer_idle = False
                 if self._closed:
                     return
                 self._renew_wake.wait(interval)
@@ -588,6 +805,74 @@ class RedisColdLimiter(LimiterFigures):
                     # Released meanwhile: not lost, its release removed it.
                     if key in self._held:
                         grants[key]._lost = True
+
+
+class _Waker:
+    """Ends a waiter's timed-out ``BLPOP`` on time: sends Redis a ``PING`` when it is due.
+
+    Redis notices a blocking command that timed out only when its event loop runs: at once
+    on a busy server, but on a server with no other traffic at its next cron tick (every
+    100 ms at the default ``hz 10``), so a 50 ms slice could last 100 ms. Any command makes
+    the loop run, so a ``PING`` on another connection just after the slice's end makes the
+    ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait;
+    a ``PING`` that comes when the ``BLPOP`` has already ended is harmless. A failing
+    ``PING`` is ignored: the waiter then ends on Redis's tick, as it would without this.
+    """
+
+    #: After a slice's end: the first nudge, and a second in case the first came too early
+    #: for Redis's clock (the BLPOP's timeout starts when Redis reads it).
+    NUDGES = (0.001, 0.005)
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._cond = threading.Condition(threading.Lock())
+        self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
+        self._closed = False  # guarded by _cond
+        self._thread: threading.Thread | None = None  # guarded by _cond
+
+    def wake_at(self, end: float) -> None:
+        """A ``BLPOP`` sent now times out at ``end`` (monotonic): nudge Redis just after."""
+        with self._cond:
+            if self._closed:
+                return
+            earliest = self._due[0] if self._due else math.inf
+            for nudge in self.NUDGES:
+                heapq.heappush(self._due, end + nudge)
+            if self._thread is None or not self._thread.is_alive():
+                # None yet, or the process forked since: threads do not survive a fork.
+                self._thread = threading.Thread(
+                    target=self._run, name="reachlimit-blpop-waker", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0] < earliest:
+                self._cond.notify()
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._due:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                wait = self._due[0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                now = time.monotonic()
+                while self._due and self._due[0] <= now:
+                    heapq.heappop(self._due)
+            try:
+                self._client.ping()
+            except redis.RedisError:
+                pass
 
 
 def _socket_timeout(client: Any) -> float | None:

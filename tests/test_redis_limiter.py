@@ -247,11 +247,15 @@ def test_release_twice_raises_and_creates_no_capacity(
     assert lim.stats().active == 0
 
 
+@pytest.mark.parametrize("refused_before", [False, True])
 def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     make_client: Callable[..., CountingRedis],
     client: CountingRedis,
     make_limiter: Callable[..., RedisColdLimiter],
+    refused_before: bool,
 ) -> None:
+    """Both acquire scripts: the first refusal's, and the one sent after a refusal (which
+    checks for the refusal first)."""
     class Patient(RedisColdLimiter):
         PRESENCE = 120.0  # the ghost waiter below must not be dropped during the test
 
@@ -259,8 +263,17 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     assert ghosts._admit("holder")[0] == GRANTED
     assert ghosts._admit("waiter")[0] == QUEUED
     refuser_client = make_client()
-    lim = make_limiter(cls=Patient, client=refuser_client, active=1, queue=1, retry_after=5)
-    lim.stats()  # loads the scripts, so that the refusal below is a plain EVALSHA
+    # The ghosts' settings: the acquire script, made per settings, is loaded by their admits,
+    # so that the refusal below is a plain EVALSHA.
+    lim = make_limiter(
+        cls=Patient, client=refuser_client, active=1, queue=1, lease=120.0, retry_after=5
+    )
+    refuser_client.ping()  # its connection is open (a new one says HELLO)
+    if refused_before:
+        for _ in range(2):  # the second one loads the script sent after a refusal
+            with pytest.raises(Busy):
+                lim.acquire()
+        assert lim._refusing
     before = state_of(client)
     stats_key = lim.keys[4]
     commands_before = client.info("commandstats")
@@ -273,7 +286,9 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     assert refuser_client.sent == Counter({"EVALSHA": 1}), "not one round trip"
     commands_after = client.info("commandstats")
     after = state_of(client)
-    assert after[stats_key].pop(b"rejected_full") == b"1"
+    assert int(after[stats_key].pop(b"rejected_full")) == 1 + int(
+        before[stats_key].pop(b"rejected_full", 0)
+    )
     assert after == before, "the refusal wrote something besides its counter"
 
     def calls(stats: dict[str, Any], name: str) -> int:
@@ -287,6 +302,22 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     moved.pop("info", None)  # the INFO call made just above
     assert moved.pop("evalsha") == 1 and moved.pop("hincrby") == 1, moved
     assert set(moved) <= READS, f"write commands on the refusal path: {set(moved) - READS}"
+
+
+def test_after_a_refusal_a_freed_slot_is_still_granted(
+    make_limiter: Callable[..., RedisColdLimiter],
+) -> None:
+    lim = make_limiter(active=1, queue=0)
+    holder = lim.acquire()
+    for _ in range(2):
+        with pytest.raises(Busy):
+            lim.acquire()
+    assert lim._refusing  # the next acquire checks for the refusal first...
+    holder.release()
+    with lim.acquire():  # ...and, the slot being free, goes on to grant it
+        assert not lim._refusing
+    s = lim.stats()
+    assert (s.acquired, s.rejected_full, s.active) == (2, 2, 0)
 
 
 def test_queue_zero_refuses_at_once(make_limiter: Callable[..., RedisColdLimiter]) -> None:
@@ -544,6 +575,184 @@ def test_a_lost_lease_is_counted_and_its_late_release_frees_nothing(
     assert lim.stats().active == 0
 
 
+class BlockSpy(CountingRedis):
+    """Records the timeout of every BLPOP a waiter blocks in (its doorbell)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.blocks: list[float] = []
+
+    def blpop(self, keys: Any, timeout: float | None = 0) -> Any:
+        self.blocks.append(float(timeout or 0))
+        return super().blpop(keys, timeout=timeout)
+
+
+def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_place(
+    make_client: Callable[..., CountingRedis],
+    make_limiter: Callable[..., RedisColdLimiter],
+    threads: Any,
+) -> None:
+    """Blocked on its doorbell, a waiter looks at its cancel token at least every
+    ``CANCEL_POLL_INTERVAL`` (the local limiter's 50 ms slice): each BLPOP is that short."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        cancel = threading.Event()
+        attempt = start_acquire(threads, waiting, cancel, name="cancelled")
+        wait_until("queued", lambda: lim.stats().queued == 1)
+        wait_until("blocked on its doorbell a few times", lambda: len(spy.blocks) >= 3)
+        cancel.set()
+        attempt.wait_done(timeout=10)  # generous: one slice and one round trip in fact
+        assert isinstance(attempt.error, Cancelled), attempt.error
+        s = lim.stats()
+        assert (s.queued, s.cancelled, s.rejected_timeout) == (0, 1, 0)
+        with pytest.raises(Busy) as info:  # the place is free again: a newcomer is admitted
+            make_limiter(active=1, queue=1, wait=0.05).acquire()
+        assert info.value.reason == "timeout"
+    assert spy.blocks and max(spy.blocks) <= RedisColdLimiter.CANCEL_POLL_INTERVAL
+    assert_exact_capacity(lim)
+
+
+def test_a_blocked_waiter_has_redis_nudged_when_each_slice_ends(
+    make_client: Callable[..., CountingRedis],
+    make_limiter: Callable[..., RedisColdLimiter],
+    threads: Any,
+) -> None:
+    """Redis ends a timed-out BLPOP only when its event loop runs (on an idle server, at its
+    next cron tick): the limiter's waker sends a PING after each slice's end, so that the
+    slice ends on time. Here: PINGs come while a waiter blocks, and stop when it is gone."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        cancel = threading.Event()
+        attempt = start_acquire(threads, waiting, cancel, name="nudged")
+        wait_until("three slices nudged", lambda: spy.sent["PING"] >= 3)
+        assert len(spy.blocks) >= 2
+        cancel.set()
+        attempt.wait_done(timeout=10)
+        assert isinstance(attempt.error, Cancelled), attempt.error
+    waiting.close()
+    assert waiting._waker._thread is not None and not waiting._waker._thread.is_alive()
+    assert lim.stats().queued == 0
+
+
+def test_a_waiter_notices_its_deadline_while_blocked_on_its_doorbell(
+    make_client: Callable[..., CountingRedis], make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """No block outlasts the deadline by more than a millisecond, and no slice is longer
+    than the cancel slice while a cancel token is watched: the timeout comes in time."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    waiting = make_limiter(client=spy, active=1, queue=1, wait=0.3)
+    with lim.acquire():
+        with pytest.raises(Busy) as info:
+            waiting.acquire(threading.Event())
+    assert info.value.reason == "timeout"
+    assert spy.blocks and max(spy.blocks) <= RedisColdLimiter.CANCEL_POLL_INTERVAL
+    assert sum(spy.blocks) <= 0.3 + 0.001 * len(spy.blocks)  # it never slept past its wait
+    s = lim.stats()
+    assert (s.queued, s.rejected_timeout, s.cancelled) == (0, 1, 0)
+
+
+class _Lasting(RedisColdLimiter):
+    PRESENCE = 120.0  # its ghost waiters stay present for the whole test
+
+
+class _Fleeting(RedisColdLimiter):
+    PRESENCE = 0.2  # its ghost waiters are gone (their process "died") after 0.2 s
+
+
+def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
+    """The acquire script's answer for ``token``: the usual script, or the one sent after a
+    refusal (which checks for the refusal first, then goes on as the usual one)."""
+    if refusing:
+        return int(lim._evalsha(lim._refusing_script, lim._refusing_head, token))
+    return lim._admit(token)[0]
+
+
+@pytest.mark.parametrize("refusing", [False, True])
+def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
+) -> None:
+    """Every slot held and every place taken, but one waiter no longer present: the acquire
+    script reaps it and admits the newcomer to its place."""
+    lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
+    fleeting = make_limiter(cls=_Fleeting, active=1, queue=2, wait=60.0, lease=120.0)
+    start = server_ms(client)
+    assert lasting._admit("holder")[0] == GRANTED
+    assert fleeting._admit("dead")[0] == QUEUED
+    assert lasting._admit("live")[0] == QUEUED
+    assert lasting._admit("refused")[0] == FULL
+    wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
+    assert admit(lasting, "next", refusing) == QUEUED
+    assert client.zrange(lasting.keys[1], 0, -1) == [b"live", b"next"]
+    assert client.zrange(lasting.keys[0], 0, -1) == [b"holder"]
+    s = lasting.stats()
+    assert (s.queued, s.rejected_full, s.lease_lost) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("refusing", [False, True])
+def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
+) -> None:
+    """Every place taken and the one slot held by a lease that ended: the acquire script
+    reaps the holder (counted lost), promotes the oldest waiter (its doorbell rings) and
+    admits the newcomer to the place that freed."""
+    short = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=0.2)
+    lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
+    start = server_ms(client)
+    assert short._admit("holder")[0] == GRANTED
+    assert lasting._admit("w1")[0] == QUEUED
+    assert lasting._admit("w2")[0] == QUEUED
+    wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
+    assert admit(lasting, "next", refusing) == QUEUED
+    assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
+    assert client.llen(lasting._bell + "w1") == 1
+    assert client.zrange(lasting.keys[1], 0, -1) == [b"w2", b"next"]
+    s = lasting.stats()
+    assert (s.active, s.queued, s.lease_lost, s.rejected_full) == (1, 2, 1, 0)
+
+
+def test_the_hot_scripts_reap_a_lease_ended_beside_a_free_slot(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """A slot free and another held by a lease that ended: neither a fast acquire nor a
+    release skips the reap (read straight from Redis, not through stats, which reaps too)."""
+    short = make_limiter(active=3, queue=1, lease=0.2)
+    lasting = make_limiter(active=3, queue=1, lease=120.0)
+    holders_key, stats_key = lasting.keys[0], lasting.keys[4]
+    start = server_ms(client)
+    assert short._admit("ended-1")[0] == GRANTED
+    kept = lasting.acquire()
+    wait_until("the short lease ended", lambda: server_ms(client) > start + 300)
+    with lasting.acquire():
+        assert client.hget(stats_key, "lease_lost") == b"1"
+        assert client.zscore(holders_key, "ended-1") is None
+    assert short._admit("ended-2")[0] == GRANTED
+    wait_until("the second short lease ended", lambda: server_ms(client) > start + 600)
+    kept.release()
+    assert client.hget(stats_key, "lease_lost") == b"2"
+    assert client.zcard(holders_key) == 0
+
+
+def test_a_waiters_poll_repairs_a_free_slot_left_with_a_waiter(
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
+) -> None:
+    """The hot scripts trust that a free slot means an empty queue (every script fills);
+    if that ever breaks (here: the holders key evicted), the waiter's own poll counts the
+    queue, promotes it and claims the slot."""
+    lim = make_limiter(active=1, queue=1, wait=60.0)
+    holder = lim.acquire()
+    assert lim._admit("waiter")[0] == QUEUED
+    client.delete(lim.keys[0])  # the holder's slot vanishes without a script noticing
+    assert lim._poll("waiter", STAY)[0] == POLL_GRANTED
+    assert client.zrange(lim.keys[0], 0, -1) == [b"waiter"]
+    holder.release()  # gone already: frees nothing
+    assert lim.stats().active == 1
+
+
 def test_a_waiter_that_stops_polling_is_dropped(
     make_limiter: Callable[..., RedisColdLimiter], threads: Any
 ) -> None:
@@ -694,7 +903,7 @@ class ScriptMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(sorted(self.holders)))
-        mine = self.lim._release_script(keys=self.lim._keys, args=[*self.lim._common, token])
+        mine = self.lim._free(token)
         assert mine == 1
         self.holders.discard(token)
         self._hand_off()

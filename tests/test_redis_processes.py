@@ -243,3 +243,42 @@ def test_the_redis_micro_benchmark_runs() -> None:
         row = report["results"][key]
         assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
     assert report["results"]["refusal"]["check"]["ok"]
+
+
+def test_the_redis_handoff_benchmark_runs() -> None:
+    """benchmarks/redis_handoff.py, as a process with its own redis-server and its own child
+    process: it finishes and reports what it promises (never its speed)."""
+    require_redis_server()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "redis_handoff.py"),
+            "--quick",
+            "--json",
+            "--handoffs",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
+    handoff = report["results"]["handoff"]
+    for side in ("limiter", "doorbell"):
+        row = handoff[side]
+        assert row["n"] == 6
+        assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+    assert handoff["ratio_p50"] > 0 and handoff["ratio_p99"] > 0
+    assert handoff["goal_p99_ms"] == 5.0 and isinstance(handoff["goal_met"], bool)
+    assert handoff["check"]["ok"], handoff["check"]
+    waits = report["results"]["waits"]
+    assert waits and all(hz.startswith("hz ") for hz in waits)
+    for by_hz in waits.values():
+        for case in ("cancel", "deadline_with_cancel_token", "deadline_without_token"):
+            for side in ("redis", "local"):
+                row = by_hz[case][side]
+                assert row["n"] > 0 and row["p50_ms"] <= row["max_ms"]
