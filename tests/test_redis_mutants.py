@@ -46,60 +46,94 @@ from tests.support.threads import ThreadRunner
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-#: Each script of the limiter: the attribute that holds it and the module's script text.
+#: Each script a limiter registers, and the attribute holding its EVALSHA head (the SHA and
+#: the encoded keys the hot paths send themselves), if it has one.
 SCRIPTS = {
-    "_acquire_script": "_ACQUIRE",
-    "_poll_script": "_POLL",
-    "_release_script": "_RELEASE",
-    "_renew_script": "_RENEW",
-    "_stats_script": "_STATS",
+    "_acquire_script": "_acquire_head",
+    "_refusing_script": "_refusing_head",
+    "_release_script": "_release_head",
+    "_poll_script": "_poll_head",
+    "_renew_script": None,
+    "_stats_script": None,
 }
 
 
-def mutant(old: str, new: str, scripts: tuple[str, ...]) -> type[RedisColdLimiter]:
-    """A RedisColdLimiter whose ``scripts`` (attribute names) run the real text with ``old``
-    replaced by ``new``; ``old`` must be found exactly once in each of them."""
-    broken: dict[str, str] = {}
-    for attr in scripts:
-        text: str = getattr(redis_module, SCRIPTS[attr])
-        assert text.count(old) == 1, f"{SCRIPTS[attr]} no longer contains the mutated piece"
-        broken[attr] = text.replace(old, new)
-        assert broken[attr] != text
+def mutant(
+    changes: tuple[tuple[str, str], ...], scripts: tuple[str, ...]
+) -> type[RedisColdLimiter]:
+    """A RedisColdLimiter whose ``scripts`` (attribute names) run the text the real limiter
+    registers with each ``(old, new)`` of ``changes`` applied. The texts are built per limiter
+    (the hot scripts carry its settings), so the check that each ``old`` is found exactly
+    once in each script is made on every limiter made, before it is used."""
 
     class Mutant(RedisColdLimiter):
         def __init__(self, client: redis.Redis, *args: Any, **kwargs: Any) -> None:
             super().__init__(client, *args, **kwargs)
-            for attr, text in broken.items():
-                assert hasattr(self, attr), f"RedisColdLimiter has no {attr} any more"
-                setattr(self, attr, client.register_script(text))
+            for attr in scripts:
+                assert attr in SCRIPTS and hasattr(self, attr), f"no {attr} any more"
+                text: str = getattr(self, attr).script
+                broken = text
+                for old, new in changes:
+                    assert broken.count(old) == 1, f"{attr} no longer holds {old!r} once"
+                    broken = broken.replace(old, new)
+                assert broken != text
+                script = client.register_script(broken)
+                setattr(self, attr, script)
+                head_attr = SCRIPTS[attr]
+                if head_attr is not None:  # the hot paths send this SHA themselves
+                    head = getattr(self, head_attr)
+                    setattr(self, head_attr, (script.sha.encode(), *head[1:]))
 
     return Mutant
 
 
+# The pieces replaced must be in the module's texts once; a change there fails here, at
+# collection, and in each Mutant.__init__ for the texts built from them.
+_PIECES = (
+    (redis_module._POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
+    (redis_module._POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
+    (redis_module._STEPS, "forget_waiter(token)\n    redis.call('ZADD', holders, now + presence"),
+    (redis_module._RELEASE, "local mine = redis.call('ZREM', holders, ARGV[1])"),
+    (redis_module._RELEASE_FIRST, "return redis.call('ZREM', holders, ARGV[1])"),
+)
+for _text, _piece in _PIECES:
+    assert _text.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
+
 #: The poll script's timeout branch, without the line that gives the place back.
 TIMEOUT_KEEPS_PLACE = mutant(
-    "if remaining <= 0 then\n  forget_waiter(token)\n",
-    "if remaining <= 0 then\n",
+    (("if remaining <= 0 then\n  forget_waiter(token)\n", "if remaining <= 0 then\n"),),
     ("_poll_script",),
 )
 #: The poll script's give-up branch (cancelled, or an error), keeping the place.
 GIVE_UP_KEEPS_PLACE = mutant(
-    "if leaving ~= 0 then\n  forget_waiter(token)\n",
-    "if leaving ~= 0 then\n",
+    (("if leaving ~= 0 then\n  forget_waiter(token)\n", "if leaving ~= 0 then\n"),),
     ("_poll_script",),
 )
 #: Promotion that forgets to take the promoted waiter out of the queue (in every script,
-#: since every script promotes).
+#: since every script runs the shared steps and may promote).
 PROMOTION_KEEPS_PLACE = mutant(
-    "    forget_waiter(token)\n    redis.call('ZADD', holders, now + presence_ms, token)",
-    "    redis.call('ZREM', alive, token)\n    redis.call('HDEL', deadlines, token)\n"
-    "    redis.call('ZADD', holders, now + presence_ms, token)",
+    (
+        (
+            "    forget_waiter(token)\n    redis.call('ZADD', holders, now + presence_ms, token)",
+            "    redis.call('ZREM', alive, token)\n    redis.call('HDEL', deadlines, token)\n"
+            "    redis.call('ZADD', holders, now + presence_ms, token)",
+        ),
+    ),
     tuple(SCRIPTS),
 )
-#: A release that answers as if it freed the slot, and frees nothing.
+#: A release that answers as if it freed the slot, and frees nothing: on its common path
+#: (a slot free besides) and on the general one.
 RELEASE_KEEPS_SLOT = mutant(
-    "local mine = redis.call('ZREM', holders, ARGV[5])",
-    "local mine = redis.call('ZSCORE', holders, ARGV[5]) and 1 or 0",
+    (
+        (
+            "return redis.call('ZREM', holders, ARGV[1])",
+            "return redis.call('ZSCORE', holders, ARGV[1]) and 1 or 0",
+        ),
+        (
+            "local mine = redis.call('ZREM', holders, ARGV[1])",
+            "local mine = redis.call('ZSCORE', holders, ARGV[1]) and 1 or 0",
+        ),
+    ),
     ("_release_script",),
 )
 
