@@ -435,8 +435,9 @@ _COUNTERS = (
 @dataclass(frozen=True, slots=True)
 class RedisLimiterStats(LimiterStats):
     """The figures of :class:`~reachlimit.LimiterStats`, for all processes together, plus
-    ``backend`` (``"redis"``), ``degraded`` (always False until a fallback exists) and
-    ``lease_lost``: grants whose lease ran out before they were released."""
+    ``backend`` (``"redis"``), ``degraded`` (False from Redis itself; True when
+    :class:`ResilientLimiter` answers from its in-process fallback, Redis being unreachable)
+    and ``lease_lost``: grants whose lease ran out before they were released."""
 
     backend: str = "redis"
     degraded: bool = False
@@ -488,9 +489,10 @@ class RedisColdLimiter(LimiterFigures):
     ``wait`` and ``lease`` for a name.
 
     Errors of Redis itself (``redis.exceptions.RedisError``: connection refused, timeout)
-    propagate out of ``acquire``, ``release`` and ``stats`` for now. A waiter that meets one
-    leaves the queue (or Redis drops it within a presence period); a grant whose release
-    fails keeps its slot until its lease ends.
+    propagate out of ``acquire``, ``release`` and ``stats`` of this class; wrap it in
+    :class:`ResilientLimiter` (as the Flask extension does) to fall back to an in-process
+    limiter instead. A waiter that meets one leaves the queue (or Redis drops it within a
+    presence period); a grant whose release fails keeps its slot until its lease ends.
 
     Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
     that ends waiters' blocking reads on time (daemon threads either way).

@@ -560,13 +560,16 @@ def test_a_call_during_the_backoff_never_touches_redis(
     s = make_stack(f"redis://127.0.0.1:{free_port()}/0")
     s.health = s.limiter.health = RedisHealth(s.health.where, first_retry=60.0, max_retry=60.0)
     sent: list[Any] = []
-    real = s.client.execute_command
+    # Counted where every command takes its connection: the limiter sends its hot scripts
+    # through a bound ``execute_command`` it keeps, so patching the client's would miss them.
+    pool = s.client.connection_pool
+    real = pool.get_connection
 
     def counting(*args: Any, **options: Any) -> Any:
-        sent.append(args[0])
+        sent.append(args)
         return real(*args, **options)
 
-    monkeypatch.setattr(s.client, "execute_command", counting)
+    monkeypatch.setattr(pool, "get_connection", counting)
     s.limiter.acquire().release()  # the first call finds Redis down
     assert sent and not s.health.up
     sent.clear()
