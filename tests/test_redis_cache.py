@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,51 +20,17 @@ from reachlimit import TTLCache
 from reachlimit.redis import RedisCache
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
+from tests.support.redis_clients import (
+    CountingRedis,
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
 from tests.support.redis_server import (
-    RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-
-class CountingRedis(redis.Redis):
-    """A client that counts the commands it sends (by name)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: Counter[str] = Counter()
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent[str(args[0]).upper()] += 1
-        return super().execute_command(*args, **options)
-
-    def total(self) -> int:
-        return sum(self.sent.values())
-
-
-@pytest.fixture
-def make_client(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
-    made: list[CountingRedis] = []
-
-    def make(**kwargs: Any) -> CountingRedis:
-        options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-        options.update(kwargs)
-        client = CountingRedis(host="127.0.0.1", port=redis_server.port, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-@pytest.fixture
-def client(make_client: Callable[..., CountingRedis]) -> CountingRedis:
-    c = make_client()
-    c.flushall()
-    return c
 
 
 def entries(client: redis.Redis) -> int:

@@ -34,6 +34,10 @@ from redis.retry import Retry
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import assert_exact_capacity, start_acquire
+from tests.support.redis_clients import (
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
@@ -49,14 +53,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 #: Debian's libfaketime (a dependency of the ``faketime`` package).
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-
-
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
-    c.flushall()
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -44,6 +44,11 @@ from tests.support.limiter import (
     start_acquire,
     try_acquire_now,
 )
+from tests.support.redis_clients import (
+    CountingRedis,
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -60,41 +65,6 @@ READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget",
 
 
 # -- fixtures ---------------------------------------------------------------------------------
-
-
-class CountingRedis(redis.Redis):
-    """A client that counts the commands it sends (by name), to prove a round-trip count."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: Counter[str] = Counter()
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent[str(args[0]).upper()] += 1
-        return super().execute_command(*args, **options)
-
-
-@pytest.fixture
-def make_client(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
-    made: list[CountingRedis] = []
-
-    def make(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
-        options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-        options.update(kwargs)
-        client = cls(host="127.0.0.1", port=redis_server.port, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
-
-
-@pytest.fixture
-def client(make_client: Callable[..., CountingRedis]) -> CountingRedis:
-    c = make_client()
-    c.flushall()
-    return c
 
 
 @pytest.fixture

@@ -38,8 +38,11 @@ from tests.support.limiter_checks import (
     check_queue_bound,
     check_slots_come_back,
 )
+from tests.support.redis_clients import (
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
 from tests.support.redis_server import (
-    RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
 from tests.support.threads import ThreadRunner
@@ -136,16 +139,6 @@ RELEASE_KEEPS_SLOT = mutant(
     ),
     ("_release_script",),
 )
-
-
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(
-        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5, socket_connect_timeout=0.5
-    )
-    c.flushall()
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -23,13 +23,16 @@ import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
+from tests.support.redis_clients import (
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
     start_workers_fixture,  # noqa: F401 (the start_workers fixture)
 )
 from tests.support.redis_server import (
-    RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
     require_redis_server,
 )
@@ -38,14 +41,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
-    c.flushall()
-    yield c
-    c.close()
 
 
 @pytest.fixture

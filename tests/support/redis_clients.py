@@ -1,0 +1,67 @@
+"""Clients of the test Redis that count what they send.
+
+A test module that proves a round-trip count imports the fixtures it uses::
+
+    from tests.support.redis_clients import (
+        CountingRedis,
+        client_fixture,  # noqa: F401 (the client fixture)
+        make_client_fixture,  # noqa: F401 (the make_client fixture)
+    )
+
+``make_client(**options)`` makes a client of the module's ``redis_server`` with short socket
+timeouts (0.5 s, as the library advises), closed at teardown; ``client`` is one of those on an
+emptied Redis. ``cls=`` makes a subclass of :class:`CountingRedis` instead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support import HOST
+from tests.support.redis_server import RedisServer
+
+
+class CountingRedis(redis.Redis):
+    """A client that counts the commands it sends (by name), to prove a round-trip count.
+
+    Only commands sent through this client's ``execute_command`` are counted (every redis-py
+    command and every ``Script`` call is; a pipeline is not)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: Counter[str] = Counter()
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent[str(args[0]).upper()] += 1
+        return super().execute_command(*args, **options)
+
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+
+@pytest.fixture(name="make_client")
+def make_client_fixture(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
+    made: list[CountingRedis] = []
+
+    def make(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
+        options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+        options.update(kwargs)
+        client = cls(host=HOST, port=redis_server.port, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+@pytest.fixture(name="client")
+def client_fixture(make_client: Callable[..., CountingRedis]) -> CountingRedis:
+    c = make_client()
+    c.flushall()
+    return c
