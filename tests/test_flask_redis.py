@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from flask import Flask
 
 from reachlimit import ColdLimiter, Grant
@@ -25,6 +24,9 @@ from tests.support import clients
 from tests.support.clients import close_one_by_one
 from tests.support.limiter import LIMITER_FIELDS
 from tests.support.processes import free_port
+from tests.support.redis_clients import (
+    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
+)
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -38,13 +40,8 @@ SECRET = "pa55-w0rd-never-shown"
 
 
 @pytest.fixture
-def url(redis_server: RedisServer) -> Iterator[str]:
-    if redis_server.process is None or redis_server.process.poll() is not None:
-        redis_server.start(port=redis_server.port, attempts=1)
-    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=2)
-    c.flushall()
-    c.close()
-    yield redis_server.url()
+def url(live_redis: RedisServer) -> str:
+    return live_redis.url()
 
 
 @pytest.fixture

@@ -36,6 +36,9 @@ from reachlimit.redis import (
 )
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
+from tests.support.redis_clients import (
+    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
+)
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -51,15 +54,8 @@ SLACK = 2.0
 
 
 @pytest.fixture
-def server(redis_server: RedisServer) -> Iterator[RedisServer]:
-    if redis_server.process is None or redis_server.process.poll() is not None:
-        redis_server.start(port=redis_server.port, attempts=1)
-    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=2)
-    c.flushall()
-    c.close()
-    yield redis_server
-    if redis_server.process is None or redis_server.process.poll() is not None:
-        redis_server.start(port=redis_server.port, attempts=1)
+def server(live_redis: RedisServer) -> RedisServer:
+    return live_redis
 
 
 @pytest.fixture

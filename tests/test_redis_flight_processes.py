@@ -11,11 +11,6 @@ get returned. Every build counts itself in Redis and then waits until the test p
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +20,8 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisSingleFlight
-from tests.support.processes import die_with_parent, pid_alive
+from tests.support.processes import pid_alive
+from tests.support.redis_procs import LineProcess
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -34,7 +30,6 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
-REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "support" / "redis_flight_worker.py"
 #: How long a process may take to start, or a state to be reached, before the test fails.
 DEADLINE = 30.0
@@ -49,42 +44,11 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     c.close()
 
 
-class Worker:
-    """One ``redis_flight_worker.py`` process and the events it has reported."""
+class Worker(LineProcess):
+    """One ``redis_flight_worker.py`` process (its own ``ColdPath`` on Redis) and its events."""
 
     def __init__(self, port: int, lease: float) -> None:
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), NAME, str(lease)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            preexec_fn=die_with_parent(),
-        )
-        self.events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._lock:
-                self.events.append(json.loads(line))
-
-    def seen(self, event: str | None = None) -> list[dict[str, Any]]:
-        with self._lock:
-            return [e for e in self.events if event is None or e["event"] == event]
-
-    def send(self, command: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
+        super().__init__([str(WORKER), str(port), NAME, str(lease)])
 
     def results(self) -> list[dict[str, Any]]:
         return self.seen("value") + self.seen("error")
@@ -95,13 +59,6 @@ class Worker:
         wait_until(f"stats of {self.pid}", lambda: len(self.seen("stats")) > before,
                    timeout=DEADLINE)
         return self.seen("stats")[-1]
-
-    def kill(self) -> None:
-        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(DEADLINE)
-        self._reader.join(DEADLINE)
 
 
 @pytest.fixture

@@ -38,6 +38,9 @@ from tests.apps.file_gate_app import build_pids, running_counts
 from tests.support.clients import Herd, Reply, check_refusal, http_request
 from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, reach_service, serving
 from tests.support.limiter import LIMITER_FIELDS
+from tests.support.redis_clients import (
+    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
+)
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -51,15 +54,8 @@ PREFIX = "gtest"
 
 
 @pytest.fixture
-def redis_url(redis_server: RedisServer) -> Iterator[str]:
-    if redis_server.process is None or redis_server.process.poll() is not None:
-        redis_server.start(port=redis_server.port, attempts=1)
-    c = redis.Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=2)
-    c.flushall()
-    c.close()
-    yield redis_server.url()
-    if redis_server.process is None or redis_server.process.poll() is not None:
-        redis_server.start(port=redis_server.port, attempts=1)
+def redis_url(live_redis: RedisServer) -> str:
+    return live_redis.url()
 
 
 @pytest.fixture

@@ -65,3 +65,21 @@ def client_fixture(make_client: Callable[..., CountingRedis]) -> CountingRedis:
     c = make_client()
     c.flushall()
     return c
+
+
+def restart_if_stopped(server: RedisServer) -> None:
+    """Start ``server`` again on its port if a test stopped it (or it died)."""
+    if server.process is None or server.process.poll() is not None:
+        server.start(port=server.port, attempts=1)
+
+
+@pytest.fixture(name="live_redis")
+def live_redis_fixture(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The module's ``redis_server``, running and emptied, for a test that may stop or kill
+    it: it is started again (on the same port) after the test too."""
+    restart_if_stopped(redis_server)
+    c = redis.Redis(host=HOST, port=redis_server.port, socket_timeout=2)
+    c.flushall()
+    c.close()
+    yield redis_server
+    restart_if_stopped(redis_server)

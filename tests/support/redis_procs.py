@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.processes import die_with_parent
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
@@ -36,26 +37,19 @@ DEADLINE = 30.0
 OUTCOMES = frozenset({"granted", "queue_full", "timeout", "cancelled", "error"})
 
 
-class Worker:
-    """One ``redis_worker.py`` process and the events it has reported."""
+class LineProcess:
+    """A Python subprocess driven by lines on its stdin, reporting one JSON object a line on
+    its stdout, read into :attr:`events` by a daemon thread of the test process. It gets
+    SIGTERM if the test process dies (``die_with_parent``); :meth:`kill` stops it by PID."""
 
-    def __init__(
-        self,
-        port: int,
-        name: str,
-        settings: dict[str, Any],
-        *,
-        env: dict[str, str] | None = None,
-        options: tuple[str, ...] = (),
-    ) -> None:
-        args = [str(port), name] + [str(settings[k]) for k in ("active", "queue", "wait", "lease")]
-        full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), *args, *options],
+            [sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=full_env,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+            preexec_fn=die_with_parent(),
         )
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -72,9 +66,38 @@ class Worker:
             with self._lock:
                 self.events.append(json.loads(line))
 
-    def seen(self) -> list[dict[str, Any]]:
+    def seen(self, event: str | None = None) -> list[dict[str, Any]]:
+        """The events reported so far (of kind ``event`` only, if given)."""
         with self._lock:
-            return list(self.events)
+            return [e for e in self.events if event is None or e["event"] == event]
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(DEADLINE)
+        self._reader.join(DEADLINE)
+
+
+class Worker(LineProcess):
+    """One ``redis_worker.py`` process (its own ``RedisColdLimiter``) and its events."""
+
+    def __init__(
+        self,
+        port: int,
+        name: str,
+        settings: dict[str, Any],
+        *,
+        env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
+    ) -> None:
+        args = [str(port), name] + [str(settings[k]) for k in ("active", "queue", "wait", "lease")]
+        super().__init__([str(WORKER), *args, *options], env)
 
     def event(self, attempt: str, kinds: frozenset[str] = OUTCOMES) -> dict[str, Any] | None:
         """The first event of ``attempt`` whose kind is in ``kinds`` (its outcome by default)."""
@@ -104,19 +127,6 @@ class Worker:
             timeout=timeout,
         )
         return [e for e in self.seen() if e["event"] == kind][before]
-
-    def send(self, command: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-
-    def kill(self) -> None:
-        """SIGKILL by PID (no clean-up of any kind runs), and reap it."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(DEADLINE)
-        self._reader.join(DEADLINE)
-
 
 @pytest.fixture(name="start_workers")
 def start_workers_fixture(redis_server: RedisServer) -> Iterator[Callable[..., list[Worker]]]:
