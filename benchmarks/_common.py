@@ -9,12 +9,15 @@ gunicorn server, ports, processes, waiting for a state) rather than a copy of it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +167,42 @@ def selection(
     if bad:
         p.error(f"unknown policy or scenario: {', '.join(bad)}")
     return chosen, runs
+
+
+@contextlib.contextmanager
+def open_loop(
+    send: Callable[[int], None], interval_s: float, cap: int, join_s: float, name: str
+) -> Iterator[list[int]]:
+    """For the length of the ``with`` block, start ``send(i)`` (i = 0, 1, ...) in a thread of
+    its own every ``interval_s``, whether or not the earlier ones came back, until the block
+    ends or ``cap`` have started. Then every thread is joined, all within ``join_s``, and how
+    many were still running is left in the yielded list.
+
+    Open loop on purpose: a prober that waits for its own answer sends one request during a
+    2-second stall and a hundred fast ones after it, and the stall vanishes from the p99."""
+    stop = threading.Event()
+    launched: list[threading.Thread] = []  # appended by the scheduler only; read after its join
+
+    def schedule() -> None:
+        t_next = time.perf_counter()
+        i = 0
+        while not stop.is_set() and i < cap:
+            t = threading.Thread(target=send, args=(i,), name=f"{name}-{i}", daemon=True)
+            t.start()
+            launched.append(t)
+            i += 1
+            t_next += interval_s
+            stop.wait(max(0.0, t_next - time.perf_counter()))
+
+    stuck: list[int] = []
+    scheduler = threading.Thread(target=schedule, name=f"{name}-scheduler", daemon=True)
+    scheduler.start()
+    try:
+        yield stuck
+    finally:
+        stop.set()
+        deadline = time.perf_counter() + join_s
+        scheduler.join(timeout=join_s)
+        for t in launched:
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
+        stuck.append(sum(t.is_alive() for t in launched) + scheduler.is_alive())

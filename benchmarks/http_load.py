@@ -59,13 +59,12 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
-from _common import fmt, ms, pct
+from _common import fmt, ms, open_loop, pct
 
 from tests.support.clients import http_request
 from tests.support.gunicorn_server import GunicornServer, serving
@@ -261,60 +260,20 @@ def cold_requests(scenario: str, cfg: Config, tag: str) -> list[tuple[float, str
     raise ValueError(scenario)
 
 
-def warm_request(port: int, path: str, kind: str, out: list[Sample], timeout: float) -> None:
-    out.append(fetch(port, path, kind, timeout))
+def warm_load(
+    port: int, kind: str, out: list[Sample], cfg: Config
+) -> contextlib.AbstractContextManager[list[int]]:
+    """Open-loop warm requests (one every ``warm_interval_s``, at most ``warm_cap``) for the
+    length of the ``with`` block, their samples appended to ``out``; the number of threads
+    still running at its end is left in the yielded list."""
 
-
-def schedule_warm(
-    port: int,
-    kind: str,
-    stop: threading.Event,
-    out: list[Sample],
-    launched: list[threading.Thread],
-    cfg: Config,
-) -> None:
-    """Start one warm request every ``warm_interval_s``, each in its own thread, whether or
-    not the earlier ones have come back (open loop), until ``stop`` or ``warm_cap`` requests.
-
-    Open loop on purpose: a prober that waits for its own answer sends one request during a
-    2-second stall and a hundred fast ones after it, and the stall vanishes from the p99."""
-    t_next = time.perf_counter()
-    i = 0
-    while not stop.is_set() and i < cfg.warm_cap:
+    def send(i: int) -> None:
         path = f"/cold/{WARM_KEYS[i % len(WARM_KEYS)]}"
-        t = threading.Thread(
-            target=warm_request,
-            args=(port, path, kind, out, cfg.client_timeout_s),
-            name=f"{kind}-{i}",
-            daemon=True,
-        )
-        t.start()
-        launched.append(t)
-        i += 1
-        t_next += cfg.warm_interval_s
-        stop.wait(max(0.0, t_next - time.perf_counter()))
+        out.append(fetch(port, path, kind, cfg.client_timeout_s))
 
-
-@contextlib.contextmanager
-def warm_load(port: int, kind: str, out: list[Sample], cfg: Config) -> Iterator[list[int]]:
-    """Open-loop warm requests for the length of the ``with`` block; every thread is joined
-    with a timeout at its end, and the number still running is left in the yielded list."""
-    stop = threading.Event()
-    launched: list[threading.Thread] = []  # appended by the scheduler only; read after its join
-    stuck: list[int] = []
-    scheduler = threading.Thread(
-        target=schedule_warm, args=(port, kind, stop, out, launched, cfg), daemon=True
+    return open_loop(
+        send, cfg.warm_interval_s, cfg.warm_cap, cfg.client_timeout_s + JOIN_MARGIN_S, kind
     )
-    scheduler.start()
-    try:
-        yield stuck
-    finally:
-        stop.set()
-        deadline = time.perf_counter() + cfg.client_timeout_s + JOIN_MARGIN_S
-        scheduler.join(timeout=JOIN_MARGIN_S)
-        for t in launched:
-            t.join(timeout=max(0.0, deadline - time.perf_counter()))
-        stuck.append(sum(t.is_alive() for t in launched) + scheduler.is_alive())
 
 
 def idle_warm(server: Server, cfg: Config) -> list[Sample]:

@@ -79,7 +79,7 @@ from typing import Any
 
 import _common
 import redis
-from _common import fmt, ms, pct
+from _common import fmt, ms, open_loop, pct
 from http_load import Sample, fetch, importable, status_counts, version_of
 
 from tests.support.gunicorn_server import GunicornServer, serving
@@ -191,58 +191,21 @@ def servers_of(
 # -- load -----------------------------------------------------------------------------------
 
 
-def warm_request(port: int, path: str, kind: str, out: list[Sample], timeout: float) -> None:
-    out.append(fetch(port, path, kind, timeout))
+def warm_load(
+    ports: list[int], kind: str, out: list[Sample], cfg: Config
+) -> contextlib.AbstractContextManager[list[int]]:
+    """One warm request every ``warm_interval_s``, round-robin over the servers, whether or
+    not the earlier ones came back (open loop), for the ``with`` block (at most
+    ``MAX_WARM_PER_PHASE``), their samples appended to ``out``; the number of threads still
+    running at its end is left in the yielded list."""
 
-
-def schedule_warm(
-    ports: list[int],
-    stop: threading.Event,
-    out: list[Sample],
-    launched: list[threading.Thread],
-    cfg: Config,
-    kind: str,
-) -> None:
-    """One warm request every ``warm_interval_s``, each in its own thread, round-robin over
-    the servers, whether or not the earlier ones came back (open loop), until ``stop`` (or
-    ``MAX_WARM_PER_PHASE`` requests)."""
-    t_next = time.perf_counter()
-    i = 0
-    while not stop.is_set() and len(launched) < MAX_WARM_PER_PHASE:
+    def send(i: int) -> None:
         path = f"/report?key={WARM_KEYS[i % len(WARM_KEYS)]}"
-        t = threading.Thread(
-            target=warm_request,
-            args=(ports[i % len(ports)], path, kind, out, cfg.client_timeout_s),
-            name=f"{kind}-{i}",
-            daemon=True,
-        )
-        t.start()
-        launched.append(t)
-        i += 1
-        t_next += cfg.warm_interval_s
-        stop.wait(max(0.0, t_next - time.perf_counter()))
+        out.append(fetch(ports[i % len(ports)], path, kind, cfg.client_timeout_s))
 
-
-@contextlib.contextmanager
-def warm_load(ports: list[int], kind: str, out: list[Sample], cfg: Config) -> Iterator[list[int]]:
-    """Open-loop warm requests for the ``with`` block; every thread joined with a timeout at
-    its end, and how many were still running left in the yielded list."""
-    stop = threading.Event()
-    launched: list[threading.Thread] = []
-    stuck: list[int] = []
-    scheduler = threading.Thread(
-        target=schedule_warm, args=(ports, stop, out, launched, cfg, kind), daemon=True
+    return open_loop(
+        send, cfg.warm_interval_s, MAX_WARM_PER_PHASE, cfg.client_timeout_s + JOIN_MARGIN_S, kind
     )
-    scheduler.start()
-    try:
-        yield stuck
-    finally:
-        stop.set()
-        deadline = time.perf_counter() + cfg.client_timeout_s + JOIN_MARGIN_S
-        scheduler.join(timeout=JOIN_MARGIN_S)
-        for t in launched:
-            t.join(timeout=max(0.0, deadline - time.perf_counter()))
-        stuck.append(sum(t.is_alive() for t in launched) + scheduler.is_alive())
 
 
 def idle_warm(ports: list[int], cfg: Config) -> tuple[list[Sample], int]:
