@@ -547,6 +547,11 @@ def test_coldpath_composes_with_the_redis_limiter_cache_and_flight(
         b = [start_call(threads, lambda: paths[1].get(KEY, build)) for _ in range(3)]
         base = paths[1].flight.base_of(KEY)  # type: ignore[attr-defined]
         wait_until("B follows in Redis", lambda: int(client.get(base + "w:1") or 0) == 1)
+        # ... and B's other two calls follow B's first in its process (else one that starts
+        # only after the build ends finds the value warm: a hit, not a coalesced call).
+        local = paths[1].flight._local  # type: ignore[attr-defined]
+        wait_until("B's other two follow locally",
+                   lambda: KEY in local._calls and local._calls[KEY].followers == 2)
         gate.set()
         wait_until("all done", lambda: a.done.is_set() and all(x.done.is_set() for x in b))
         assert [x.value for x in (a, *b)] == [{"report": "r"}] * 4
