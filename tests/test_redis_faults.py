@@ -111,7 +111,7 @@ def test_a_holder_paused_past_its_lease_loses_the_slot_and_its_release_frees_not
     other.send("acquire w")
     wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
 
-    os.kill(paused.pid, signal.SIGSTOP)
+    paused.pause(client)
     try:
         # No renewal from now on. The waiter's own polls reap the lease once it ends.
         wait_until(
@@ -170,7 +170,7 @@ def test_a_waiter_paused_when_the_slot_is_handed_to_it_loses_it_to_the_next_one(
     other.send("acquire b")
     wait_until("b queued", lambda: watch.stats().queued == 2, timeout=DEADLINE)
 
-    os.kill(paused.pid, signal.SIGSTOP)
+    paused.pause(client)
     try:
         holder.release()  # promotes the paused waiter, which cannot claim the slot
         assert stale in holders(client, watch), "the paused waiter was not promoted"

@@ -99,6 +99,26 @@ class Worker(LineProcess):
         args = [str(port), name] + [str(settings[k]) for k in ("active", "queue", "wait", "lease")]
         super().__init__([str(WORKER), *args, *options], env)
 
+    def pause(self, client: Any) -> None:
+        """SIGSTOP the worker and return once nothing it sent can still reach Redis: every
+        thread of it is stopped (``/proc``), then one round trip on ``client`` (Redis reads
+        a command that arrived before ours in the same or an earlier turn of its loop, so a
+        poll sent just before the stop is executed before anything the test sends next)."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+        def all_stopped() -> bool:
+            for stat in Path(f"/proc/{self.pid}/task").glob("*/stat"):
+                try:
+                    state = stat.read_text().rsplit(")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue  # a thread that just ended
+                if state not in ("T", "t"):
+                    return False
+            return True
+
+        wait_until(f"worker {self.pid} stopped", all_stopped, timeout=DEADLINE)
+        client.ping()
+
     def event(self, attempt: str, kinds: frozenset[str] = OUTCOMES) -> dict[str, Any] | None:
         """The first event of ``attempt`` whose kind is in ``kinds`` (its outcome by default)."""
         for event in self.seen():
