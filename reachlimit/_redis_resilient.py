@@ -9,7 +9,12 @@ design:
                      outage. While down, calls go straight to the fallback without touching
                      Redis; after a backoff (0.25 s, doubled after each failed try, at most
                      5 s) exactly one call is let through as a probe. The first call that
-                     succeeds marks it up again and logs once that Redis is back.
+                     succeeds marks it up again and logs once that Redis is back. A probe
+                     that never reports (its call ended in an error that says nothing about
+                     Redis, or never touched Redis) does not block the next one: once the
+                     backoff has passed again, another call is let through. A success counts
+                     only if no failure was recorded since its call began, so a slow call
+                     that started before an outage cannot end it.
 
     ResilientLimiter the cold limiter's surface (``acquire(cancel) -> grant``, ``stats()``)
                      over a RedisColdLimiter, with an in-process ColdLimiter as fallback:
@@ -35,7 +40,11 @@ design:
     ResilientFlight  ``do(key, fn, cancel) -> (value, shared)``: the shared flight when up,
                      the in-process SingleFlight when down. ``fn`` runs at most once per call:
                      if the shared flight fails after ``fn`` has run, its outcome is returned
-                     (or raised) as it is, never computed again.
+                     (or raised) as it is, never computed again. An error ``fn`` raised
+                     itself - a ``redis.RedisError`` or ``OSError`` of the build's own - is
+                     the build's outcome, never taken for Redis failing: not by the leader,
+                     and not by its followers in the same process, which receive the very
+                     exception object (it carries a mark saying so).
 
     A Redis restarted empty needs nothing special: redis-py's scripts are reloaded when Redis
     answers NOSCRIPT, and RedisColdLimiter's keys are rebuilt by its next script (a waiter
@@ -62,7 +71,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._cancel import CancelToken
-from ._errors import Busy, Cancelled, ReachLimitError
+from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from ._limiter import ColdLimiter, Grant, LimiterStats
 from ._urls import mask_url, scrub, url_secrets
 
@@ -154,6 +163,7 @@ class RedisHealth:
         self._probing = False  # guarded by _lock: a probe was let through and has not ended
         self._down_since = 0.0  # guarded by _lock
         self._outages = 0  # guarded by _lock
+        self._failures = 0  # guarded by _lock: failed() calls so far (see succeeded)
         self._last_error = ""  # guarded by _lock
 
     @property
@@ -161,27 +171,36 @@ class RedisHealth:
         """Racy read: whether Redis is believed usable."""
         return not self._down
 
+    @property
+    def failures(self) -> int:
+        """How many failures were recorded so far: read it before a call to Redis and pass
+        it to :meth:`succeeded` after the call worked."""
+        return self._failures
+
     def available(self) -> bool:
         """Whether a call may go to Redis now: always when up; when down, True for exactly
-        one caller once the backoff has passed (the probe), False for everyone else."""
+        one caller each time the backoff has passed (the probe), False for everyone else.
+        A probe that has not reported by then is given up on: the next caller probes."""
         if not self._down:  # racy read: the common case costs no lock
             return True
         now = self._clock()
         with self._lock:
             if not self._down:
                 return True
-            if now < self._retry_at or self._probing:
+            if now < self._retry_at:
                 return False
             self._probing = True
             self._retry_at = now + self._backoff  # in case the probe never reports back
             return True
 
-    def succeeded(self) -> None:
-        """A call to Redis worked: mark it up (logged once per outage)."""
+    def succeeded(self, since: int | None = None) -> None:
+        """A call to Redis worked: mark it up (logged once per outage). With ``since`` (the
+        :attr:`failures` read before the call), only if no failure was recorded since then:
+        a call that began before an outage was noticed says nothing about Redis now."""
         if not self._down:  # racy read: nothing to do in the common case
             return
         with self._lock:
-            if not self._down:
+            if not self._down or (since is not None and since != self._failures):
                 return
             self._down = False
             self._probing = False
@@ -199,6 +218,7 @@ class RedisHealth:
         with self._lock:
             now = self._clock()
             self._last_error = text
+            self._failures += 1
             first = not self._down
             if first:
                 self._down = True
@@ -331,15 +351,16 @@ class ResilientLimiter:
         if not health.available():
             return self._fall_back(cancel, None)
         started = time.monotonic()
+        since = health.failures
         try:
             grant = self.remote.acquire(cancel)
         except ReachLimitError:
-            health.succeeded()  # Redis answered: a refusal or a cancellation is an answer
+            health.succeeded(since)  # Redis answered: a refusal or a cancellation is an answer
             raise
         except FAILURES as exc:
             health.failed(exc)
             return self._fall_back(cancel, started + self.remote.wait)
-        health.succeeded()
+        health.succeeded(since)
         return _SharedGrant(grant, health)
 
     def _fall_back(self, cancel: CancelToken | None, deadline: float | None) -> Grant:
@@ -362,12 +383,13 @@ class ResilientLimiter:
         """Redis's global figures when it answers, else the fallback's, marked degraded."""
         health = self.health
         if health.available():
+            since = health.failures
             try:
                 figures = self.remote.stats()
             except FAILURES as exc:
                 health.failed(exc)
             else:
-                health.succeeded()
+                health.succeeded(since)
                 return figures
         return degraded_stats(self.local.stats())
 
@@ -427,24 +449,29 @@ class ResilientCache:
     def get(self, key: Any) -> Any:
         health = self.health
         if health.available():
+            since = health.failures
+            # A probe must reach Redis: an answer from the shared cache's in-process first
+            # level would say nothing about Redis (``fetch`` skips that level).
+            fetch = getattr(self.remote, "fetch", None) if not health.up else None
             try:
-                value = self.remote.get(key)
+                value = fetch(key) if callable(fetch) else self.remote.get(key)
             except FAILURES as exc:
                 health.failed(exc)
             else:
-                health.succeeded()
+                health.succeeded(since)
                 return value
         return self.local.get(key)
 
     def set(self, key: Any, value: Any) -> None:
         health = self.health
         if health.available():
+            since = health.failures
             try:
                 self.remote.set(key, value)
             except FAILURES as exc:
                 health.failed(exc)
             else:
-                health.succeeded()
+                health.succeeded(since)
                 return
         self.local.set(key, value)
 
@@ -459,6 +486,23 @@ class ResilientCache:
                     self.health.failed(exc)
 
 
+#: The attribute that marks an exception as raised by a build run under ResilientFlight.
+_BUILD_MARK = "_reachlimit_raised_by_build"
+
+
+def _mark_as_the_builds(exc: BaseException) -> None:
+    """Mark ``exc`` as a build's own, so that whoever receives it - the leader, or a follower
+    in the same process, which gets the very object - never takes it for Redis failing."""
+    try:
+        setattr(exc, _BUILD_MARK, True)
+    except (AttributeError, TypeError):  # an exception type that takes no attributes
+        pass
+
+
+def _raised_by_a_build(exc: BaseException) -> bool:
+    return getattr(exc, _BUILD_MARK, False) is True
+
+
 class ResilientFlight(Generic[T]):
     """A shared singleflight with an in-process fallback (module design)."""
 
@@ -468,6 +512,10 @@ class ResilientFlight(Generic[T]):
         self.remote = remote
         self.local = local
         self.health = health
+        if hasattr(remote, "on_redis_error"):
+            # Errors the shared flight logs and swallows (publishing an outcome, renewing
+            # claims) still mark Redis down.
+            remote.on_redis_error = health.failed
 
     def do(
         self, key: Hashable, fn: Callable[[], T], cancel: CancelToken | None = None
@@ -485,23 +533,41 @@ class ResilientFlight(Generic[T]):
                 value = fn()
             except BaseException as exc:
                 outcome[:] = [None, exc]
+                _mark_as_the_builds(exc)
                 raise
             outcome[:] = [value]
             return value
 
+        since = health.failures
         try:
             result = self.remote.do(key, tracked, cancel)
         except FAILURES as exc:
-            if ran and len(outcome) == 2 and outcome[1] is exc:
-                raise  # fn's own error, not the flight's
+            if _raised_by_a_build(exc) or (len(outcome) == 2 and outcome[1] is exc):
+                # fn's own error - here, or a local leader's that its followers share: the
+                # build ran under a claim taken in Redis, so Redis answered.
+                health.succeeded(since)
+                raise
             health.failed(exc)
             if ran:  # fn ran here; only the shared flight's bookkeeping failed
                 if len(outcome) == 2:
                     raise outcome[1] from None
                 return outcome[0], False
             return self.local.do(key, fn, cancel)
-        health.succeeded()
+        except (Busy, LeaderFailed):
+            health.succeeded(since)  # a leader's outcome, which came through Redis
+            raise
+        except BaseException:
+            if ran:  # fn's own error: it ran under a claim taken in Redis
+                health.succeeded(since)
+            raise
+        health.succeeded(since)
         return result
+
+    def close(self) -> None:
+        """Stop the shared flight's background thread (its ``close``), if it has one."""
+        close = getattr(self.remote, "close", None)
+        if callable(close):
+            close()
 
     def in_flight(self) -> int:
         in_flight = getattr(self.local, "in_flight", None)

@@ -354,7 +354,7 @@ class RedisCache:
             raise
         if value is not None:
             return value
-        return self._fetch(key)
+        return self.fetch(key)
 
     def set(self, key: Hashable, value: Any) -> None:
         """Store ``value`` (None stores nothing: it means "no value"). TypeError for a key
@@ -369,8 +369,9 @@ class RedisCache:
         )
         self._local.set(key, value)
 
-    def _fetch(self, key: Hashable) -> Any:
-        """The second level: one GET. A hit is copied into the first level."""
+    def fetch(self, key: Hashable) -> Any:
+        """The value of ``key`` in Redis, skipping the first level: always one GET. A hit is
+        copied into the first level. (ResilientCache probes a Redis that was down with it.)"""
         entry = self._entry_prefix + key_digest(key)
         data = self._client.get(entry)
         if data is None:
@@ -573,6 +574,9 @@ class RedisSingleFlight:
         self._renewer: threading.Thread | None = None  # guarded by _lock
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = threading.Event()
+        #: Called with the error when publishing an outcome or renewing claims fails (both
+        #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
+        self.on_redis_error: Callable[[BaseException], None] | None = None
 
     @property
     def name(self) -> str:
@@ -753,6 +757,12 @@ class RedisSingleFlight:
             )
         except redis.RedisError as exc:
             log.warning("reachlimit: could not publish a flight outcome: %s", exc)
+            self._report(exc)
+
+    def _report(self, exc: BaseException) -> None:
+        report = self.on_redis_error
+        if report is not None:
+            report(exc)
 
     # -- claims and their leases ------------------------------------------------------------
 
@@ -800,6 +810,7 @@ class RedisSingleFlight:
             except redis.RedisError as exc:
                 log.warning("reachlimit: could not renew %d flight claim(s): %s",
                             len(claims), exc)
+                self._report(exc)
                 continue
             for c, kept in zip(claims, replies, strict=True):
                 if not int(kept):

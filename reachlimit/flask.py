@@ -277,7 +277,7 @@ _REFUSAL_SENTENCES = {
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path", "metrics", "redis", "counters", "_refusals")
+    __slots__ = ("settings", "path", "metrics", "redis", "counters", "closers", "_refusals")
 
     def __init__(
         self,
@@ -292,6 +292,8 @@ class _State:
         self.metrics = metrics
         self.redis = redis  # the shared limiter's Redis, when there is one
         self.counters = counters  # the path's counters added up in Redis, when there is one
+        #: What ReachLimit.close() calls: the stops of the background threads, in order.
+        self.closers: list[Callable[[], None]] = []
         # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
         # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
@@ -396,7 +398,10 @@ def _shared_state(settings: Settings) -> _State:
     else:
         path = ColdPath(limiter, cache, flight)
     counters = SharedPathCounters(client, path, REDIS_LIMITER_NAME, prefix=settings.redis_prefix)
-    return _State(settings, path, metrics, redis=health, counters=counters)
+    state = _State(settings, path, metrics, redis=health, counters=counters)
+    # Counters first: their last flush needs the client, which closes last.
+    state.closers = [counters.close, limiter.close, cast(Any, flight).close, client.close]
+    return state
 
 
 def _shared_cache_and_flight(
@@ -522,6 +527,19 @@ class ReachLimit:
                 "start gunicorn with --threads %d or more",
                 threads, SPARE_THREADS, settings.threads_needed, settings.threads_needed,
             )
+
+    def close(self, app: Flask | None = None) -> None:
+        """Stop ``app``'s (default: the current app's) background work for good: on Redis,
+        flush the shared counters once more, stop the limiter's renewer and waker threads,
+        the singleflight's renewer and the counters' flusher, and close the connections.
+        Nothing to do without Redis. Meant for the end of a process or of a test; the app's
+        cold path must not be used afterwards. Safe to call more than once."""
+        state = (app or _app_proxy._get_current_object()).extensions.get("reachlimit")
+        if not isinstance(state, _State):
+            raise RuntimeError("ReachLimit is not initialised on this app: call init_app(app)")
+        closers, state.closers = state.closers, []
+        for close in closers:
+            close()
 
     # -- per request ------------------------------------------------------------------
 

@@ -496,8 +496,11 @@ class RedisColdLimiter(LimiterFigures):
 
     Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
     that ends waiters' blocking reads on time (daemon threads either way).
-    Make the limiter in the process that uses it (after a fork: in a gunicorn worker, not in
-    a preloaded master).
+    A preloaded master (gunicorn ``preload_app``) may make the limiter before it forks: both
+    threads are started lazily, on first use (the renewer with the first grant, the waker
+    with the first wait), never here, and a process forked since starts its own on its first
+    use, as threads do not survive a fork (redis-py's pool opens new connections in the
+    child). Just hold no grant across the fork: the child would inherit it and renew it too.
 
     The client's retries add to every wait: redis-py 6 and newer retry a failed command
     several times with a backoff by default; pass ``retry=Retry(NoBackoff(), 1)`` (say) to
@@ -638,7 +641,11 @@ class RedisColdLimiter(LimiterFigures):
         for field, value in zip(flat[::2], flat[1::2], strict=True):
             key = field.decode() if isinstance(field, bytes) else str(field)
             if key in counters:
-                counters[key] = int(value)
+                try:
+                    counters[key] = int(value)
+                except ValueError:  # written by something else: read as 0, never an error
+                    log.warning("reachlimit: counter %r of %s is not a number: %r",
+                                key, self._keys[0], value)
         return RedisLimiterStats(
             active=int(held),
             queued=int(queued),

@@ -48,11 +48,8 @@ def url(live_redis: RedisServer) -> str:
 def apps() -> Iterator[list[Flask]]:
     made: list[Flask] = []
     yield made
-    for app in made:
-        limiter = app.extensions["reachlimit"].path.limiter
-        limiter = getattr(limiter, "inner", limiter)  # under metrics: the metered wrapper
-        if isinstance(limiter, ResilientLimiter):
-            limiter.close()
+    for app in made:  # no thread of theirs outlives the test
+        ReachLimit().close(app)
 
 
 def make_app(apps: list[Flask], **config: Any) -> Flask:
@@ -301,4 +298,26 @@ def test_webapp_on_redis_shares_everything_and_keeps_its_metrics(
     assert health["reach"]["backend"] == "redis"
     assert json.dumps(health)
     assert "reachlimit_backend_degraded 0.0" in client.get("/metrics").get_data(as_text=True)
-    limiter.close()
+    ReachLimit().close(app)
+
+
+def test_close_stops_every_thread_an_app_on_redis_started(url: str, apps: list[Flask]) -> None:
+    app = make_app(apps, REACHLIMIT_REDIS_URL=url)
+    client = app.test_client()
+    assert client.get(f"/report/{key()}").status_code == 200  # a build: claims, a slot
+    state = app.extensions["reachlimit"]
+    remote_limiter = shared(app).remote
+    remote_flight = state.path.flight.remote
+    threads = {
+        "counters": state.counters._thread,
+        "limiter renewer": remote_limiter._renewer,
+        "flight renewer": remote_flight._renewer,
+    }
+    assert all(t is not None and t.is_alive() for t in threads.values()), threads
+    ReachLimit().close(app)
+    assert [name for name, t in threads.items() if t is not None and t.is_alive()] == []
+    ReachLimit().close(app)  # a second close does nothing
+    with app.app_context():
+        ReachLimit().close()  # the current app, which is closed already
+    with pytest.raises(RuntimeError, match="not initialised"):
+        ReachLimit().close(Flask("never-initialised"))

@@ -24,9 +24,11 @@ import redis
 from reachlimit import Busy, Cancelled, ColdLimiter, ColdPath, SingleFlight, TTLCache
 from reachlimit._urls import mask_url
 from reachlimit.redis import (
+    RedisCache,
     RedisColdLimiter,
     RedisHealth,
     RedisLimiterStats,
+    RedisSingleFlight,
     ResilientCache,
     ResilientFlight,
     ResilientLimiter,
@@ -190,6 +192,33 @@ def test_health_backoff_doubles_to_the_cap_with_one_probe_and_logs_once_each_way
     assert len(down) == 1 and len(back) == 1
     assert "redis://:***@h:1/0" in down[0] and "pw" not in " ".join(down + back)
     assert health.figures()["outages"] == 1
+
+
+def test_a_probe_that_never_reports_does_not_block_the_next_one() -> None:
+    clock = FakeClock()
+    health = RedisHealth("redis://h:1/0", clock=clock)
+    health.failed(redis.ConnectionError("refused"))
+    clock.advance(0.25)
+    assert health.available()  # the probe, which then ends in an error of its own
+    assert not health.available()  # one probe per backoff...
+    clock.advance(0.25)
+    assert health.available()  # ... but a lost probe does not stop the next one
+    health.succeeded()
+    assert health.up
+
+
+def test_a_success_that_began_before_a_failure_does_not_end_the_outage() -> None:
+    clock = FakeClock()
+    health = RedisHealth("redis://h:1/0", clock=clock)
+    since = health.failures  # a slow call begins while Redis is up...
+    health.failed(redis.ConnectionError("reset"))  # ... another call finds Redis down ...
+    health.succeeded(since)  # ... and the slow call's late success is no news
+    assert not health.up
+    clock.advance(0.25)
+    assert health.available()
+    since = health.failures
+    health.succeeded(since)  # the probe's own success is
+    assert health.up
 
 
 # -- the limiter -----------------------------------------------------------------------------
@@ -471,6 +500,97 @@ def test_resilient_cache_uses_redis_when_up_and_a_failing_get_is_a_miss(
     cache.set("b", 2)  # the fallback keeps it meanwhile
     assert cache.get("b") == 2 and local.get("b") == 2
     client.close()
+
+
+def test_a_probe_that_raised_no_redis_error_leaves_recovery_to_the_next_call(
+    server: RedisServer,
+) -> None:
+    client = connect(server.url())
+    clock = FakeClock()
+    health = RedisHealth(server.url(), clock=clock)
+    cache = ResilientCache(RedisStandInCache(client), TTLCache(), health)
+    health.failed(redis.ConnectionError("a blip"))  # Redis itself is up all along
+    clock.advance(0.25)
+    with pytest.raises(TypeError):
+        cache.set("x", object())  # the probe: a value JSON cannot hold, Redis never asked
+    assert not health.up
+    clock.advance(0.25)
+    cache.set("x", 1)  # the next probe reaches Redis
+    assert health.up and client.get("cache:x") == b"1"
+    client.close()
+
+
+def test_a_probe_reaches_redis_not_the_shared_caches_first_level(server: RedisServer) -> None:
+    client = connect(server.url())
+    clock = FakeClock()
+    health = RedisHealth(server.url(), clock=clock)
+    shared = RedisCache(client, "probe", local_ttl=60.0)
+    cache = ResilientCache(shared, TTLCache(), health)
+    cache.set("a", {"v": 1})
+    assert shared.local.get("a") == {"v": 1}  # in the first level, for 60 s
+    server.stop()
+    assert cache.get("b") is None and not health.up  # Redis is down
+    clock.advance(0.25)
+    assert cache.get("a") is None  # the probe asked Redis, which is still down
+    assert not health.up
+    client.close()
+
+
+def test_a_flight_outcome_that_cannot_be_published_marks_redis_down(
+    server: RedisServer,
+) -> None:
+    client = connect(server.url())
+    health = RedisHealth(server.url())
+    flight: ResilientFlight[Any] = ResilientFlight(
+        RedisSingleFlight(client, "publish"), SingleFlight(), health
+    )
+
+    def build() -> str:
+        server.stop()  # Redis dies while the build runs
+        return "built"
+
+    try:
+        assert flight.do("k", build) == ("built", False)  # the build's answer stands
+        assert not health.up  # the failed publish was not swallowed unseen
+    finally:
+        flight.close()
+        client.close()
+
+
+def test_a_builds_own_redis_error_reaches_same_process_followers_as_it_is(
+    server: RedisServer, runner: ThreadRunner
+) -> None:
+    client = connect(server.url())
+    health = RedisHealth(server.url())
+    remote = RedisSingleFlight(client, "own-error")
+    flight: ResilientFlight[Any] = ResilientFlight(remote, SingleFlight(), health)
+    gate = threading.Event()
+    reran: list[int] = []
+
+    def build() -> str:
+        assert gate.wait(10)
+        raise redis.ConnectionError("the build's own Redis failed")
+
+    def follower_build() -> str:
+        reran.append(1)
+        return "built again"
+
+    try:
+        leader = start_call(runner, lambda: flight.do("k", build))
+        wait_until("the leader's flight", lambda: "k" in remote._local._calls)
+        follower = start_call(runner, lambda: flight.do("k", follower_build))
+        wait_until("a local follower", lambda: remote._local._calls["k"].followers == 1)
+        gate.set()
+        for call in (leader, follower):
+            call.wait_done()
+            assert isinstance(call.error, redis.ConnectionError), call.error
+            assert "build's own" in str(call.error)
+        assert reran == []  # the follower did not take it for Redis failing
+        assert health.up and health.failures == 0
+    finally:
+        gate.set()
+        remote.close()
+        client.close()
 
 
 def test_resilient_flight_falls_back_and_never_runs_fn_twice(server: RedisServer) -> None:

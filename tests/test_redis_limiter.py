@@ -158,6 +158,19 @@ def test_close_stops_the_renewer_for_good(make_limiter: Callable[..., RedisColdL
         lim.acquire()
 
 
+def test_a_counter_that_is_not_a_number_reads_as_zero_never_an_error(
+    make_limiter: Callable[..., RedisColdLimiter], client: CountingRedis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lim = make_limiter()
+    lim.acquire().release()
+    stats_key = next(k for k in lim.keys if k.endswith(":stats"))
+    client.hset(stats_key, "rejected_full", "garbage")  # written by something else
+    s = lim.stats()
+    assert (s.acquired, s.rejected_full) == (1, 0)
+    assert any("not a number" in r.getMessage() for r in caplog.records)
+
+
 def test_stats_is_a_frozen_snapshot_with_the_limiter_fields_and_more(
     make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
