@@ -402,7 +402,7 @@ def _load_config(monkeypatch: pytest.MonkeyPatch, tmp: Path, **env: str) -> dict
     """The shipped config file's settings, loaded in this process. Every variable it reads
     or sets is put under monkeypatch first, so that the test process gets its environment
     back (the metrics directory variables would otherwise leak into later tests)."""
-    for name in ("REACH_WORKERS", "REACHLIMIT_REDIS_URL"):
+    for name in ("REACH_WORKERS", "REACH_THREADS", "REACHLIMIT_REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp / "metrics"))
     monkeypatch.setenv("REACH_METRICS_MASTER", "")
@@ -421,6 +421,18 @@ def test_the_config_runs_one_worker_without_redis_and_two_with_it(
     assert load(monkeypatch, tmp_path, REACH_WORKERS="3")["workers"] == 3
     assert load(monkeypatch, tmp_path, REACH_WORKERS="3",
                 REACHLIMIT_REDIS_URL="redis://h/0")["workers"] == 3
+
+
+@pytest.mark.parametrize(("name", "value"), [("REACH_WORKERS", "two"), ("REACH_WORKERS", "0"),
+                                             ("REACH_THREADS", "1.5"), ("REACH_THREADS", "")])
+def test_a_bad_worker_or_thread_count_stops_start_up_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, value: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        _load_config(monkeypatch, tmp_path, **{name: value})
+    assert str(info.value) == (
+        f"webapp/gunicorn.conf.py: {name} must be a whole number >= 1, got {value!r}"
+    )
 
 
 def test_real_gunicorn_without_redis_runs_one_worker_and_warns_when_asked_for_more(

@@ -40,7 +40,8 @@ Environment: REACH_BIND (default 127.0.0.1:8000), REACH_WORKERS (1, or 2 with a 
 REACH_THREADS (16), REACHLIMIT_REDIS_URL (and the other REACHLIMIT_* the app reads),
 PROMETHEUS_MULTIPROC_DIR (see above), plus the app's own REACH_DB, REACH_BLACKLIST,
 REACH_HIDDEN_PREFIXES, REACHLIMIT_*. GUNICORN_CMD_ARGS and command-line flags still override
-everything here.
+everything here. REACH_WORKERS and REACH_THREADS must be whole numbers >= 1; anything else stops
+start-up with one line naming the variable.
 """
 
 import glob
@@ -49,12 +50,26 @@ import shutil
 import tempfile
 from typing import Any
 
+
+def _count(name: str, default: str) -> int:
+    """A whole number >= 1 from the environment; anything else stops start-up with one line."""
+    raw = os.environ.get(name, default)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"webapp/gunicorn.conf.py: {name} must be a whole number >= 1, "
+                         f"got {raw!r}")
+    return value
+
+
 bind = os.environ.get("REACH_BIND", "127.0.0.1:8000")
 #: The shared limiter's Redis (see the design above); empty: per-worker limiters.
 _REDIS_URL = os.environ.get("REACHLIMIT_REDIS_URL", "").strip()
-workers = int(os.environ.get("REACH_WORKERS", "2" if _REDIS_URL else "1"))
+workers = _count("REACH_WORKERS", "2" if _REDIS_URL else "1")
 worker_class = "gthread"
-threads = int(os.environ.get("REACH_THREADS", "16"))
+threads = _count("REACH_THREADS", "16")
 
 # Load the app once, in the master, before forking: the demo database is written once, and
 # a configuration error (a missing REACH_DB, say) stops the server with one line instead of
