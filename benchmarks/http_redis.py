@@ -80,7 +80,7 @@ from typing import Any
 import _common
 import redis
 from _common import fmt, ms, open_loop, pct
-from http_load import Sample, fetch, importable, status_counts, version_of
+from http_load import Sample, fetch, importable, status_counts, version_of, warm_figures
 
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.redis_server import REDIS_SERVER, RedisServer
@@ -383,17 +383,6 @@ def burst(ports: list[int], rc: redis.Redis, cfg: Config) -> dict[str, Any]:
 def arrival_s(cfg: Config) -> float:
     """How long the clients' first wave counts as the arrival (not in the sustained figure)."""
     return min(0.5, cfg.burst_s / 4)
-
-
-def warm_figures(samples: list[Sample], prefix: str) -> dict[str, Any]:
-    """Latency of the warm requests answered 200; the others are counted, not timed."""
-    ok = [s.latency for s in samples if s.status == 200]
-    return {
-        f"{prefix}_samples": len(samples),
-        f"{prefix}_status": status_counts(samples),
-        f"{prefix}_p50_ms": ms(pct(ok, 50)),
-        f"{prefix}_p99_ms": ms(pct(ok, 99)),
-    }
 
 
 def run_variant(
