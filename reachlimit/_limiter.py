@@ -1,35 +1,53 @@
-"""The cold limiter: bounded concurrent builds, a bounded FIFO queue, a bounded wait.
+"""The cold limiter: bounded concurrent builds, a bounded fair queue, a bounded wait.
 
 design:
 
-    acquire(cancel)
+    acquire(cancel, client)
       cancel already set ............................ raise Cancelled        (nothing changes)
       lock held:
         free slot and nobody waiting ................ take it, return Grant  (fast path)
-        gate put without blocking fails ............. raise Busy(queue_full) (refusal path)
+        gate put without blocking fails:
+          the client holding most places holds two
+          or more places more than ``client`` ....... its newest waiter is displaced, and
+                                                      this call takes over its gate place
+          else ...................................... raise Busy(queue_full) (refusal path)
         else append a waiter record, fix one deadline, wait on the record's Condition
       the wait ends in exactly one way, decided under the lock:
         promoted (a releaser handed us its slot) .... return Grant
+        displaced (a newcomer took our place) ....... raise Busy(displaced)
         deadline passed ............................. raise Busy(timeout)
         cancel set .................................. raise Cancelled
                                                      (a slot handed over at that same instant
                                                       is passed on, never dropped)
 
 One ``threading.Lock`` guards every field. Each waiter owns a ``threading.Condition`` built on
-that lock; it is notified when, and only when, a releaser hands that waiter a slot. A freed slot
-goes straight to the oldest waiter (``_waiters[0]``), so ``_active`` does not drop and a newcomer
-on the fast path can never overtake a waiter: strict FIFO, no barging.
+that lock; it is notified when, and only when, a releaser hands that waiter a slot or a newcomer
+displaces it. A freed slot goes straight to a waiter, so ``_active`` does not drop and a
+newcomer on the fast path can never overtake a waiter (no barging).
+
+Fairness among clients (``client`` is any hashable name for whoever asks; None is one anonymous
+client). ``_clients`` maps each client with waiters to its own FIFO of them, in turn order: a
+freed slot goes to the oldest waiter of the first client in turn, and that client, if it still
+waits, goes to the back of the turn (round-robin in the order the clients' waits began, FIFO
+within each). A full queue displaces the newest waiter of the client holding most places when
+that client holds at least two more than the newcomer's (longest-queue drop; ties: the client
+whose newest waiter joined last), so a client with few places always gets in while another holds
+many. With one client this is exactly a strict FIFO queue with a refusal when full. ``_waiters``
+holds the same records in arrival order, for the counts.
 
 The admission gate is a ``queue.Queue(maxsize=queue)``. It is only ever touched under our lock
 and never blocks: a place is taken with ``put(None, block=False)`` (the body of ``put_nowait``,
 called directly to save the refusal path a Python frame) and returned with ``get_nowait``. So
 "holds a gate place" and "is in ``_waiters``" are the same statement whenever the lock is free.
 Whoever takes a waiter out of ``_waiters`` returns its gate place: the releaser on promotion,
-the waiter itself on timeout, cancellation or an error during the wait. ``queue=0`` builds no
-gate at all, because ``queue.Queue(maxsize=0)`` would be unbounded.
+the waiter itself on timeout, cancellation or an error during the wait. A displaced waiter's
+place is not returned: it passes, under the lock, to the newcomer that displaced it (the gate
+was tried first and was full; it stays full). ``queue=0`` builds no gate at all, because
+``queue.Queue(maxsize=0)`` would be unbounded.
 
 The fast path and the refusal path never read the clock and allocate nothing but the grant or
-the exception they return.
+the exception they return; the fast path does no client bookkeeping at all, and the refusal
+path one dictionary look-up unless a displacement is possible.
 """
 
 from __future__ import annotations
@@ -39,7 +57,7 @@ import queue as _queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,6 +66,7 @@ from ._errors import Busy, Cancelled
 
 # Module-level names: the refusal path is a handful of bytecodes, and lookups show.
 _QUEUE_FULL = Busy.QUEUE_FULL
+_DISPLACED = Busy.DISPLACED
 _Full = _queue.Full
 
 __all__ = ["ColdLimiter", "Grant", "LimiterStats"]
@@ -68,6 +87,8 @@ class LimiterStats:
     capacity_active: int
     capacity_queue: int
     wait: float
+    #: Waiters whose place a leader of a client holding fewer places took (fair admission).
+    displaced: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,13 +139,17 @@ class Grant:
 
 
 class _Waiter:
-    """A queued leader. ``granted`` is guarded by the limiter's lock."""
+    """A queued leader of ``client``, the ``seq``-th to join. ``granted`` and ``displaced``
+    are guarded by the limiter's lock; at most one of them is ever set."""
 
-    __slots__ = ("cond", "granted")
+    __slots__ = ("cond", "granted", "displaced", "client", "seq")
 
-    def __init__(self, lock: threading.Lock) -> None:
+    def __init__(self, lock: threading.Lock, client: Hashable, seq: int) -> None:
         self.cond = threading.Condition(lock)
         self.granted = False
+        self.displaced = False
+        self.client = client
+        self.seq = seq
 
 
 class LimiterFigures:
@@ -204,7 +229,12 @@ class ColdLimiter(LimiterFigures):
         self._gate_put = self._gate.put if self._gate is not None else _no_gate
         # Everything below is guarded by _lock.
         self._active = 0
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: deque[_Waiter] = deque()  # every waiter, in arrival order
+        # Each waiting client's own waiters (FIFO), the clients in turn order: the first one
+        # is served next. A client is here exactly while it has a waiter.
+        self._clients: dict[Hashable, deque[_Waiter]] = {}
+        self._joined = 0  # waiters ever queued: the next waiter's seq
+        self._displaced = 0
         self._peak_active = 0
         self._peak_queued = 0
         self._acquired = 0
@@ -214,13 +244,19 @@ class ColdLimiter(LimiterFigures):
 
     # -- public ---------------------------------------------------------------------------
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+    def acquire(
+        self, cancel: CancelToken | None = None, client: Hashable = None
+    ) -> Grant:
         """Take a build slot, waiting in the queue if needed; return the :class:`Grant`.
 
+        ``client`` names whoever asks (any hashable; None is one anonymous client): queue
+        places are shared fairly among clients (see the module's design note).
+
         Raises ``Cancelled`` if ``cancel`` is set before or while waiting, ``Busy("queue_full")``
-        at once when every queue place is taken, ``Busy("timeout")`` when the wait ends without
-        a slot. On every raise the limiter is left exactly as if the call never happened
-        (but for its counters).
+        at once when every queue place is taken (and none can be taken over),
+        ``Busy("displaced")`` when a leader of a client holding fewer places took this
+        waiter's place, ``Busy("timeout")`` when the wait ends without a slot. On every raise
+        the limiter is left exactly as if the call never happened (but for its counters).
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
@@ -238,11 +274,18 @@ class ColdLimiter(LimiterFigures):
             try:
                 self._gate_put(None, False)  # = put_nowait(None): never a blocking put
             except _Full:
-                self._rejected_full += 1
-                waiter = None
+                # Every place is taken. A client holding c places can take one over only
+                # from a client holding c + 2 or more, which needs len(_waiters) >= 2c + 2.
+                mine = self._clients.get(client)
+                if len(self._waiters) < 2 * (len(mine) if mine else 0) + 2 or not (
+                    self._displace_for(len(mine) if mine else 0)
+                ):
+                    self._rejected_full += 1
+                    waiter = None
+                else:
+                    waiter = self._join(client, mine)
             else:
-                waiter = _Waiter(lock)
-                self._waiters.append(waiter)
+                waiter = self._join(client, self._clients.get(client))
                 if len(self._waiters) > self._peak_queued:
                     self._peak_queued = len(self._waiters)
         finally:
@@ -265,6 +308,7 @@ class ColdLimiter(LimiterFigures):
                 capacity_active=self._capacity,
                 capacity_queue=self._queue_capacity,
                 wait=self._wait,
+                displaced=self._displaced,
             )
 
     def __repr__(self) -> str:
@@ -274,12 +318,58 @@ class ColdLimiter(LimiterFigures):
             f"queued={s.queued}/{s.capacity_queue} wait={s.wait}>"
         )
 
-    # -- the gate: returning places (taking one is inlined in acquire), under _lock ---------
+    # -- the queue and its clients, under _lock --------------------------------------------
+
+    def _join(self, client: Hashable, mine: deque[_Waiter] | None) -> _Waiter:
+        """Queue a waiter of ``client`` (whose waiters are ``mine``), its gate place taken."""
+        waiter = _Waiter(self._lock, client, self._joined)
+        self._joined += 1
+        self._waiters.append(waiter)
+        if mine is None:
+            self._clients[client] = deque((waiter,))  # a new client waits last in turn
+        else:
+            mine.append(waiter)
+        return waiter
+
+    def _displace_for(self, places: int) -> bool:
+        """A newcomer whose client holds ``places`` found the queue full: displace the newest
+        waiter of the client holding most places (ties: the one whose newest waiter joined
+        last) if that client holds at least ``places + 2``. Its gate place is left taken, for
+        the newcomer. Returns whether a waiter was displaced."""
+        biggest = max(self._clients.values(), key=lambda q: (len(q), q[-1].seq))
+        if len(biggest) < places + 2:
+            return False
+        victim = biggest.pop()  # never its last waiter: it held two or more
+        self._waiters.remove(victim)
+        victim.displaced = True
+        victim.cond.notify()
+        self._displaced += 1
+        return True
+
+    def _next_in_turn(self) -> _Waiter:
+        """Take the waiter to promote out of the queue: the oldest of the first client in
+        turn, which then goes to the back of the turn if it still waits."""
+        clients = self._clients
+        client = next(iter(clients))
+        mine = clients.pop(client)
+        waiter = mine.popleft()
+        if mine:
+            clients[client] = mine
+        if waiter is self._waiters[0]:  # always so with one client
+            self._waiters.popleft()
+        else:
+            self._waiters.remove(waiter)
+        return waiter
 
     def _leave_queue(self, waiter: _Waiter) -> None:
-        """Take a waiter that was not promoted out of the queue and return its gate place.
-        Called with _lock held, by the waiter itself (timeout, cancellation, error)."""
+        """Take a waiter that was neither promoted nor displaced out of the queue and return
+        its gate place. Called with _lock held, by the waiter itself (timeout, cancellation,
+        error)."""
         self._waiters.remove(waiter)
+        mine = self._clients[waiter.client]
+        mine.remove(waiter)
+        if not mine:
+            del self._clients[waiter.client]
         self._return_gate_place()
 
     def _return_gate_place(self) -> None:
@@ -289,10 +379,10 @@ class ColdLimiter(LimiterFigures):
     # -- slots ----------------------------------------------------------------------------
 
     def _hand_off_or_free(self) -> None:
-        """A slot is free: give it to the oldest waiter, else back to the pool.
+        """A slot is free: give it to the next waiter in turn, else back to the pool.
         Called with _lock held."""
         if self._waiters:
-            waiter = self._waiters.popleft()
+            waiter = self._next_in_turn()
             self._return_gate_place()
             waiter.granted = True  # _active is unchanged: the slot changes hands
             waiter.cond.notify()
@@ -304,7 +394,7 @@ class ColdLimiter(LimiterFigures):
 
         Runs in the requesting thread, with _lock not held on entry. ``cancel.is_set()`` and
         the clock are called outside the lock."""
-        outcome: type[Busy] | type[Cancelled] | None = None
+        outcome: str | type[Cancelled] | None = None  # a Busy reason, Cancelled or granted
         try:
             deadline = self._clock() + self._wait
             while True:
@@ -319,8 +409,8 @@ class ColdLimiter(LimiterFigures):
                     # the waiter noticed its time was up is kept (a grant, not a timeout).
                     if waiter.granted:
                         break
-                    if remaining <= 0:
-                        outcome = Busy
+                    if waiter.displaced or remaining <= 0:
+                        outcome = _DISPLACED if waiter.displaced else Busy.TIMEOUT
                         break
                     if cancel is not None and remaining > self.CANCEL_POLL_INTERVAL:
                         remaining = self.CANCEL_POLL_INTERVAL
@@ -335,21 +425,26 @@ class ColdLimiter(LimiterFigures):
             if outcome is None:
                 self._acquired += 1
                 return Grant(self)
-            self._give_up(waiter)
-            if outcome is Busy:
-                self._rejected_timeout += 1
+            if waiter.displaced:
+                # Displaced before we could leave (counted by the displacer), whatever we
+                # were about to report: the place is already the newcomer's.
+                outcome = _DISPLACED
             else:
-                self._cancelled += 1
-        if outcome is Busy:
-            raise Busy(Busy.TIMEOUT, self._retry_after)
-        raise Cancelled()
+                self._give_up(waiter)
+                if outcome is Cancelled:
+                    self._cancelled += 1
+                else:
+                    self._rejected_timeout += 1
+        if outcome is Cancelled:
+            raise Cancelled()
+        raise Busy(outcome, self._retry_after)
 
     def _give_up(self, waiter: _Waiter) -> None:
         """The waiter leaves without keeping a slot. Called with _lock held."""
         if waiter.granted:
             # Promoted at the instant we gave up: pass the slot on, never drop it.
             self._hand_off_or_free()
-        else:
+        elif not waiter.displaced:  # a displaced waiter's place is the newcomer's already
             self._leave_queue(waiter)
 
 

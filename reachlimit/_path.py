@@ -2,12 +2,13 @@
 
 design:
 
-    get(key, build, cancel)
+    get(key, build, cancel, client)
       1. warm:     cache.get(key) hit ...................... return it; the limiter is untouched
       2. flight:   SingleFlight.do(key) .................... followers wait for the leader and
                                                              share its value, error or refusal
       3. recheck:  the leader looks at the cache again ..... another leader may just have filled it
-      4. limiter:  ColdLimiter.acquire(cancel) ............. Busy / Cancelled raised from here
+      4. limiter:  ColdLimiter.acquire(cancel, client) ..... Busy / Cancelled raised from here;
+                                                             only a leader takes a queue place
       5. build:    build() with no lock held; the slot is released, then a real value is cached
                    (never None, never NOT_FOUND, never an error or a refusal)
 
@@ -84,9 +85,10 @@ class Flight(Protocol):
 
 
 class Limiter(Protocol):
-    """What ColdPath needs of a cold limiter."""
+    """What ColdPath needs of a cold limiter. ``client`` names whoever asks, for fair
+    admission (a hashable; None is one anonymous client)."""
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant: ...
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant: ...
 
     def stats(self) -> LimiterStats: ...
 
@@ -143,10 +145,17 @@ class ColdPath:
         self._coalesced = 0  # guarded by _lock
 
     def get(
-        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None
+        self,
+        key: Hashable,
+        build: Callable[[], Any],
+        cancel: CancelToken | None = None,
+        client: Hashable = None,
     ) -> Any:
         """Return the value for ``key``: from the cache, from a concurrent caller's build,
         or from ``build()`` run under the limiter.
+
+        ``client`` names whoever asks (see :meth:`ColdLimiter.acquire`); it matters only
+        when this call leads, since followers take no queue place.
 
         Raises ``Busy`` (refused; followers of a refused leader get the same ``Busy``),
         ``Cancelled`` (``cancel`` was set), or whatever ``build`` raised.
@@ -164,7 +173,7 @@ class ColdPath:
             def lead() -> Any:
                 nonlocal led
                 led = True
-                return self._lead(key, build, cancel)
+                return self._lead(key, build, cancel, client)
 
             try:
                 value, shared = self.flight.do(key, lead, cancel)
@@ -200,13 +209,19 @@ class ColdPath:
                 lease_lost=getattr(limiter_stats, "lease_lost", 0),
             )
 
-    def _lead(self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None) -> Any:
+    def _lead(
+        self,
+        key: Hashable,
+        build: Callable[[], Any],
+        cancel: CancelToken | None,
+        client: Hashable,
+    ) -> Any:
         """Layers 3 to 5, run by the leader only (inside the flight, no lock held)."""
         value = self.cache.get(key)
         if value is not None:
             return value
         try:
-            grant = self.limiter.acquire(cancel)
+            grant = self.limiter.acquire(cancel, client)
         except Cancelled:
             return _LEADER_CANCELLED
         with grant:

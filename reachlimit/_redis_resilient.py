@@ -342,38 +342,41 @@ class ResilientLimiter:
     def retry_after(self) -> int:
         return self.remote.retry_after
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant:
-        """Take a build slot: the shared limiter's while Redis works, else the fallback's.
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
+        """Take a build slot: the shared limiter's while Redis works, else the fallback's
+        (both share their queue fairly among clients: ``client`` names whoever asks).
         Raises ``Busy`` or ``Cancelled`` as a ColdLimiter does, never a Redis error."""
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         health = self.health
         if not health.available():
-            return self._fall_back(cancel, None)
+            return self._fall_back(cancel, None, client)
         started = time.monotonic()
         since = health.failures
         try:
-            grant = self.remote.acquire(cancel)
+            grant = self.remote.acquire(cancel, client)
         except ReachLimitError:
             health.succeeded(since)  # Redis answered: a refusal or a cancellation is an answer
             raise
         except FAILURES as exc:
             health.failed(exc)
-            return self._fall_back(cancel, started + self.remote.wait)
+            return self._fall_back(cancel, started + self.remote.wait, client)
         health.succeeded(since)
         return _SharedGrant(grant, health)
 
-    def _fall_back(self, cancel: CancelToken | None, deadline: float | None) -> Grant:
+    def _fall_back(
+        self, cancel: CancelToken | None, deadline: float | None, client: Hashable
+    ) -> Grant:
         """The fallback's answer; with ``deadline``, only for the rest of the wait."""
         if self.fallback == "refuse":
             raise Busy(Busy.UNAVAILABLE, self.remote.retry_after)
         if deadline is None:
-            return self.local.acquire(cancel)
+            return self.local.acquire(cancel, client)
         if time.monotonic() >= deadline:
             raise Busy(Busy.TIMEOUT, self.remote.retry_after)
         try:
             # The local limiter counts a wait ended by this deadline as cancelled.
-            return self.local.acquire(_Deadline(cancel, deadline))
+            return self.local.acquire(_Deadline(cancel, deadline), client)
         except Cancelled:
             if cancel is not None and cancel.is_set():
                 raise

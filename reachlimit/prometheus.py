@@ -9,8 +9,9 @@ design:
     figure                                  counted where
     reachlimit_admissions_total{result}     MeteredLimiter.acquire: one event per call -
     reachlimit_wait_seconds                 granted (fast path or promoted), queue_full,
-                                            timeout, cancelled; the wait is timed around it
-                                            for grants and timeouts (a queue_full refusal
+                                            timeout, displaced, cancelled; the wait is timed
+                                            for grants, timeouts and displacements (a
+                                            queue_full refusal
                                             never waits, a cancelled wait has no answer)
     reachlimit_build_seconds                MeteredColdPath.get times the build it passes on
                                             (only a leader holding a grant ever runs it)
@@ -106,7 +107,7 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 #: Upper bounds (seconds) of the build histogram: a cold build takes 0.1 to 1 s.
 BUILD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-RESULTS = ("granted", "queue_full", "timeout", "cancelled")
+RESULTS = ("granted", "queue_full", "timeout", "cancelled", "displaced")
 
 _HELP = {
     "admissions": "Cold leaders' admissions to the limiter, by result.",
@@ -187,13 +188,13 @@ class MeteredLimiter(ColdLimiter):
 
     metrics: ReachMetrics
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """The parent's ``acquire``, timed and counted by result. Runs in the caller's
         thread; the metrics are written after the limiter's lock is released."""
         metrics = self.metrics
         started = perf_counter()
         try:
-            grant = super().acquire(cancel)
+            grant = super().acquire(cancel, client)
         except Busy as busy:
             metrics.refused(busy.reason, perf_counter() - started)
             raise
@@ -219,11 +220,11 @@ class MeteredSharedLimiter:
         self.inner = inner
         self.metrics = metrics
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         metrics = self.metrics
         started = perf_counter()
         try:
-            grant = self.inner.acquire(cancel)
+            grant = self.inner.acquire(cancel, client)
         except Busy as busy:
             metrics.refused(busy.reason, perf_counter() - started)
             raise
@@ -275,12 +276,16 @@ class MeteredColdPath(ColdPath):
         self._metrics = metrics
 
     def get(
-        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None
+        self,
+        key: Hashable,
+        build: Callable[[], Any],
+        cancel: CancelToken | None = None,
+        client: Hashable = None,
     ) -> Any:
         metrics = self._metrics
         timed = _TimedBuild(build, metrics)
         try:
-            return super().get(key, timed, cancel)
+            return super().get(key, timed, cancel, client)
         finally:
             if metrics.per_process:
                 # A build that ran held a slot, released before get() returned.
@@ -464,7 +469,7 @@ class ReachMetrics:
             ]
         else:
             self.registry.register(_LimiterGauges(self.limiter, shared=self.shared))
-        granted, queue_full, timeout, cancelled = (admissions.labels(r) for r in RESULTS)
+        granted, queue_full, timeout, cancelled, _ = (admissions.labels(r) for r in RESULTS)
         return _Instruments(
             admissions=admissions,
             granted=granted,

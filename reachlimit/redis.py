@@ -102,7 +102,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -609,7 +609,7 @@ class RedisColdLimiter(LimiterFigures):
         hash tag while it is promoted)."""
         return list(self._keys)
 
-    def acquire(self, cancel: CancelToken | None = None) -> Grant:
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot, waiting in the shared queue if needed; return the grant.
 
         Raises ``Cancelled`` if ``cancel`` is set before (then without a call to Redis) or

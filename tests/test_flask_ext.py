@@ -473,11 +473,11 @@ class HeldDoor:
         self.door = threading.Event()
         self.calls = 0
 
-    def acquire(self, cancel: Any = None) -> Grant:
+    def acquire(self, cancel: Any = None, client: Any = None) -> Grant:
         self.calls += 1
         self.entered.set()
         assert self.door.wait(DEADLINE), "the test never opened the door"
-        return self.inner.acquire(cancel)
+        return self.inner.acquire(cancel, client)
 
     def stats(self) -> Any:
         return self.inner.stats()

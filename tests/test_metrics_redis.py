@@ -128,7 +128,7 @@ def test_a_lost_lease_is_counted_once_for_the_service(
 class _Degraded:
     """A shared limiter on its fallback: this process's figures, ``degraded`` true."""
 
-    def acquire(self, cancel: Any = None) -> Any:
+    def acquire(self, cancel: Any = None, client: Any = None) -> Any:
         raise Busy("unavailable", 2)
 
     def stats(self) -> RedisLimiterStats:

@@ -106,11 +106,11 @@ class SpyLimiter:
         if not gated:
             self.proceed.set()
 
-    def acquire(self, cancel: Any = None) -> Any:
+    def acquire(self, cancel: Any = None, client: Any = None) -> Any:
         self.acquire_calls += 1
         self.entered.set()
         assert self.proceed.wait(5.0), "SpyLimiter never told to proceed"
-        return self.inner.acquire(cancel)
+        return self.inner.acquire(cancel, client)
 
     def stats(self) -> Any:
         return self.inner.stats()

@@ -142,7 +142,7 @@ def test_a_leader_cancelled_by_a_limiter_without_a_cancel_token_raises_once() ->
 
         calls = 0
 
-        def acquire(self, cancel: Any = None) -> Grant:
+        def acquire(self, cancel: Any = None, client: Any = None) -> Grant:
             self.calls += 1
             if self.calls > 1:
                 raise AssertionError("the leader went round again")
@@ -170,7 +170,7 @@ def test_a_follower_whose_own_client_left_with_its_leaders_raises_and_is_not_coa
     class LeaderCancelledLimiter:
         calls = 0
 
-        def acquire(self, cancel: Any = None) -> Grant:
+        def acquire(self, cancel: Any = None, client: Any = None) -> Grant:
             self.calls += 1
             in_acquire.set()
             assert leader_may_go.wait(5.0)

@@ -29,6 +29,7 @@ LIMITER_FIELDS = frozenset(
         "capacity_active",
         "capacity_queue",
         "wait",
+        "displaced",
     }
 )
 #: The figures ``ColdPathStats.as_dict()`` adds to those of its limiter.
@@ -74,12 +75,15 @@ def start_acquire(
     cancel: Any = None,
     name: str = "attempt",
     on_grant: Callable[[Attempt], None] | None = None,
+    client: Any = None,
 ) -> Attempt:
-    """``limiter.acquire(cancel)`` in a thread of ``threads``; ``on_grant(attempt)`` runs in
-    that thread once it holds the grant, before ``done`` is set."""
-    return start_call(
-        threads, lambda: limiter.acquire(cancel), name=name, outcome=Attempt(name), then=on_grant
-    )
+    """``limiter.acquire(cancel)`` (``acquire(cancel, client)`` when ``client`` is given) in a
+    thread of ``threads``; ``on_grant(attempt)`` runs in that thread once it holds the grant,
+    before ``done`` is set."""
+    def call() -> Any:
+        return limiter.acquire(cancel) if client is None else limiter.acquire(cancel, client)
+
+    return start_call(threads, call, name=name, outcome=Attempt(name), then=on_grant)
 
 
 class ProbeCancel:
