@@ -422,6 +422,7 @@ def degraded_stats(local: LimiterStats) -> RedisLimiterStats:
         capacity_active=local.capacity_active,
         capacity_queue=local.capacity_queue,
         wait=local.wait,
+        displaced=local.displaced,
         backend="local",
         degraded=True,
         lease_lost=0,

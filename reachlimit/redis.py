@@ -13,7 +13,24 @@ design:
       T:deadline   HASH  waiter token -> wait deadline (ms, Redis time)
       T:seq        STR   the ticket counter (INCR)
       T:stats      HASH  counters and peaks
-      T:w:<token>  LIST  a waiter's doorbell: pushed once when it is promoted
+      T:clientof   HASH  waiter token -> its client's id
+      T:clients    ZSET  client id -> turn stamp: the waiting clients, in turn order
+      T:c:<id>     ZSET  waiter token -> ticket: one client's waiters, FIFO
+      T:w:<token>  LIST  a waiter's doorbell: pushed once, "1" when it is promoted, "d" when
+                         it is displaced
+
+    Fair admission (the rules of ``reachlimit._limiter``, the same here): a client's id is a
+    short hash of the name the caller gave (``client_id``). A client gets a turn stamp (a
+    number from ``seq``) when its first waiter joins; promotion takes the oldest waiter of the
+    client with the lowest stamp, and that client, if it still waits, gets a new stamp (the
+    back of the turn). That is round-robin across clients in the order their waits began and
+    FIFO within each, exactly the in-process limiter's turn list; with one client it is the
+    ticket order (and its stamp is left alone). A newcomer that finds the queue full displaces
+    the newest waiter of the client holding most places (ties: whose newest waiter has the
+    higher ticket) if that client holds two places more than its own: the victim leaves the
+    queue in the same script, its doorbell gets "d" (it learns at once, blocked in BLPOP, or at
+    its next poll), and the newcomer joins in its place; the displacement is counted there, so
+    a victim whose process died loses nothing.
 
     A token is random (made by the client) and names one attempt for good, also across a
     Redis that restarts empty; the ticket that orders the queue comes from Redis (INCR).
@@ -96,6 +113,7 @@ design:
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import math
@@ -129,12 +147,14 @@ log = logging.getLogger("reachlimit")
 
 # Replies of the scripts (small integers: cheap to send, the same with decode_responses on/off).
 _FULL, _GRANTED, _QUEUED = 0, 1, 2
-_WAITING, _TIMEOUT, _CANCELLED, _GONE = 2, 3, 4, 5  # poll replies
+_WAITING, _TIMEOUT, _CANCELLED, _GONE, _DISPLACED = 2, 3, 4, 5, 6  # poll replies
+#: What a displaced waiter's doorbell holds (bytes, or str with decode_responses).
+_DISPLACED_BELL = (b"d", "d")
 # What a poll tells Redis about the waiter.
 _STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowhere
 
 # The fixed keys, after the hash tag, in the order the scripts read KEYS.
-_KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
+_KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients")
 
 # Every script reads KEYS as above. Its settings come one of two ways:
 # - sent: ARGV[1] the doorbell key prefix, ARGV[2] active, ARGV[3] the lease and ARGV[4] the
@@ -145,6 +165,8 @@ _KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq")
 _KEYS = """
 local holders, queue, alive, deadlines, stats, seq =
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local clientof, clients = KEYS[7], KEYS[8]
+local of_client = string.sub(holders, 1, -8) .. 'c:'  -- .. id: one client's waiters
 """
 
 _SENT_SETTINGS = """
@@ -199,6 +221,12 @@ local function forget_waiter(token)
   redis.call('ZREM', queue, token)
   redis.call('ZREM', alive, token)
   redis.call('HDEL', deadlines, token)
+  local id = redis.call('HGET', clientof, token)
+  if id then
+    redis.call('HDEL', clientof, token)
+    redis.call('ZREM', of_client .. id, token)
+    if redis.call('ZCARD', of_client .. id) == 0 then redis.call('ZREM', clients, id) end
+  end
 end
 
 local function reap()
@@ -234,21 +262,73 @@ local function reap()
   end
 end
 
+-- Queue ``token`` of client ``id`` with ``ticket``: a client new to the queue waits last.
+local function join(token, id, ticket)
+  redis.call('ZADD', of_client .. id, ticket, token)
+  redis.call('HSET', clientof, token, id)
+  if not redis.call('ZSCORE', clients, id) then
+    redis.call('ZADD', clients, redis.call('INCR', seq), id)
+  end
+end
+
+-- Take the waiter to promote out of the queue and return it (nil if none): the oldest of
+-- the first client in turn, which goes to the back of the turn if it still waits. With one
+-- client waiting, the oldest ticket.
+local function next_in_turn()
+  if redis.call('ZCARD', clients) > 1 then
+    local id = redis.call('ZRANGE', clients, 0, 0)[1]
+    local token = redis.call('ZRANGE', of_client .. id, 0, 0)[1]
+    if token and redis.call('ZSCORE', queue, token) then
+      forget_waiter(token)
+      if redis.call('ZSCORE', clients, id) then
+        redis.call('ZADD', clients, redis.call('INCR', seq), id)
+      end
+      return token
+    end
+  end
+  local token = redis.call('ZRANGE', queue, 0, 0)[1]
+  if token then forget_waiter(token) end
+  return token
+end
+
+-- A newcomer whose client holds ``mine`` places found the queue full: displace the newest
+-- waiter of the client holding most places if that is ``mine + 2`` or more.
+local function displace(mine)
+  local most, newest_ticket, victim = -1, -1, nil
+  for _, id in ipairs(redis.call('ZRANGE', clients, 0, -1)) do
+    local n = redis.call('ZCARD', of_client .. id)
+    if n >= most and n > 0 then
+      local last = redis.call('ZRANGE', of_client .. id, -1, -1, 'WITHSCORES')
+      local ticket = tonumber(last[2])
+      if n > most or ticket > newest_ticket then
+        most, newest_ticket, victim = n, ticket, last[1]
+      end
+    end
+  end
+  if not victim or most < mine + 2 then return false end
+  forget_waiter(victim)
+  redis.call('RPUSH', bell .. victim, 'd')
+  redis.call('PEXPIRE', bell .. victim, 2 * presence_ms)
+  redis.call('HINCRBY', stats, 'displaced', 1)
+  queued = queued - 1
+  return true
+end
+
 local function promote()
   if held >= capacity or queued == 0 then return end
-  -- The oldest waiters, as many as there are free slots, in ticket order.
-  local oldest = redis.call('ZRANGE', queue, 0, capacity - held - 1)
-  for _, token in ipairs(oldest) do
-    forget_waiter(token)
+  -- As many waiters as there are free slots, each the next in turn.
+  local promoted = 0
+  while held < capacity and queued > 0 do
+    local token = next_in_turn()  -- out of the queue already
+    if not token then break end
     redis.call('ZADD', holders, now + presence_ms, token)
     redis.call('RPUSH', bell .. token, 1)
     redis.call('PEXPIRE', bell .. token, 2 * presence_ms)
+    held = held + 1
+    queued = queued - 1
+    promoted = promoted + 1
   end
-  if #oldest > 0 then
-    held = held + #oldest
-    queued = queued - #oldest
-    raise_peak('peak_active', held)
-  end
+  if promoted > 0 then raise_peak('peak_active', held) end
 end
 
 local function fill()
@@ -272,16 +352,19 @@ _PRELUDE = _KEYS + _SENT_SETTINGS + _CLOCK + _COUNT + _STEPS
 # reap or promote (there are never more than capacity holders, nor queue_cap waiters).
 _REFUSAL_FIRST = """
 if redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
-    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap
+    and queue_cap < 2 * redis.call('ZCARD', of_client .. (ARGV[2] or '-')) + 2 then
   redis.call('HINCRBY', stats, 'rejected_full', 1)
   return 0
 end
 """
 
-# Acquire, ARGV[1] token. Replies 1 granted, 0 refused (queue full), 2 queued (for the
-# client's own ``wait``). First its two common cases: a slot free with no lease ended (then
-# nobody waits: grant it), and every slot held with no lease ended and every place taken by
-# a live waiter (refuse: reads only, and the counter).
+# Acquire, ARGV[1] token, ARGV[2] client id. Replies 1 granted, 0 refused (queue full), 2
+# queued (for the client's own ``wait``). First its two common cases: a slot free with no
+# lease ended (then nobody waits: grant it), and every slot held with no lease ended and every
+# place taken by a live waiter, with no place the client could take over (refuse: reads only,
+# and the counter). A client holding c places can take one over only if 2c + 2 places or
+# more are taken (the biggest client must hold c + 2); one read of its count says so.
 _ACQUIRE_FIRST = """
 local token = ARGV[1]
 if held < capacity then
@@ -295,7 +378,8 @@ if held < capacity then
     return 1
   end
 elseif redis.call('ZCOUNT', holders, '-inf', now) == 0
-    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap then
+    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap
+    and queue_cap < 2 * redis.call('ZCARD', of_client .. (ARGV[2] or '-')) + 2 then
   redis.call('HINCRBY', stats, 'rejected_full', 1)
   return 0
 end
@@ -319,14 +403,19 @@ if held < capacity then  -- after promote(), a free slot means nobody is waiting
   raise_peak('peak_active', held + 1)
   return 1
 end
+local id = ARGV[2] or '-'  -- sent by every acquire; a bare token is the anonymous client
 if queued >= queue_cap then
-  redis.call('HINCRBY', stats, 'rejected_full', 1)
-  return 0
+  local mine = redis.call('ZCARD', of_client .. id)
+  if queued < 2 * mine + 2 or not displace(mine) then
+    redis.call('HINCRBY', stats, 'rejected_full', 1)
+    return 0
+  end
 end
 local ticket = redis.call('INCR', seq)
 redis.call('ZADD', queue, ticket, token)
 redis.call('ZADD', alive, now + presence_ms, token)
 redis.call('HSET', deadlines, token, now + wait_ms)
+join(token, id, ticket)
 raise_peak('peak_queued', queued + 1)
 return 2
 """
@@ -381,7 +470,11 @@ if redis.call('ZSCORE', holders, token) then
   redis.call('HINCRBY', stats, 'acquired', 1)
   return {1, 0}
 end
-if not redis.call('ZSCORE', queue, token) then  -- dropped (stopped polling) or Redis emptied
+if not redis.call('ZSCORE', queue, token) then  -- displaced, dropped or Redis emptied
+  if redis.call('LPOP', bell .. token) == 'd' then  -- counted by its displacer
+    redis.call('DEL', bell .. token)
+    return {6, 0}
+  end
   redis.call('DEL', bell .. token)
   if leaving == 0 then redis.call('HINCRBY', stats, 'rejected_timeout', 1) end
   if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
@@ -422,6 +515,7 @@ return {held, queued, redis.call('HGETALL', stats)}
 """
 
 _COUNTERS = (
+    "displaced",
     "peak_active",
     "peak_queued",
     "acquired",
@@ -612,21 +706,28 @@ class RedisColdLimiter(LimiterFigures):
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot, waiting in the shared queue if needed; return the grant.
 
+        ``client`` names whoever asks, the same way in every process (str, bytes, int, or a
+        tuple of those; None is one anonymous client): queue places are shared fairly among
+        clients, as :class:`~reachlimit.ColdLimiter` shares them. Anything else is a
+        ``TypeError``, raised before any call to Redis.
+
         Raises ``Cancelled`` if ``cancel`` is set before (then without a call to Redis) or
         while waiting, ``Busy("queue_full")`` at once when every queue place is taken (one
-        round trip), ``Busy("timeout")`` when the wait ends without a slot (or the waiter lost
-        its place: Redis restarted empty, or it was dropped for not polling in time). Errors of
-        Redis propagate as ``redis`` exceptions.
+        round trip), ``Busy("displaced")`` when a leader of a client holding fewer places took
+        this waiter's place, ``Busy("timeout")`` when the wait ends without a slot (or the
+        waiter lost its place: Redis restarted empty, or it was dropped for not polling in
+        time). Errors of Redis propagate as ``redis`` exceptions.
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         if self._closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
+        who = _ANONYMOUS if client is None else client_id(client)
         token = owner_prefix() + secrets.token_hex(12)
         if self._refusing:
-            status = self._evalsha(self._refusing_script, self._refusing_head, token)
+            status = self._evalsha(self._refusing_script, self._refusing_head, token, who)
         else:
-            status = self._evalsha(self._acquire_script, self._acquire_head, token)
+            status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
         self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
@@ -659,6 +760,7 @@ class RedisColdLimiter(LimiterFigures):
             capacity_active=self._capacity,
             capacity_queue=self._queue_capacity,
             wait=self._wait,
+            displaced=counters["displaced"],
             lease_lost=counters["lease_lost"],
         )
 
@@ -692,9 +794,9 @@ class RedisColdLimiter(LimiterFigures):
             self._client.script_load(script.script)
             return self._execute("EVALSHA", *head, *args)
 
-    def _admit(self, token: str) -> tuple[int, int]:
-        """The acquire script: (status, wait in ms)."""
-        status = self._evalsha(self._acquire_script, self._acquire_head, token)
+    def _admit(self, token: str, who: str = "-") -> tuple[int, int]:
+        """The acquire script for client id ``who``: (status, wait in ms)."""
+        status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
         return int(status), self._wait_ms
 
     def _free(self, token: str) -> int:
@@ -721,12 +823,18 @@ class RedisColdLimiter(LimiterFigures):
             deadline = now + remaining
             while True:
                 if cancel is not None and cancel.is_set():
-                    self._poll(token, _GIVE_UP)  # cancelled, or already gone: either way
+                    # Cancelled, or already gone: either way; displaced is counted as such.
+                    if self._poll(token, _GIVE_UP)[0] == _DISPLACED:
+                        outcome = _DISPLACED
+                        break
                     raise Cancelled()
                 now = time.monotonic()
                 block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
                 self._waker.wake_at(time.monotonic() + block)
                 rang = self._client.blpop([bell], timeout=block)
+                if rang is not None and rang[1] in _DISPLACED_BELL:
+                    outcome = _DISPLACED  # the displacer took us out of the queue
+                    break
                 now = time.monotonic()
                 if rang is None and now < next_poll and now < deadline:
                     continue
@@ -749,6 +857,8 @@ class RedisColdLimiter(LimiterFigures):
             raise
         if outcome == _GRANTED:
             return self._granted(token)
+        if outcome == _DISPLACED:
+            raise Busy(Busy.DISPLACED, self._retry_after)
         raise Busy(Busy.TIMEOUT, self._retry_after)  # _TIMEOUT, or _GONE: the place was lost
 
     # -- grants and their leases ------------------------------------------------------------
@@ -884,6 +994,32 @@ class _Waker:
                 pass
 
 
+#: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
+_ANONYMOUS = "-"
+
+
+def client_id(client: Hashable) -> str:
+    """The id under which Redis knows ``client`` (str, bytes, int or a tuple of those): the
+    same in every process and on every host, short and of bounded size whatever the name
+    (16 hex digits of a BLAKE2b hash of an unambiguous encoding). ``TypeError`` otherwise."""
+    return hashlib.blake2b(_encode_client(client), digest_size=8).hexdigest()
+
+
+def _encode_client(client: object) -> bytes:
+    if isinstance(client, str):
+        data = client.encode("utf-8", "surrogatepass")
+        return b"s%d:" % len(data) + data
+    if isinstance(client, bytes):
+        return b"b%d:" % len(client) + client
+    if isinstance(client, int) and not isinstance(client, bool):
+        return b"i%d;" % client
+    if isinstance(client, tuple):
+        return b"t%d:" % len(client) + b"".join(_encode_client(item) for item in client)
+    raise TypeError(
+        f"client must be str, bytes, int or a tuple of those, got {type(client).__name__}"
+    )
+
+
 def _socket_timeout(client: Any) -> float | None:
     """The socket timeout the client's connections read with, if it can be found."""
     pool = getattr(client, "connection_pool", None)
@@ -975,6 +1111,7 @@ __all__ += [
     "ResilientLimiter",
     "connect",
     "mask_url",
+    "client_id",
     "owner_prefix",
     "release_owner",
 ]

@@ -819,7 +819,9 @@ def test_every_key_carries_the_hash_tag(
     assert lim._admit("w2")[0] == QUEUED
     holder.release()  # w1 promoted: its doorbell exists
     keys = [k.decode() for k in client.keys("*")]
-    assert len(keys) == 7, keys  # holders, queue, alive, deadline, stats, seq and a doorbell
+    # holders, queue, alive, deadline, stats, seq, a doorbell, and the fair queue's three:
+    # the waiters' clients, the waiting clients, and the anonymous client's own waiters
+    assert len(keys) == 10, keys
     assert all(k.startswith("{svc:tagged}:") for k in keys), keys
     assert len({key_slot(k.encode()) for k in keys}) == 1
 

@@ -95,7 +95,7 @@ def mutant(
 _PIECES = (
     (redis_module._POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
     (redis_module._POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
-    (redis_module._STEPS, "forget_waiter(token)\n    redis.call('ZADD', holders, now + presence"),
+    (redis_module._STEPS, "  if token then forget_waiter(token) end\n"),
     (redis_module._RELEASE, "local mine = redis.call('ZREM', holders, ARGV[1])"),
     (redis_module._RELEASE_FIRST, "return redis.call('ZREM', holders, ARGV[1])"),
 )
@@ -113,13 +113,14 @@ GIVE_UP_KEEPS_PLACE = mutant(
     ("_poll_script",),
 )
 #: Promotion that forgets to take the promoted waiter out of the queue (in every script,
-#: since every script runs the shared steps and may promote).
+#: since every script runs the shared steps and may promote): the next waiter in turn of a
+#: queue with one client (the checks' anonymous one) is the oldest ticket.
 PROMOTION_KEEPS_PLACE = mutant(
     (
         (
-            "    forget_waiter(token)\n    redis.call('ZADD', holders, now + presence_ms, token)",
-            "    redis.call('ZREM', alive, token)\n    redis.call('HDEL', deadlines, token)\n"
-            "    redis.call('ZADD', holders, now + presence_ms, token)",
+            "  if token then forget_waiter(token) end\n",
+            "  if token then\n    redis.call('ZREM', alive, token)\n"
+            "    redis.call('HDEL', deadlines, token)\n  end\n",
         ),
     ),
     tuple(SCRIPTS),
