@@ -48,9 +48,13 @@ class Queue:
         )
         self.attempts[name] = attempt
 
-        def queued() -> bool:  # a place of its own, or one it took over (displacing)
+        def queued() -> bool:  # a place of its own, one it took over (displacing), or refused
             now = self.lim.stats()
-            return now.queued == before.queued + 1 or now.displaced == before.displaced + 1
+            return (
+                now.queued == before.queued + 1
+                or now.displaced == before.displaced + 1
+                or attempt.done.is_set()
+            )
 
         wait_until(f"{name} queued", queued)
         return attempt

@@ -1,0 +1,102 @@
+"""The fairness checks catch a Redis limiter that is unfair in the scripts.
+
+Each mutant is the real script text with one piece replaced (``mutant`` of
+``tests/test_redis_mutants.py`` checks the piece is there exactly once), and each must fail
+the rule of ``tests/support/fairness.py`` it breaks while passing one it leaves intact:
+
+* never displaces: a full queue refuses everybody (rule 2);
+* promotes in global ticket order, ignoring clients (rule 3);
+* displaces the oldest waiter of the biggest client instead of its newest (rule 2).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit import redis as redis_module
+from reachlimit.redis import RedisColdLimiter
+from tests.support import fairness
+from tests.support.redis_clients import (
+    client_fixture,  # noqa: F401 (the client fixture)
+    make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
+from tests.support.redis_server import (
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+)
+from tests.support.threads import ThreadRunner
+from tests.test_redis_mutants import SCRIPTS, mutant
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+
+_NEVER = "  if not victim or most < mine + 2 then return false end\n"
+_BY_CLIENT = "  if redis.call('ZCARD', clients) > 1 then\n"
+_NEWEST = "local last = redis.call('ZRANGE', of_client .. id, -1, -1, 'WITHSCORES')"
+for _piece in (_NEVER, _BY_CLIENT, _NEWEST):
+    assert redis_module._STEPS.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
+
+NEVER_DISPLACES = mutant(((_NEVER, "  if true then return false end\n"),), tuple(SCRIPTS))
+GLOBAL_FIFO = mutant(((_BY_CLIENT, "  if false then\n"),), tuple(SCRIPTS))
+DISPLACES_THE_OLDEST = mutant(
+    ((_NEWEST, _NEWEST.replace("-1, -1, 'WITHSCORES'", "0, 0, 'WITHSCORES'")),), tuple(SCRIPTS)
+)
+
+
+@pytest.fixture
+def factory(client: redis.Redis) -> Iterator[Callable[[type[RedisColdLimiter]], Any]]:
+    """``factory(cls)``: ``make(active, queue)`` for the fairness checks, making ``cls`` on a
+    fresh name each call; every limiter made is closed at teardown."""
+    made: list[RedisColdLimiter] = []
+    names = itertools.count()
+
+    def for_class(cls: type[RedisColdLimiter]) -> Callable[[int, int], RedisColdLimiter]:
+        def make(active: int, queue: int) -> RedisColdLimiter:
+            lim = cls(client, f"fair-mutant-{next(names)}", active, queue, wait=60.0)
+            made.append(lim)
+            return lim
+
+        return make
+
+    yield for_class
+    for lim in made:
+        lim.close()
+
+
+@pytest.mark.parametrize(
+    ("cls", "broken", "intact"),
+    [
+        pytest.param(
+            NEVER_DISPLACES,
+            fairness.check_newest_of_the_biggest_is_displaced,
+            fairness.check_round_robin_across_clients,
+            id="never-displaces",
+        ),
+        pytest.param(
+            GLOBAL_FIFO,
+            fairness.check_round_robin_across_clients,
+            fairness.check_ties_go_to_the_newest_waiter,
+            id="global-fifo",
+        ),
+        pytest.param(
+            DISPLACES_THE_OLDEST,
+            fairness.check_newest_of_the_biggest_is_displaced,
+            fairness.check_round_robin_across_clients,
+            id="displaces-the-oldest",
+        ),
+    ],
+)
+def test_an_unfair_redis_limiter_fails_the_rule_it_breaks(
+    cls: type[RedisColdLimiter],
+    broken: Callable[..., None],
+    intact: Callable[..., None],
+    factory: Callable[[type[RedisColdLimiter]], Any],
+    threads: ThreadRunner,
+) -> None:
+    make = factory(cls)
+    with pytest.raises(AssertionError):
+        broken(threads, make)
+    intact(threads, make)  # caught for the right reason: the rest of it is fair
