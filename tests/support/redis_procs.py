@@ -34,7 +34,7 @@ WORKER = Path(__file__).resolve().parent / "redis_worker.py"
 #: Generous: only a failing (or hopelessly overloaded) run gets near it.
 DEADLINE = 30.0
 #: What a worker reports once an ``acquire`` ends.
-OUTCOMES = frozenset({"granted", "queue_full", "timeout", "cancelled", "error"})
+OUTCOMES = frozenset({"granted", "queue_full", "timeout", "displaced", "cancelled", "error"})
 
 
 class LineProcess:

@@ -9,8 +9,10 @@ their last poll), for a test that pauses a waiter.
 
 Reads commands on stdin, one a line, and reports on stdout, one JSON object a line:
 
-    acquire ID   -> {"id": ID, "event": "granted" | "queue_full" | "timeout" | "cancelled"
-                     | "error", "elapsed": seconds (this process's monotonic clock), ...}
+    acquire ID [CLIENT]
+                 -> {"id": ID, "event": "granted" | "queue_full" | "timeout" | "displaced"
+                     | "cancelled" | "error", "elapsed": seconds (this process's monotonic
+                     clock), ...}; CLIENT names who asks (fair admission; none: anonymous)
                     once the acquire (run in its own thread) returns; a grant also reports
                     its ``token`` and ``building``: the grants held at that instant in all
                     processes (a shared Redis counter ``NAME:building``, +1 on a grant and -1
@@ -87,10 +89,10 @@ def main() -> None:
     grants: dict[str, Grant] = {}
     building_key = f"{name}:building"
 
-    def acquire(attempt: str) -> None:
+    def acquire(attempt: str, who: str | None) -> None:
         started = time.monotonic()
         try:
-            grant = lim.acquire()
+            grant = lim.acquire(None, who)
         except Busy as exc:
             report(id=attempt, event=exc.reason, elapsed=time.monotonic() - started)
         except Cancelled:
@@ -158,7 +160,8 @@ def main() -> None:
     for line in sys.stdin:
         command, _, attempt = line.strip().partition(" ")
         if command == "acquire":
-            threading.Thread(target=acquire, args=(attempt,), daemon=True).start()
+            attempt, _, who = attempt.partition(" ")
+            threading.Thread(target=acquire, args=(attempt, who or None), daemon=True).start()
         elif command == "storm":
             n, t, seed = (int(x) for x in attempt.split())
             threading.Thread(target=storm, args=(n, t, seed), daemon=True).start()
