@@ -35,9 +35,13 @@ def http_request(
     path: str,
     timeout: float = CLIENT_TIMEOUT,
     headers: Mapping[str, str] | None = None,
+    source: str | None = None,
 ) -> Reply:
-    """One request on its own connection, closed afterwards."""
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    """One request on its own connection, closed afterwards; ``source`` is the loopback
+    address to send it from (127.0.0.2, say: a client of its own to the server)."""
+    conn = http.client.HTTPConnection(
+        HOST, port, timeout=timeout, source_address=(source, 0) if source else None
+    )
     try:
         conn.request(method, path, headers=dict(headers or {}))
         resp = conn.getresponse()
@@ -86,9 +90,10 @@ def check_refusal(reply: Reply) -> None:
 class Herd:
     """Clients released together by a Barrier, each on its own connection, one per path.
 
-    ``order`` lists the indexes of the replies in the order they came back."""
+    ``order`` lists the indexes of the replies in the order they came back; ``source`` is the
+    loopback address every client sends from (see :func:`http_request`)."""
 
-    def __init__(self, port: int, paths: list[str]) -> None:
+    def __init__(self, port: int, paths: list[str], source: str | None = None) -> None:
         self.paths = paths
         self.replies: list[Reply | BaseException | None] = [None] * len(paths)
         self.order: list[int] = []  # guarded by _cond
@@ -96,17 +101,17 @@ class Herd:
         self._done = 0  # guarded by _cond
         self._barrier = threading.Barrier(len(paths))
         self._threads = [
-            threading.Thread(target=self._run, args=(port, i, p), daemon=True)
+            threading.Thread(target=self._run, args=(port, i, p, source), daemon=True)
             for i, p in enumerate(paths)
         ]
         for t in self._threads:
             t.start()
 
-    def _run(self, port: int, i: int, path: str) -> None:
+    def _run(self, port: int, i: int, path: str, source: str | None) -> None:
         reply: Reply | BaseException
         try:
             self._barrier.wait(timeout=DEADLINE)
-            reply = http_request(port, "GET", path)
+            reply = http_request(port, "GET", path, source=source)
         except BaseException as exc:  # recorded, and failed on in results()
             reply = exc
         with self._cond:
