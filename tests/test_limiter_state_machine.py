@@ -2,14 +2,21 @@
 
 * ``test_limiter_state_machine``: a Hypothesis ``RuleBasedStateMachine``. Every rule starts,
   releases (normally, early, twice, or from a raising body), cancels, expires or breaks (a
-  cancel object or clock that raises) one real client thread, or hands a slot to a waiter
-  pinned outside the lock and then cancels / expires / breaks it; then it waits, on Events and
-  on ``stats()`` polled with a bounded timeout, for exactly the effect the model predicts.
-  The model checks strict FIFO promotion, every counter, the bounds, one gate place per
-  waiter, no idle slot while anybody waits, and that neither the fast path nor the refusal
-  path reads the clock. Deadlines come from an injected per-client clock, so a timeout is
-  caused on purpose, never by the machine being slow. Teardown drains everything and checks
-  that nothing leaked.
+  cancel object or clock that raises) one real client thread, or a crowd of them, or hands a
+  slot to a waiter pinned outside the lock and then cancels / expires / breaks it, or
+  displaces a pinned waiter and then cancels / expires it; then it waits, on Events and on
+  ``stats()`` polled with a bounded timeout, for exactly the effect the model predicts. Each
+  leader asks for a client drawn from the example's set (four, two, one heavy and two light,
+  or one alone). The model is the rules of fair admission (``tests/support/stress.py``,
+  ``FairQueue``): which waiter a freed slot goes to (round-robin across the waiting clients
+  in the order their waits began, FIFO within each), which waiter a leader finding the queue
+  full displaces (the newest of the client holding most places, if it holds two more than
+  the leader's) and that the displaced one's call ends with "displaced" while nobody else
+  moves, queue_full otherwise. It checks every counter (``displaced`` too), the bounds, one
+  gate place per waiter, no idle slot while anybody waits, the limiter's own queues and turn
+  against the model's, and that neither the fast path nor the refusal path reads the clock.
+  Deadlines come from an injected per-client clock, so a timeout is caused on purpose, never
+  by the machine being slow. Teardown drains everything and checks that nothing leaked.
 * ``test_release_races``: the same races free running (a release against a cancel, an expiry,
   a raising cancel object or clock, started together from a Barrier with a random skew):
   either side may win, exactly one does, nothing is lost.
@@ -36,7 +43,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
@@ -49,9 +56,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from reachlimit import Busy, Cancelled, ColdLimiter
+from reachlimit import ColdLimiter
 from tests.support import stress
 from tests.support.limiter import check_white_box
+
+# The client threads live in tests/support/stress.py; tests/test_redis_stress.py reaches them
+# (and WAIT) through this module.
+from tests.support.stress import (
+    LOSER_OUTCOME,
+    WAIT,
+    Client,
+    ClockBroken,
+    per_client_clock,
+    trigger,
+)
 
 pytestmark = stress.MARKS
 
@@ -62,165 +80,36 @@ SHRINK = stress.LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
 
 
 # The state machine
-#: Each client's clock starts at 0 and moves only when a rule moves it, so a waiter's deadline
-#: is exactly WAIT and "expire" is an exact event. A client without a cancel object waits in
-#: one real timed wait of this length: it leaves only by promotion (or the final drain).
-WAIT = 100_000.0
-
-
 #: Cancel-slice length used by the machine (the library allows at most 50 ms); a documented
 #: class attribute, shortened on the instance so a cancel or an expiry lands in a few ms.
 SLICE = 0.002
-
-
-_tls = threading.local()
 
 
 #: Figures printed at the end of the state-machine test.
 MACHINE_COUNTS: Counter[str] = Counter()
 
 
-class ClockBroken(Exception):
-    """Raised by the clock on purpose."""
-
-
-class Token:
-    """A cancel object: an Event that can also be made to raise from ``is_set()``, or to
-    pause its next ``is_set()`` call (the waiter is then outside the lock, not yet promoted)
-    until the test resumes it: that pins the waiter down while a hand-off happens."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.broken = False
-        self._pause_next = False
-        self.paused = threading.Event()
-        self.resume = threading.Event()
-
-    def pause_next_call(self) -> None:
-        self._pause_next = True
-
-    def is_set(self) -> bool:
-        if self._pause_next:
-            self._pause_next = False
-            self.paused.set()
-            self.resume.wait(stress.STEP_TIMEOUT)
-        if self.broken:
-            raise stress.TokenBroken("cancel object failed")
-        return self.event.is_set()
-
-
-def per_client_clock() -> float:
-    """The limiter's clock: each client thread has its own, moved only by the test."""
-    client: Client | None = getattr(_tls, "client", None)
-    if client is None:
-        return 0.0
-    return client.read_clock()
-
-
-class Client:
-    """One thread calling ``acquire`` once and, if granted, holding the slot until told how
-    to leave the with-block."""
-
-    def __init__(self, cid: int, lim: ColdLimiter, *, cancel: bool, preset: bool = False):
-        self.cid = cid
-        self.lim = lim
-        self.token = Token() if cancel else None
-        if preset:
-            assert self.token is not None
-            self.token.event.set()
-        # Written by the client thread, read by the test after done/finished fire.
-        self.outcome: str | None = None
-        self.error: BaseException | None = None
-        self.exit_result: str | None = None
-        self.done = threading.Event()  # acquire returned or raised
-        self.finished = threading.Event()  # the thread is about to end
-        # The clock: written by the test, read by the client thread.
-        self._clock_lock = threading.Lock()
-        self.now = 0.0
-        self.clock_raises = False
-        self.clock_reads = 0  # written by the client thread only
-        self.deadline_fixed = threading.Event()  # first clock read: the deadline is fixed
-        # How to leave the with-block; set before ``go``.
-        self.mode = "exit"
-        self.go = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"client-{cid}", daemon=True)
-
-    def __repr__(self) -> str:
-        return f"client{self.cid}"
-
-    def read_clock(self) -> float:
-        with self._clock_lock:
-            now, raises = self.now, self.clock_raises
-        self.clock_reads += 1
-        self.deadline_fixed.set()
-        if raises:
-            raise ClockBroken("clock failed")
-        return now
-
-    def set_clock(self, now: float) -> None:
-        with self._clock_lock:
-            self.now = now
-
-    def break_clock(self) -> None:
-        with self._clock_lock:
-            self.clock_raises = True
-
-    def start(self) -> Client:
-        self.thread.start()
-        return self
-
-    def leave(self, mode: str) -> None:
-        self.mode = mode
-        self.go.set()
-
-    def _run(self) -> None:
-        _tls.client = self
-        try:
-            try:
-                grant = self.lim.acquire(self.token)
-            except Busy as busy:
-                self.outcome = busy.reason
-            except Cancelled:
-                self.outcome = "cancelled"
-            except BaseException as exc:  # noqa: BLE001 - recorded and checked by the test
-                self.outcome = "error"
-                self.error = exc
-            else:
-                self.outcome = "grant"
-            self.done.set()
-            if self.outcome != "grant":
-                return
-            if not self.go.wait(stress.STEP_TIMEOUT * 6):
-                self.exit_result = "never told to leave"
-            self.exit_result = (
-                stress.leave_grant(grant, self.mode)
-                if self.exit_result is None
-                else self.exit_result
-            )
-        finally:
-            self.finished.set()
-
-
-def trigger(victim: Client, what: str) -> None:
-    """End ``victim``'s wait: cancel it, expire it, or make its cancel object or clock fail."""
-    assert victim.token is not None
-    if what == "cancel":
-        victim.token.event.set()
-    elif what == "expire":
-        victim.set_clock(WAIT)
-    elif what == "token":
-        victim.token.broken = True
-    else:
-        victim.break_clock()
-
-
-#: What a waiter whose trigger won ends with.
-LOSER_OUTCOME = {"cancel": "cancelled", "expire": "timeout", "token": "error", "clock": "error"}
+#: The clients leaders come from (``acquire(cancel, client)``; None is the anonymous client
+#: of ``acquire(cancel)``). Each example draws one set: four clients alike, one client alone
+#: (then the rules are strict FIFO with a refusal when full), two alike, or one heavy client
+#: and two light ones (displacements are frequent). A leader's client is the set's entry at
+#: its drawn index (modulo the set's length), so every set is drawn from evenly.
+CLIENT_SETS: list[tuple[Hashable, ...]] = [
+    ("a", "b", "c", None),
+    (None,),
+    ("a", "b"),
+    ("a", "a", "b", "c"),
+]
 
 
 class LimiterMachine(RuleBasedStateMachine):
-    """Model: ``holders`` (clients holding a slot) and ``queue`` (admitted waiters in arrival
-    order). A freed slot must go to ``queue[0]``; nothing else may move.
+    """Model: ``holders`` (clients holding a slot) and ``model`` (the admitted waiters as the
+    rules of fair admission keep them: each client's own FIFO, and the turn of the clients;
+    see :class:`~tests.support.stress.FairQueue`). A freed slot must go to
+    ``model.next_in_turn()``; a leader that finds the queue full must displace
+    ``model.victim_for(...)``, or be refused when that is nobody; nothing else may move.
+    ``queue`` lists the waiters in the order the model would promote them (``queue[0]`` is
+    next in turn).
 
     What depends on the limiter's kind is in three hooks, which
     ``tests/test_redis_stress.py`` overrides to run this machine on ``RedisColdLimiter``:
@@ -232,7 +121,8 @@ class LimiterMachine(RuleBasedStateMachine):
         self.lim: ColdLimiter | None = None
         self.clients: list[Client] = []
         self.holders: list[Client] = []
-        self.queue: list[Client] = []
+        self.model: stress.FairQueue[Client] = stress.FairQueue()
+        self.names: tuple[Hashable, ...] = CLIENT_SETS[0]
         self.expected: Counter[str] = Counter()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -242,8 +132,13 @@ class LimiterMachine(RuleBasedStateMachine):
         assert self.lim is not None
         return self.lim
 
-    def _spawn(self, *, cancel: bool, preset: bool = False) -> Client:
-        client = Client(len(self.clients), self.limiter, cancel=cancel, preset=preset)
+    @property
+    def queue(self) -> Sequence[Client]:
+        """The waiters in the order the model promotes them: ``queue[0]`` is next in turn."""
+        return self.model.promotion_order()
+
+    def _spawn(self, *, cancel: bool, preset: bool = False, who: Hashable = None) -> Client:
+        client = Client(len(self.clients), self.limiter, cancel=cancel, preset=preset, who=who)
         self.clients.append(client)
         MACHINE_COUNTS["threads"] += 1
         return client.start()
@@ -258,24 +153,53 @@ class LimiterMachine(RuleBasedStateMachine):
         got = self._outcome(client)
         assert got == outcome, f"{client} got {got} ({client.error!r}); the model says {outcome}"
 
+    def _wait_for_move(self, what: str, mover: Client, also: tuple[Client, ...] = ()) -> None:
+        """Wait until ``mover``'s call ends, or that of any other waiter of the model or of
+        ``also``: then it must be ``mover``'s and nobody else's (``what`` is the model's
+        word for the move)."""
+        others = [w for w in self.model.arrival_order() if w is not mover] + list(also)
+        stress.wait_for_step(
+            what, lambda: mover.done.is_set() or any(w.done.is_set() for w in others)
+        )
+        moved = [w for w in others if w.done.is_set()]
+        assert not moved, f"{moved[0]} ended its call ({moved[0].outcome}), but the model: {what}"
+
     def _promote_next(self) -> None:
-        """A slot was freed: the oldest waiter must get it, nobody else may move."""
-        if self.queue:
-            nxt = self.queue.pop(0)
+        """A slot was freed: the next waiter in turn must get it, nobody else may move."""
+        if len(self.model):
+            oldest = self.model.arrival_order()[0]
+            nxt = self.model.next_in_turn()
+            MACHINE_COUNTS["round_robin"] += nxt is not oldest  # fairness changed the order
+            self._wait_for_move(f"the freed slot goes to {nxt}, next in turn", nxt)
             self._expect(nxt, "grant")
             self.holders.append(nxt)
             self.expected["acquired"] += 1
             MACHINE_COUNTS["promotions"] += 1
         self._settle()
 
+    def _displaced(self, victim: Client, newcomer: Client) -> None:
+        """``newcomer`` took ``victim``'s place: the victim's call ends with "displaced", the
+        newcomer waits in its place, the counter moves, and nothing else does."""
+        self._expect(victim, "displaced")
+        self._wait_finished(victim)
+        self.model.leave(victim)
+        self.model.join(newcomer, newcomer.who)
+        self.expected["displaced"] += 1
+        lim = self.limiter
+        stress.wait_for_step(
+            "the displacement counted", lambda: lim.stats().displaced == self.expected["displaced"]
+        )
+        self._admitted(newcomer)
+        MACHINE_COUNTS["displaced"] += 1
+
     def _settle(self) -> None:
         """Wait until the limiter shows the model's state, then check no waiter moved."""
         lim = self.limiter
-        want = (len(self.holders), len(self.queue))
+        want = (len(self.holders), len(self.model))
         stress.wait_for_step(
             f"active/queued == {want}", lambda: (lim.stats().active, lim.stats().queued) == want
         )
-        for waiter in self.queue:
+        for waiter in self.model.arrival_order():
             assert not waiter.done.is_set(), (
                 f"{waiter} left the queue ({waiter.outcome}) although it was not its turn"
             )
@@ -285,6 +209,18 @@ class LimiterMachine(RuleBasedStateMachine):
         if client.outcome == "grant":
             assert client.exit_result == "ok", f"{client}: {client.exit_result}"
 
+    def _displacers(self) -> list[Hashable]:
+        """The clients whose next leader would displace a waiter that has a cancel object."""
+        lim = self.lim
+        if lim is None or not len(self.model) or len(self.model) < lim.capacity_queue:
+            return []
+        found = []
+        for who in dict.fromkeys(self.names):
+            victim = self.model.victim_for(self.model.places(who))
+            if victim is not None and victim.token is not None:
+                found.append(who)
+        return found
+
     # -- rules -------------------------------------------------------------------------------
 
     @initialize(active=st.integers(1, 3), queue=st.sampled_from([2, 0, 1, 3, 4, 2]))
@@ -293,47 +229,84 @@ class LimiterMachine(RuleBasedStateMachine):
         self.lim.CANCEL_POLL_INTERVAL = SLICE  # type: ignore[misc]
         MACHINE_COUNTS["examples"] += 1
 
-    @rule(kind=st.sampled_from(["cancel", "plain", "cancel", "plain", "preset"]))
-    def arrive(self, kind: str) -> None:
-        """A new leader calls acquire(), with a cancel object ("cancel"), without one
-        ("plain": one long timed wait, it leaves the queue only by promotion) or with one
-        already set ("preset": Cancelled at once, nothing changes). Otherwise: fast path,
-        queued, or refused at once."""
+    @initialize(names=st.sampled_from(CLIENT_SETS))
+    def choose_clients(self, names: tuple[Hashable, ...]) -> None:
+        """The clients this example's leaders come from."""
+        self.names = names
+
+    @rule(
+        kind=st.sampled_from(["cancel", "plain", "cancel", "plain", "preset"]),
+        who=st.integers(0, 3),
+    )
+    def arrive(self, kind: str, who: int) -> None:
+        """A new leader of client ``names[who % len(names)]`` calls acquire(), with a cancel object
+        ("cancel"), without one ("plain": one long timed wait, it leaves the queue only by
+        promotion or displacement) or with one already set ("preset": Cancelled at once,
+        nothing changes). Otherwise: fast path, queued, displacing, or refused at once."""
+        self._arrive(kind, self.names[who % len(self.names)])
+
+    @rule(
+        kind=st.sampled_from(["cancel", "plain"]), who=st.integers(0, 3), count=st.integers(2, 4)
+    )
+    def crowd(self, kind: str, who: int, count: int) -> None:
+        """Up to ``count`` leaders of one client arrive one after another (each as in
+        ``arrive``), as long as each one gets a slot or a place (a refusal is ``arrive``'s
+        business): one client takes many places at once, which the rules then share out."""
+        name, lim = self.names[who % len(self.names)], self.limiter
+        for _ in range(count):
+            full = len(self.model) >= lim.capacity_queue and (
+                len(self.model) or len(self.holders) == lim.capacity_active
+            )
+            if full and self.model.victim_for(self.model.places(name)) is None:
+                return
+            self._arrive(kind, name)
+
+    def _arrive(self, kind: str, who: Hashable) -> Client:
         lim = self.limiter
         MACHINE_COUNTS["steps"] += 1
-        client = self._spawn(cancel=kind != "plain", preset=kind == "preset")
+        client = self._spawn(cancel=kind != "plain", preset=kind == "preset", who=who)
         if kind == "preset":
             self._expect(client, "cancelled")
             assert client.clock_reads == 0, "a cancel set beforehand read the clock"
             self._wait_finished(client)
             MACHINE_COUNTS["cancelled_at_once"] += 1
-        elif len(self.holders) < lim.capacity_active and not self.queue:
+        elif len(self.holders) < lim.capacity_active and not len(self.model):
             self._expect(client, "grant")
             assert client.clock_reads == 0, "the fast path read the clock"
             self.holders.append(client)
             self.expected["acquired"] += 1
             MACHINE_COUNTS["fast_path"] += 1
-        elif len(self.queue) < lim.capacity_queue:
-            self.queue.append(client)
+        elif len(self.model) < lim.capacity_queue:
+            self.model.join(client, who)
             stress.wait_for_step(
-                f"{client} admitted", lambda: lim.stats().queued == len(self.queue)
+                f"{client} admitted",
+                lambda: client.done.is_set() or lim.stats().queued == len(self.model),
             )
+            assert not client.done.is_set(), f"{client} got {client.outcome}, not a queue place"
             self._admitted(client)
             MACHINE_COUNTS["queued"] += 1
         else:
-            self._expect(client, "queue_full")
-            assert client.clock_reads == 0, "the refusal path read the clock"
-            self.expected["rejected_full"] += 1
-            MACHINE_COUNTS["refused_full"] += 1
+            victim = self.model.victim_for(self.model.places(who))
+            if victim is None:
+                self._expect(client, "queue_full")
+                assert client.clock_reads == 0, "the refusal path read the clock"
+                self.expected["rejected_full"] += 1
+                MACHINE_COUNTS["refused_full"] += 1
+            else:
+                self._wait_for_move(f"{client} displaces {victim}", victim, also=(client,))
+                self._displaced(victim, client)
         self._settle()
+        return client
 
     @precondition(lambda self: self.holders)
     @rule(data=st.data(), mode=st.sampled_from(["exit", "release", "raise", "double"]))
     def leave(self, data: st.DataObject, mode: str) -> None:
         """A holder leaves its with-block: normally, after release(), raising, or after a
         double release (which must raise RuntimeError and create no capacity)."""
+        self._leave(data.draw(st.sampled_from(self.holders), label="holder"), mode)
+
+    def _leave(self, holder: Client, mode: str) -> None:
         MACHINE_COUNTS["steps"] += 1
-        holder = data.draw(st.sampled_from(self.holders), label="holder")
         self.holders.remove(holder)
         holder.leave(mode)
         self._wait_finished(holder)
@@ -342,13 +315,14 @@ class LimiterMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(c.token for c in self.queue))
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        """A queued waiter's client leaves: Cancelled; its place is returned; nobody moves."""
+        """A queued waiter's client leaves: Cancelled; its place is returned; nobody moves
+        (its client, if that was its last waiter, is out of the turn)."""
         MACHINE_COUNTS["steps"] += 1
         victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
         assert victim.token is not None
         victim.token.event.set()
         self._expect(victim, "cancelled")
-        self.queue.remove(victim)
+        self.model.leave(victim)
         self.expected["cancelled"] += 1
         self._settle()
 
@@ -360,7 +334,7 @@ class LimiterMachine(RuleBasedStateMachine):
         victim = data.draw(st.sampled_from([c for c in self.queue if c.token]), label="victim")
         self._trigger(victim, "expire")
         self._expect(victim, "timeout")
-        self.queue.remove(victim)
+        self.model.leave(victim)
         self.expected["rejected_timeout"] += 1
         self._settle()
 
@@ -379,14 +353,49 @@ class LimiterMachine(RuleBasedStateMachine):
         self._expect(victim, "error")
         wanted = stress.TokenBroken if what == "token" else ClockBroken
         assert isinstance(victim.error, wanted), repr(victim.error)
-        self.queue.remove(victim)
+        self.model.leave(victim)
         self._settle()
 
-    # A slot is handed to the oldest waiter while that waiter is pinned outside the lock (in
-    # its cancel object's is_set()); then it is cancelled / expires / fails; then it wakes.
-    # Whichever wins, exactly one does: the waiter keeps the slot, or passes it on to the next
-    # waiter (or back to free). The schedule is pinned, so the outcome is reproducible, as
-    # Hypothesis needs; the free-running versions of these races are test_release_races.
+    @precondition(lambda self: self._displacers())
+    @rule(
+        data=st.data(),
+        what=st.sampled_from(["cancel", "expire"]),
+        kind=st.sampled_from(["cancel", "plain"]),
+    )
+    def displace_then(self, data: st.DataObject, what: str, kind: str) -> None:
+        """The waiter a newcomer displaces is pinned outside the lock (in its cancel object)
+        when it is displaced; then its wait also ends another way (cancelled, or its deadline
+        passes), then it wakes. The displacement was decided first, under the lock: it reports
+        "displaced", and the newcomer keeps the place."""
+        MACHINE_COUNTS["steps"] += 1
+        who = data.draw(st.sampled_from(self._displacers()), label="client")
+        victim = self.model.victim_for(self.model.places(who))
+        assert victim is not None and victim.token is not None
+        victim.token.pause_next_call()
+        assert victim.token.paused.wait(stress.STEP_TIMEOUT), f"{victim} never looked at cancel"
+        newcomer = self._spawn(cancel=kind == "cancel", who=who)
+        lim, want = self.limiter, self.expected["displaced"] + 1
+        stress.wait_for_step(
+            f"{newcomer} displaces {victim}",
+            lambda: newcomer.done.is_set() or lim.stats().displaced == want,
+        )
+        assert not newcomer.done.is_set(), (
+            f"{newcomer} got {newcomer.outcome}; the model says it displaces {victim}"
+        )
+        assert not victim.done.is_set()
+        self._trigger(victim, what)
+        victim.token.resume.set()
+        self._wait_for_move(f"{newcomer} displaces {victim}", victim, also=(newcomer,))
+        MACHINE_COUNTS[f"race displace-then-{what}: {victim.outcome}"] += 1
+        self._displaced(victim, newcomer)
+        self._settle()
+
+    # The slot is handed to the next waiter in turn while that waiter is pinned outside the
+    # lock (in its cancel object's is_set()); then it is cancelled / expires / fails; then it
+    # wakes. Whichever wins, exactly one does: the waiter keeps the slot, or passes it on to
+    # the next waiter in turn (its own client has had its turn) or back to free. The schedule
+    # is pinned, so the outcome is reproducible, as Hypothesis needs; the free-running
+    # versions of these races are test_release_races.
 
     @precondition(lambda self: self.holders and self.queue and self.queue[0].token)
     @rule(data=st.data())
@@ -414,9 +423,11 @@ class LimiterMachine(RuleBasedStateMachine):
         self.holders.remove(holder)
         holder.leave(mode)
         self._wait_finished(holder)
+        left = len(self.model) - 1
         stress.wait_for_step(
-            f"the hand-off to {victim}", lambda: self.limiter.stats().queued == len(self.queue) - 1
+            f"the hand-off to {victim}", lambda: self.limiter.stats().queued == left
         )
+        assert self.model.next_in_turn() is victim
         assert not victim.done.is_set()
         self._trigger(victim, what)
         victim.token.resume.set()
@@ -426,7 +437,6 @@ class LimiterMachine(RuleBasedStateMachine):
         if outcome == "grant":
             # The hand-off won. The waiter holds the slot; its trigger is now moot except a
             # broken clock/token, which a holder never reads again.
-            self.queue.remove(victim)
             self.holders.append(victim)
             self.expected["acquired"] += 1
             self._settle()
@@ -437,8 +447,7 @@ class LimiterMachine(RuleBasedStateMachine):
             self.expected["cancelled"] += 1
         elif outcome == "timeout":
             self.expected["rejected_timeout"] += 1
-        self.queue.remove(victim)
-        self._promote_next()  # the freed slot must reach the next waiter, or become free
+        self._promote_next()  # the freed slot must reach the next waiter in turn, or be free
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -450,10 +459,8 @@ class LimiterMachine(RuleBasedStateMachine):
         assert 0 <= s.active <= s.capacity_active
         assert 0 <= s.queued <= s.capacity_queue
         assert s.peak_active <= s.capacity_active and s.peak_queued <= s.capacity_queue
-        assert (s.active, s.queued) == (len(self.holders), len(self.queue))
-        got = {
-            k: getattr(s, k) for k in ("acquired", "rejected_full", "rejected_timeout", "cancelled")
-        }
+        assert (s.active, s.queued) == (len(self.holders), len(self.model))
+        got = {k: getattr(s, k) for k in COUNTERS}
         want = {k: self.expected[k] for k in got}
         assert got == want, f"counters {got} != model {want}"
         self._check_backend()
@@ -472,8 +479,15 @@ class LimiterMachine(RuleBasedStateMachine):
         trigger(victim, what)
 
     def _check_backend(self) -> None:
-        """The invariants only the limiter's own state shows."""
+        """The invariants only the limiter's own state shows: one gate place per waiter, no
+        idle slot while anybody waits, and its clients' queues and turn those of the model."""
         check_white_box(self.limiter)
+        turn, arrival = stress.limiter_queue(self.limiter)
+        got = [(who, len(mine)) for who, mine in turn]
+        want = [(who, len(fifo)) for who, fifo in self.model.turn()]
+        assert got == want, f"the limiter's turn (client, places) {got}, the model's {want}"
+        got_whos = [w.client for w in arrival]
+        assert got_whos == [c.who for c in self.model.arrival_order()], got_whos
 
     # -- teardown ----------------------------------------------------------------------------
 
@@ -486,25 +500,36 @@ class LimiterMachine(RuleBasedStateMachine):
                     holder.leave("exit")
                     self._wait_finished(holder)
                     self._promote_next()
-                assert not self.queue
+                assert not len(self.model)
                 s = self.lim.stats()
                 assert (s.active, s.queued) == (0, 0), s
-                assert (
-                    s.acquired
-                    == self.expected["acquired"]
-                    == sum(c.outcome == "grant" for c in self.clients)
-                ), s
+                for name, outcome in (("acquired", "grant"), ("displaced", "displaced")):
+                    assert (
+                        getattr(s, name)
+                        == self.expected[name]
+                        == sum(c.outcome == outcome for c in self.clients)
+                    ), (name, s)
                 self._check_backend()
         finally:
-            for client in self.clients:  # after a failure: unblock whatever is left
-                if client.token is not None:
-                    client.token.event.set()
-                client.go.set()
-            deadline = time.monotonic() + stress.STEP_TIMEOUT
-            for client in self.clients:
-                client.thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [c for c in self.clients if c.thread.is_alive()]
+            stuck = self.cleanup()
         assert not stuck, f"threads still running after the drain: {stuck}"
+
+    def cleanup(self) -> list[Client]:
+        """Unblock every client thread (after a failure too: each waiter that is promoted
+        then leaves at once, so the releases drain the queue) and join them; returns the
+        ones still running."""
+        for client in self.clients:
+            if client.token is not None:
+                client.token.event.set()
+            client.go.set()
+        deadline = time.monotonic() + stress.STEP_TIMEOUT
+        for client in self.clients:
+            client.thread.join(max(0.0, deadline - time.monotonic()))
+        return [c for c in self.clients if c.thread.is_alive()]
+
+
+#: The counters the model keeps, checked after every step.
+COUNTERS = ("acquired", "rejected_full", "rejected_timeout", "cancelled", "displaced")
 
 
 seed(stress.SEED)(LimiterMachine)
@@ -537,10 +562,15 @@ def test_limiter_state_machine() -> None:
             f"steps={MACHINE_COUNTS['steps']} threads={MACHINE_COUNTS['threads']} "
             f"fast={MACHINE_COUNTS['fast_path']} queued={MACHINE_COUNTS['queued']} "
             f"promotions={MACHINE_COUNTS['promotions']} "
-            f"refused_full={MACHINE_COUNTS['refused_full']} in {elapsed:.1f} s"
+            f"refused_full={MACHINE_COUNTS['refused_full']} "
+            f"displaced={MACHINE_COUNTS['displaced']} "
+            f"promoted out of arrival order={MACHINE_COUNTS['round_robin']} in {elapsed:.1f} s"
         )
         print(f"[state machine] races: {races}")
     assert MACHINE_COUNTS["steps"] > 0
+    # The fairness rules really decided something: displacements, and promotions that the
+    # turn of the clients took out of arrival order.
+    assert MACHINE_COUNTS["displaced"] > 0 and MACHINE_COUNTS["round_robin"] > 0, MACHINE_COUNTS
 
 
 # Free-running races: a release and a cancel / expiry / failure of the oldest waiter
