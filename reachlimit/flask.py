@@ -4,10 +4,15 @@ design:
 
     rl.cold(key, build)                      (runs in the request's handler thread)
       app.extensions["reachlimit"] -> this app's ColdPath and settings
+      client = request.remote_addr ("remote_addr"), None ("none") or client(request)
+                                     (a callable's exception propagates; an unhashable
+                                     value is a TypeError: before the path, so nothing held)
       cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
-      ColdPath.get(key, build, cancel)
+      build timed (REACHLIMIT_RETRY_AFTER="auto" only)
+      ColdPath.get(key, build, cancel, client)
         value ........................ returned to the view
         Busy ......................... HTTPException: 429 (or 503) JSON, Retry-After: 2
+                                       ("auto": from recent build times, see AutoRetryAfter)
         Busy("unavailable") .......... 503 JSON, Retry-After (Redis down, fallback "refuse")
         Cancelled .................... 499, logged; nobody is left to read it
         anything build raised ........ propagates unchanged to the app's own handlers
@@ -29,6 +34,12 @@ too (``RedisCache`` and ``RedisSingleFlight``, each behind the same fallback:
 builds and coalesced for ``rl.stats()`` and the health view; its thread starts with the
 process's first request (``cold``), so never in a preloading master.
 
+Fair admission: ``client`` (REACHLIMIT_CLIENT) names whoever asks, and the limiter shares its
+queue among those names (see ``reachlimit._limiter``). The default is the request's
+``remote_addr``: the peer, or what werkzeug's ``ProxyFix`` made of ``X-Forwarded-For`` in an
+app that trusts its proxies - never the leftmost ``X-Forwarded-For`` entry, which any client
+can write. It is read from the request on every call, warm hits included (one attribute read).
+
 The extension never stores the app: every figure lives in ``app.extensions["reachlimit"]``,
 so one ``ReachLimit`` can serve several apps, each with its own limiter and cache.
 
@@ -45,8 +56,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import re
 import sys
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, fields
 from types import FrameType
@@ -66,7 +81,8 @@ if TYPE_CHECKING:
     from .redis import RedisHealth, SharedPathCounters
 
 __all__ = [
-    "ReachLimit", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS", "release_worker"
+    "ReachLimit", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS", "release_worker",
+    "AutoRetryAfter",
 ]
 
 log = logging.getLogger("reachlimit")
@@ -152,6 +168,44 @@ def _choice(*choices: str) -> Check:
     return check
 
 
+#: The key a check is given for a ``ReachLimit(...)`` argument: "<name> (ReachLimit argument)".
+_ARGUMENT = " (ReachLimit argument)"
+
+#: REACHLIMIT_RETRY_AFTER's one word: a Retry-After worked out per refusal (AutoRetryAfter).
+RETRY_AFTER_AUTO = "auto"
+
+
+def _retry_after(key: str, value: Any) -> int | str:
+    """A whole number of seconds >= 1, or "auto"."""
+    if isinstance(value, str) and value.strip().lower() == RETRY_AFTER_AUTO:
+        return RETRY_AFTER_AUTO
+    number: int = _whole(1, "a whole number >= 1 or 'auto'")(key, value)
+    return number
+
+
+#: REACHLIMIT_CLIENT's names: the request's remote_addr, or everybody one client.
+CLIENT_REMOTE_ADDR = "remote_addr"
+CLIENT_NONE = "none"
+
+
+def _client(key: str, value: Any) -> str | Callable[[Request], Hashable]:
+    """"remote_addr" or "none"; as the ReachLimit argument, also a callable
+    ``(request) -> hashable``. Never a header by name: which header to trust is the app's
+    decision, made in its callable or by ProxyFix."""
+    if callable(value):
+        if key.endswith(_ARGUMENT):
+            return cast("Callable[[Request], Hashable]", value)
+        raise ValueError(
+            f"{key} must be 'remote_addr' or 'none' (a callable only as the ReachLimit "
+            f"argument client=), got {value!r}"
+        )
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text not in (CLIENT_REMOTE_ADDR, CLIENT_NONE):
+        callable_too = " or a callable (request) -> hashable" if key.endswith(_ARGUMENT) else ""
+        raise ValueError(f"{key} must be 'remote_addr' or 'none'{callable_too}, got {value!r}")
+    return str(text)
+
+
 def _redis_url(key: str, value: Any) -> str | None:
     """None or empty: no Redis (in-process limits); else a redis://, rediss:// or unix://
     URL. The error shows the URL with its password masked."""
@@ -185,7 +239,8 @@ class Settings:
     active: int = _option(2, _whole(1))
     queue: int = _option(8, _whole(0))
     wait: float = _option(3.0, _seconds)
-    retry_after: int = _option(2, _whole(1))
+    #: Whole seconds, or "auto": worked out per refusal from recent build times.
+    retry_after: int | str = _option(2, _retry_after)
     cache_ttl: float = _option(300.0, _seconds)
     cache_size: int = _option(256, _whole(1))
     status: int = _option(429, _one_of(429, 503))
@@ -201,6 +256,15 @@ class Settings:
     lease: float = _option(10.0, _seconds)
     #: While Redis is unavailable: "local" (each process's own limits) or "refuse" (503).
     redis_fallback: str = _option("local", _choice("local", "refuse"))
+    #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
+    #: the ReachLimit argument only) a callable ``(request) -> hashable``.
+    client: str | Callable[[Request], Hashable] = _option(CLIENT_REMOTE_ADDR, _client)
+
+    @property
+    def limiter_retry_after(self) -> int:
+        """The whole seconds the limiter puts on its refusals: the setting, or with "auto"
+        the default 2 (the extension works out each refusal's own figure instead)."""
+        return self.retry_after if isinstance(self.retry_after, int) else 2
 
     @property
     def threads_needed(self) -> int:
@@ -225,7 +289,7 @@ def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> S
     for option in fields(Settings):
         name = option.name
         if name in overrides:
-            key, raw = f"{name} (ReachLimit argument)", overrides[name]
+            key, raw = name + _ARGUMENT, overrides[name]
         else:
             key = _CONFIG_PREFIX + name.upper()
             raw = config.get(key, option.default)
@@ -269,15 +333,96 @@ def _send_finished(exc: ColdRefused | ClientGone) -> Response:
 _REFUSAL_SENTENCES = {
     Busy.QUEUE_FULL: "Too many reports are being built right now; please retry shortly.",
     Busy.TIMEOUT: "Waited too long for a free build slot; please retry shortly.",
+    Busy.DISPLACED: "This request's queue place went to another client's request (the "
+    "queue is shared fairly); please retry shortly.",
     Busy.UNAVAILABLE: "The shared build limiter is unavailable right now; please retry "
     "shortly.",
 }
 
 
+class AutoRetryAfter:
+    """``REACHLIMIT_RETRY_AFTER="auto"``: each refusal's Retry-After from recent build times.
+
+    ``base = ceil(mean build time x (queued + 1) / active)``, clamped to [1, 30]: about how
+    long until the leaders ahead (``queued``) and one more have had a slot. 2 until a build
+    has been timed. Each refusal then adds ``randint(0, max(1, base // 4))`` so clients
+    refused together do not come back together; a sum above 30 takes the spread off instead
+    (``base - spread``), so every figure is a whole number of seconds in [1, 30].
+
+    Build times are this process's (per app), the last ``SAMPLES`` builds that ran, whatever
+    they returned or raised. ``clock`` (monotonic seconds) and ``randint`` (``random.randint``'s
+    signature) are attributes a test may replace: ``app.extensions["reachlimit"].retry_auto``.
+    Thread-safe: the samples are guarded by a lock taken once per build and per refusal."""
+
+    SAMPLES = 16
+    LOWEST = 1
+    HIGHEST = 30
+    #: The base before any build has been timed: the fixed default.
+    UNMEASURED = 2
+
+    def __init__(
+        self,
+        active: int,
+        queue: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        randint: Callable[[int, int], int] = random.randint,
+    ) -> None:
+        self.active = active
+        self.queue = queue
+        self.clock = clock
+        self.randint = randint
+        self._lock = threading.Lock()
+        self._durations: deque[float] = deque(maxlen=self.SAMPLES)  # guarded by _lock
+
+    def timed(self, build: Callable[[], Any]) -> Callable[[], Any]:
+        """``build``, recording how long each run of it takes."""
+        clock, record = self.clock, self.record
+
+        def timed_build() -> Any:
+            started = clock()
+            try:
+                return build()
+            finally:
+                record(clock() - started)
+
+        return timed_build
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._durations.append(max(0.0, seconds))
+
+    def mean(self) -> float | None:
+        """The mean of the recent build times, None before the first."""
+        with self._lock:
+            if not self._durations:
+                return None
+            return sum(self._durations) / len(self._durations)
+
+    def base(self, queued: int) -> int:
+        mean = self.mean()
+        if mean is None:
+            return self.UNMEASURED
+        wait = math.ceil(mean * (queued + 1) / self.active)
+        return min(self.HIGHEST, max(self.LOWEST, wait))
+
+    def seconds(self, queued: int) -> int:
+        """One refusal's Retry-After with ``queued`` leaders waiting."""
+        base = self.base(queued)
+        spread = self.randint(0, max(1, base // 4))
+        figure = base + spread
+        if figure > self.HIGHEST:
+            figure = base - spread
+        return max(self.LOWEST, min(self.HIGHEST, figure))
+
+
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
-    __slots__ = ("settings", "path", "metrics", "redis", "counters", "closers", "_refusals")
+    __slots__ = (
+        "settings", "path", "metrics", "redis", "counters", "closers", "client_of",
+        "retry_auto", "_refusals",
+    )
 
     def __init__(
         self,
@@ -294,9 +439,31 @@ class _State:
         self.counters = counters  # the path's counters added up in Redis, when there is one
         #: What ReachLimit.close() calls: the stops of the background threads, in order.
         self.closers: list[Callable[[], None]] = []
+        #: None: the client is the request's remote_addr (the default, read inline); else
+        #: what gives it from the request ("none": always None).
+        self.client_of: Callable[[Request], Hashable] | None = _client_of(settings.client)
+        #: REACHLIMIT_RETRY_AFTER="auto": the build times and the formula; else None.
+        self.retry_auto = (
+            AutoRetryAfter(settings.active, settings.queue)
+            if settings.retry_after == RETRY_AFTER_AUTO
+            else None
+        )
         # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
         # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
+
+    def auto_busy(self, busy: Busy) -> Busy:
+        """``busy`` with its Retry-After worked out now (``retry_auto`` is set)."""
+        auto = self.retry_auto
+        assert auto is not None
+        if busy.reason == Busy.TIMEOUT:
+            try:
+                queued = int(self.path.limiter.stats().queued)
+            except Exception:  # the figures cannot be read (Redis, say): assume a full queue
+                queued = auto.queue
+        else:  # queue_full and displaced: the queue was full; unavailable: unknown
+            queued = auto.queue
+        return Busy(busy.reason, auto.seconds(queued))
 
     def refusal(self, busy: Busy) -> Response:
         """A fresh response for ``busy`` (a response is mutable, so never shared), built
@@ -311,6 +478,42 @@ class _State:
         # A one-item list rather than bytes: with Content-Length already among the headers,
         # the response need not measure and set it again.
         return Response([body], status, headers)
+
+
+def _client_of(
+    setting: str | Callable[[Request], Hashable],
+) -> Callable[[Request], Hashable] | None:
+    """What ``_State.client_of`` holds for the ``client`` setting (see there)."""
+    if setting == CLIENT_REMOTE_ADDR:
+        return None
+    if setting == CLIENT_NONE:
+        return _nobody
+    assert callable(setting)
+    return _checked(setting)
+
+
+def _nobody(request: Request) -> None:
+    """REACHLIMIT_CLIENT="none": every request is the one anonymous client."""
+    return None
+
+
+def _checked(client: Callable[[Request], Hashable]) -> Callable[[Request], Hashable]:
+    """The app's client callable, its value checked to be hashable. Its own exceptions
+    propagate unchanged: both are the app's bug, raised before anything is held."""
+
+    def client_of(request: Request) -> Hashable:
+        name = client(request)
+        try:
+            hash(name)
+        except TypeError:
+            raise TypeError(
+                f"ReachLimit client: {getattr(client, '__qualname__', client)!r} returned "
+                f"an unhashable {type(name).__name__}; it must return a hashable name "
+                "(a str, say)"
+            ) from None
+        return name
+
+    return client_of
 
 
 def _service_stats(state: _State) -> ColdPathStats:
@@ -351,7 +554,8 @@ def _metrics_class() -> type[ReachMetrics]:
 def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
     """This app's state with a metered cold path (REACHLIMIT_METRICS)."""
     metrics = _metrics_class()(
-        settings.active, settings.queue, settings.wait, settings.retry_after, cache=cache
+        settings.active, settings.queue, settings.wait, settings.limiter_retry_after,
+        cache=cache,
     )
     return _State(settings, metrics.path, metrics)
 
@@ -383,11 +587,13 @@ def _shared_state(settings: Settings) -> _State:
         settings.active,
         settings.queue,
         settings.wait,
-        settings.retry_after,
+        settings.limiter_retry_after,
         lease=settings.lease,
         prefix=settings.redis_prefix,
     )
-    local = ColdLimiter(settings.active, settings.queue, settings.wait, settings.retry_after)
+    local = ColdLimiter(
+        settings.active, settings.queue, settings.wait, settings.limiter_retry_after
+    )
     limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
     cache, flight = _shared_cache_and_flight(settings, client, health)
     metrics = None
@@ -485,7 +691,19 @@ class ReachLimit:
     Overrides are the config keys in lower case without the ``REACHLIMIT_`` prefix
     (``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
     ``status``, ``cancel_on_disconnect``, ``metrics``, ``redis_url``, ``redis_prefix``,
-    ``lease``, ``redis_fallback``) and win over the app's config.
+    ``lease``, ``redis_fallback``, ``client``) and win over the app's config.
+
+    ``client`` (REACHLIMIT_CLIENT) says who asks, for fair admission: ``"remote_addr"``
+    (default; the peer, or ProxyFix's rightmost trusted hop), ``"none"`` (one client: plain
+    FIFO), or - as this argument only - a callable ``(request) -> hashable`` such as the
+    authenticated user. It is called once per ``cold()``, warm hits included, so keep it
+    cheap; None from it is the one anonymous client. If it raises, the exception propagates
+    from ``cold()`` unchanged; if its value cannot be hashed, ``cold()`` raises
+    ``TypeError``. Either way before anything is held: no slot, no queue place, no flight.
+
+    ``retry_after="auto"`` works out each refusal's Retry-After from recent build times
+    (:class:`AutoRetryAfter`; its clock and random source are attributes of
+    ``app.extensions["reachlimit"].retry_auto``, for tests).
 
     With ``redis_url`` (REACHLIMIT_REDIS_URL) the cold limiter is shared by every process on
     that Redis and prefix; Redis failing is a degraded mode (``redis_fallback``: each
@@ -511,7 +729,7 @@ class ReachLimit:
             app.extensions["reachlimit"] = _shared_state(settings)
         else:
             limiter = ColdLimiter(
-                settings.active, settings.queue, settings.wait, settings.retry_after
+                settings.active, settings.queue, settings.wait, settings.limiter_retry_after
             )
             cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
             app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
@@ -548,18 +766,30 @@ class ReachLimit:
 
         A refusal raises :class:`ColdRefused` (the finished 429/503 response); a client that
         left while waiting raises :class:`ClientGone` (499); ``build``'s own exceptions pass
-        through unchanged and are never cached."""
+        through unchanged and are never cached.
+
+        The request's client (the ``client`` option) is worked out first, on every call: a
+        client callable's own exception propagates unchanged, and a value it returns that
+        cannot be hashed raises ``TypeError`` naming the callable - both before the cache,
+        the singleflight or the limiter is touched, so nothing is held or counted, and
+        both reach the app's error handlers (a 500) like a failed build."""
         state = self._state()
         if state.counters is not None:
             state.counters.ensure_running()  # the first request of this (forked) process
-        cancel = (
-            watch_client(_request_proxy._get_current_object().environ)
-            if state.settings.cancel_on_disconnect
-            else None
-        )
+        asking = _request_proxy._get_current_object()
+        client_of = state.client_of
+        # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"] (after
+        # ProxyFix, if the app has it): the cheapest read of it there is. First, so that a
+        # client callable that fails leaves nothing behind (not even a socket watch).
+        client = asking.remote_addr if client_of is None else client_of(asking)
+        cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
+        if state.retry_auto is not None:
+            build = state.retry_auto.timed(build)
         try:
-            return state.path.get(key, build, cancel)
+            return state.path.get(key, build, cancel, client)
         except Busy as busy:
+            if state.retry_auto is not None:
+                busy = state.auto_busy(busy)
             raise ColdRefused(state.refusal(busy), busy) from None
         except Cancelled:
             log.info("client left while waiting for %r; answered 499", key)
