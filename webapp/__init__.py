@@ -12,8 +12,16 @@ here and never at import time, and ``config`` overrides it (``webapp/README.md``
 ``REACH_BLACKLIST``          comma-separated pubkeys never shown (404, and left out of other
                              nodes' reports).
 ``REACH_HIDDEN_PREFIXES``    comma-separated name prefixes hidden the same way (ignoring case).
+``REACH_PROXIES``            how many trusted proxies stand in front (default 0). N > 0 wraps
+                             the app in werkzeug's ``ProxyFix(x_for=N)``: the client address
+                             (and so the fair-admission client, ``REACHLIMIT_CLIENT``) is the
+                             N-th ``X-Forwarded-For`` entry from the right, the one the
+                             outermost trusted proxy wrote - never the leftmost, which any
+                             client can write. Only set it when the service cannot be reached
+                             but through those proxies.
 ``REACHLIMIT_*``             the cold limiter and warm cache (see ``reachlimit.flask``), e.g.
-                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``. The service
+                             ``REACHLIMIT_ACTIVE=2``, ``REACHLIMIT_QUEUE=8``,
+                             ``REACHLIMIT_RETRY_AFTER=auto``. The service
                              turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
                              ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
                              ``REACHLIMIT_REDIS_URL`` shares the limiter, the warm cache
@@ -27,8 +35,9 @@ day; None never rewrites a demo database) and ``REACH_WALL_CLOCK`` (a callable r
 unix time report windows end at, default ``time.time``).
 
 A configuration the service cannot run with - an explicit ``REACH_DB`` that is missing,
-unreadable or not a CoreScope database, a malformed blacklist entry, a bad ``REACHLIMIT_*``
-value - stops start-up with ``SystemExit`` and one line naming the problem, not a traceback.
+unreadable or not a CoreScope database, a malformed blacklist entry, a ``REACH_PROXIES`` that
+is not a whole number >= 0, a bad ``REACHLIMIT_*`` value - stops start-up with ``SystemExit``
+and one line naming the problem, not a traceback.
 
 The blacklist and hidden prefixes can be changed while running through
 ``app.extensions["reach"].visibility`` (``set_blacklist``, ``set_hidden_prefixes``): the
@@ -48,6 +57,7 @@ from typing import Any
 from flask import Flask, Response
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from reachlimit.flask import CONFIG_KEYS
 
@@ -57,14 +67,14 @@ from .db import DatabaseError, check_database
 from .state import ReachState
 from .visibility import Visibility
 
-__all__ = ["create_app", "DEFAULT_DB", "reach_state"]
+__all__ = ["create_app", "DEFAULT_DB", "reach_state", "proxy_count", "trust_proxies"]
 
 log = logging.getLogger("webapp")
 
 #: The embedded demo database, served when REACH_DB is not set (webapp/data/ is gitignored).
 DEFAULT_DB = Path(__file__).resolve().parent / "data" / "demo.sqlite"
 
-_ENV_KEYS = ("REACH_DB", "REACH_BLACKLIST", "REACH_HIDDEN_PREFIXES")
+_ENV_KEYS = ("REACH_DB", "REACH_BLACKLIST", "REACH_HIDDEN_PREFIXES", "REACH_PROXIES")
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -86,6 +96,28 @@ def _as_list(value: object) -> list[str]:
     raise TypeError(f"expected a comma-separated string or a list, got {value!r}")
 
 
+def proxy_count(value: object) -> int:
+    """``REACH_PROXIES``: a whole number >= 0 (a string of ASCII digits from the environment);
+    anything else stops start-up with one line naming the variable."""
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, str) and text.isascii() and text.isdigit():
+        return int(text)
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    raise SystemExit(f"webapp: REACH_PROXIES must be a whole number >= 0, got {value!r}")
+
+
+def trust_proxies(app: Flask, count: int) -> None:
+    """Trust ``count`` proxies in front of ``app``: with ``count`` > 0 its WSGI app is wrapped
+    in ``ProxyFix(x_for=count)``, so ``request.remote_addr`` is the ``count``-th
+    ``X-Forwarded-For`` entry from the right (the address the outermost trusted proxy saw);
+    a request with fewer entries keeps its peer address. ProxyFix's other default,
+    ``x_proto=1``, also takes the scheme from the nearest proxy's ``X-Forwarded-Proto``; no
+    host, port or prefix header is trusted."""
+    if count > 0:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=count)  # type: ignore[method-assign]
+
+
 def reach_state(app: Flask) -> ReachState:
     """The app's :class:`~webapp.state.ReachState` (database, visibility, snapshots)."""
     state = app.extensions["reach"]
@@ -100,6 +132,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         REACH_DB=None,
         REACH_BLACKLIST="",
         REACH_HIDDEN_PREFIXES="",
+        REACH_PROXIES=0,
         REACH_SNAPSHOT_INTERVAL=60.0,
         REACH_DEMO_STALE_AFTER=86_400.0,
         REACH_WALL_CLOCK=time.time,
@@ -119,6 +152,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         )
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"webapp: REACH_BLACKLIST / REACH_HIDDEN_PREFIXES: {exc}") from None
+
+    trust_proxies(app, proxy_count(app.config["REACH_PROXIES"]))
 
     raw_db = app.config["REACH_DB"]
     explicit = raw_db is not None and str(raw_db).strip() != ""

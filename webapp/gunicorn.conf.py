@@ -38,7 +38,7 @@ so its gauges (builds running, leaders waiting) drop out of the sums while its c
 
 Environment: REACH_BIND (default 127.0.0.1:8000), REACH_WORKERS (1, or 2 with a Redis URL),
 REACH_THREADS (16), REACHLIMIT_REDIS_URL (and the other REACHLIMIT_* the app reads),
-PROMETHEUS_MULTIPROC_DIR (see above), plus the app's own REACH_DB, REACH_BLACKLIST,
+PROMETHEUS_MULTIPROC_DIR (see above), plus the app's own REACH_DB, REACH_BLACKLIST, REACH_PROXIES,
 REACH_HIDDEN_PREFIXES, REACHLIMIT_*. GUNICORN_CMD_ARGS and command-line flags still override
 everything here. REACH_WORKERS and REACH_THREADS must be whole numbers >= 1; anything else stops
 start-up with one line naming the variable.
