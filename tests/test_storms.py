@@ -1,13 +1,21 @@
 """Seeded thread storms: many threads, every kind of caller, invariants checked throughout.
 
 * ``test_randomized_run_never_exceeds_the_bounds``: 16 threads acquiring with and without
-  cancel objects while a sampler checks the bounds and one gate place per waiter.
+  cancel objects, for several clients, while a sampler checks the bounds and one gate place
+  per waiter.
 * ``test_limiter_thread_storm``: seeded ``random.Random`` threads doing thousands of acquires
-  with every kind of cancel object, timeouts, early/double releases and raising bodies, while
-  a sampler checks the invariants continuously; afterwards the counters must add up and the
-  full capacity (every slot, every queue place) must still be usable.
+  with every kind of cancel object, timeouts, early/double releases and raising bodies, for
+  several clients (one crawler with most of the threads, whose waiters the others keep
+  displacing), while a sampler checks the invariants continuously; afterwards the counters
+  must add up (``displaced`` too), every waiter must have left the queue exactly one way and
+  the full capacity (every slot, every queue place) must still be usable.
 * ``test_coldpath_storm``: the same kind of storm through ColdPath (singleflight, cache,
   builds that raise or return NOT_FOUND/None, leaders whose client leaves).
+
+The limiter of each storm is a ``FairnessWatch`` (``tests/support/stress.py``): it holds every
+promotion and every displacement, at the moment the limiter makes it, to the rules of fair
+admission (round-robin across the waiting clients, FIFO within each, the newest waiter of the
+client holding most places displaced), and the samplers compare its queues with the model's.
 
 Each test prints what it tried (run with ``-s`` to see it); ``REACHLIMIT_STRESS=long`` runs
 about ten times the operations (see ``tests/support/stress.py``).
@@ -20,7 +28,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import pytest
@@ -56,7 +64,7 @@ def test_randomized_run_never_exceeds_the_bounds(threads: ThreadRunner) -> None:
     seed = int(os.environ.get("REACHLIMIT_SEED", "20240611"))
     long_form = os.environ.get("REACHLIMIT_STRESS") == "long"
     workers, ops = 16, (400 if long_form else 40)
-    lim = ColdLimiter(active=2, queue=8, wait=0.02)
+    lim = stress.FairnessWatch(active=2, queue=8, wait=0.02)
     start = threading.Barrier(workers + 1, timeout=5.0)
     stop = threading.Event()
     violations: list[str] = []
@@ -74,6 +82,8 @@ def test_randomized_run_never_exceeds_the_bounds(threads: ThreadRunner) -> None:
                     violations.append(
                         f"gate places {lim._gate.qsize()} != waiters {len(lim._waiters)}"
                     )
+            if not violations:  # a broken rule stays broken: report it once
+                violations.extend(lim.check())
             samples[0] += 1
 
     def worker(index: int) -> None:
@@ -89,7 +99,7 @@ def test_randomized_run_never_exceeds_the_bounds(threads: ThreadRunner) -> None:
                 cancel = threading.Event()
                 cancel.set()
             try:
-                grant = lim.acquire(cancel)
+                grant = lim.acquire(cancel, rng.choice(("a", "a", "b", "c", None)))
             except Busy as exc:
                 tally[exc.reason] += 1
                 continue
@@ -136,8 +146,10 @@ def test_randomized_run_never_exceeds_the_bounds(threads: ThreadRunner) -> None:
     assert s.rejected_full == total["queue_full"]
     assert s.rejected_timeout == total["timeout"]
     assert s.cancelled == total["cancelled_waiting"]
+    assert s.displaced == total["displaced"] == lim.counts["displaced"]
     assert total["granted"] > 0 and total["queue_full"] + total["timeout"] > 0
     assert gate_size(lim) == 0
+    _assert_every_place_left_once(lim)
     assert_exact_capacity(lim)
 
 
@@ -196,12 +208,26 @@ class Storm:
 
 
 def _storm_worker(
-    lim: ColdLimiter, storm: Storm, rng: random.Random, ops: int, tally: Counter[str]
+    lim: ColdLimiter,
+    storm: Storm,
+    rng: random.Random,
+    ops: int,
+    tally: Counter[str],
+    clients: Sequence[Hashable] = (None,),
+    think: float = 0.0,
 ) -> None:
+    """``ops`` acquires of every kind, each for a client drawn from ``clients`` (None is the
+    anonymous client, asked for as ``acquire(cancel)``). Before each call the thread thinks
+    for up to ``think`` seconds (a pace, not a synchronisation: a place freed meanwhile can go
+    to another client, and a refused caller keeps arriving all through the storm instead of
+    spending its calls at once)."""
     wait = lim.wait
     for _ in range(ops):
         if storm.stop.is_set():
             return
+        if think:
+            time.sleep(rng.uniform(0, think))
+        who = rng.choice(clients)
         kind = rng.random()
         cancel: Any = None
         event: threading.Event | None = None
@@ -224,7 +250,7 @@ def _storm_worker(
             cancel = threading.Event()  # never set
         reads_before = _reads()
         try:
-            grant = lim.acquire(cancel)
+            grant = lim.acquire(cancel) if who is None else lim.acquire(cancel, who)
         except Busy as busy:
             tally[busy.reason] += 1
             if busy.reason == "queue_full" and _reads() != reads_before:
@@ -242,6 +268,9 @@ def _storm_worker(
             continue
         except stress.TokenBroken:
             tally["token_error"] += 1
+            # Displaced first: counted as displaced, but the call raises the token's error.
+            if isinstance(lim, stress.FairnessWatch) and lim.displaced_here():
+                tally["token_error_displaced"] += 1
             continue
         except BaseException as exc:  # noqa: BLE001
             storm.violations.append(f"acquire raised {exc!r}")
@@ -299,6 +328,8 @@ def _storm_sampler(lim: ColdLimiter, storm: Storm, tally: Counter[str]) -> None:
             check_white_box(lim)
         except AssertionError as exc:
             storm.violations.append(str(exc))
+        if isinstance(lim, stress.FairnessWatch) and len(storm.violations) < 10:
+            storm.violations.extend(lim.check())
         tally["saturated_samples"] += s.queued > 0
         time.sleep(0)  # yield: let the storm threads take the lock too
 
@@ -344,26 +375,48 @@ def _assert_full_capacity_usable(lim: ColdLimiter, clock: StormClock) -> None:
     assert (s.active, s.queued) == (0, 0), s
 
 
-STORM_CONFIGS = [  # (active, queue, wait seconds, threads)
-    (2, 8, 0.02, 16),
-    (1, 0, 0.02, 6),
-    (3, 2, 0.005, 10),
-    (1, 3, 0.01, 8),
+def _assert_every_place_left_once(lim: stress.FairnessWatch) -> None:
+    """With nobody waiting: the watch saw no rule broken and its model is as empty as the
+    queue, and every waiter that joined left exactly one way (gave up, promoted or
+    displaced)."""
+    assert not lim.check(), lim.check()
+    assert len(lim.model) == 0 and lim.stats().queued == 0
+    c = lim.counts
+    assert c["joined"] == c["left"] + c["promoted"] + c["displaced"], c
+
+
+def _clients_of_workers(clients: Sequence[Hashable], threads: int) -> list[tuple[Hashable, ...]]:
+    """Whom each storm thread asks for: one thread for each client but the first, and every
+    other thread for the first, a crawler that takes every place it can, so that the others
+    keep finding the queue full of its waiters and displace them."""
+    polite = [(who,) for who in clients[1:]]
+    return polite + [(clients[0],)] * (threads - len(polite))
+
+
+STORM_CONFIGS = [  # (active, queue, wait seconds, threads, clients; the first one crawls)
+    (2, 8, 0.02, 16, ("a", "b", "c", None)),
+    (1, 0, 0.02, 6, ("a", "b")),
+    (3, 2, 0.005, 10, ("a", "b", "c")),
+    (1, 3, 0.01, 8, (None,)),
+    (1, 4, 0.01, 8, ("a", "b")),
 ]
 
 
-@pytest.mark.parametrize("active,queue,wait,threads", STORM_CONFIGS)
-def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int) -> None:
+@pytest.mark.parametrize("active,queue,wait,threads,clients", STORM_CONFIGS)
+def test_limiter_thread_storm(
+    active: int, queue: int, wait: float, threads: int, clients: tuple[Hashable, ...]
+) -> None:
     ops = 2500 if stress.LONG else 250
-    rng = random.Random(f"{stress.SEED}-{active}-{queue}-{wait}")
+    rng = random.Random(f"{stress.SEED}-{active}-{queue}-{wait}-{len(clients)}")
     clock = StormClock()
-    lim = ColdLimiter(active, queue, wait=wait, retry_after=2, clock=clock)
+    lim = stress.FairnessWatch(active, queue, wait=wait, retry_after=2, clock=clock)
     storm = Storm(active)
     tallies = [Counter[str]() for _ in range(threads + 2)]
+    whom = _clients_of_workers(clients, threads)
     workers = [
         threading.Thread(
             target=_storm_worker,
-            args=(lim, storm, random.Random(rng.random()), ops, tallies[i]),
+            args=(lim, storm, random.Random(rng.random()), ops, tallies[i], whom[i], wait / 4),
             name=f"storm-{i}",
             daemon=True,
         )
@@ -395,8 +448,9 @@ def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int
     tally: Counter[str] = sum(tallies, Counter())
     operations = ops * threads
     print(
-        f"\n[storm A={active} Q={queue} wait={wait}] seed={stress.SEED} {operations} operations on "
-        f"{threads} threads in {elapsed:.1f} s: {dict(sorted(tally.items()))}"
+        f"\n[storm A={active} Q={queue} wait={wait} clients={len(clients)}] seed={stress.SEED} "
+        f"{operations} operations on {threads} threads in {elapsed:.1f} s: "
+        f"{dict(sorted(tally.items()))} queue={dict(lim.counts)}"
     )
     assert not storm.violations, storm.violations[:10]
     s = lim.stats()
@@ -405,8 +459,16 @@ def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int
     assert s.rejected_full == tally["queue_full"]
     assert s.rejected_timeout == tally["timeout"]
     assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
-    outcomes = ("grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error")
+    assert s.displaced == tally["displaced"] + tally["token_error_displaced"]
+    assert s.displaced == lim.counts["displaced"]
+    outcomes = (
+        "grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error",
+        "displaced",
+    )
     assert sum(tally[k] for k in outcomes) == operations
+    if queue:
+        assert gate_size(lim) == 0
+    _assert_every_place_left_once(lim)
     assert storm.max_holding <= active and s.peak_active <= active and s.peak_queued <= queue
     # The storm really exercised the paths it claims to.
     assert tally["grant"] and tally["fast_path"] and tally["cancelled_at_once"]
@@ -415,7 +477,12 @@ def test_limiter_thread_storm(active: int, queue: int, wait: float, threads: int
         assert tally["promoted"] and tally["cancelled"], tally
     if queue and active <= 2:  # with 3 slots a timeout needs 3 long holds at once: rare
         assert tally["timeout"], tally
+    if queue >= 2 and len(clients) > 1:  # the fairness rules decided something
+        assert tally["displaced"], tally
+    if queue >= 3 and len(clients) > 1:  # ... and the turn of the clients reordered some
+        assert lim.counts["promoted_out_of_arrival_order"], lim.counts
     _assert_full_capacity_usable(lim, clock)
+    _assert_every_place_left_once(lim)
 
 
 # The ColdPath storm
@@ -432,7 +499,7 @@ def test_coldpath_storm() -> None:
     ops = 1500 if stress.LONG else 200
     rng = random.Random(f"{stress.SEED}-coldpath")
     clock = StormClock()
-    lim = ColdLimiter(active, queue, wait=wait, clock=clock)
+    lim = stress.FairnessWatch(active, queue, wait=wait, clock=clock)
     cache: TTLCache[Any] = TTLCache(maxsize=4, ttl=3600)
     path = ColdPath(lim, cache)
     keys = list(range(12))
@@ -482,8 +549,9 @@ def test_coldpath_storm() -> None:
                 cancel.set()
             else:
                 cancel = threading.Event()
+            who = wrng.choice(("a", "a", "b", None))  # matters only when this get leads
             try:
-                value = path.get(key, make_build(key, wrng.uniform(0, wait / 2)), cancel)
+                value = path.get(key, make_build(key, wrng.uniform(0, wait / 2)), cancel, who)
             except BuildError as exc:
                 tally["build_error"] += 1
                 if exc.args != (key,) or expected(key) is not BuildError:
@@ -534,4 +602,5 @@ def test_coldpath_storm() -> None:
         if expected(key) in (BuildError, NOT_FOUND, None):
             assert cached is None, f"key {key}: {cached!r} was cached"
     assert tally["value"] and tally["build_error"] and tally["cancelled"] and s.coalesced
+    _assert_every_place_left_once(lim)
     _assert_full_capacity_usable(lim, clock)

@@ -368,7 +368,8 @@ class FairnessWatch(ColdLimiter):
     each displacement the waiter they name (and only when they say so). A disagreement is
     recorded in ``violations`` (the hooks never raise into the limiter), after which the watch
     stops judging (its model no longer matches). ``counts``: joined, left (gave up),
-    promoted, displaced: every waiter that joined must leave exactly one of those ways.
+    promoted, displaced (every waiter that joined must leave exactly one of those ways), and
+    promoted_out_of_arrival_order (promotions the turn of the clients decided).
 
     What it does not see: a refusal decided before ``_displace_for`` is asked (the limiter's
     arithmetic shortcut) and the fast path; the state machine checks those step by step."""
@@ -378,6 +379,18 @@ class FairnessWatch(ColdLimiter):
         self.model: FairQueue[Any] = FairQueue()
         self.violations: list[str] = []  # guarded by the limiter's lock
         self.counts: Counter[str] = Counter()  # guarded by the limiter's lock
+        self._here = threading.local()  # .waiter: the record of this thread's current call
+
+    def acquire(self, cancel: Any = None, client: Hashable = None) -> Any:
+        self._here.waiter = None
+        return super().acquire(cancel, client)
+
+    def displaced_here(self) -> bool:
+        """Whether this thread's last call was displaced (whatever it raised: a cancel object
+        or clock that fails after the displacement raises its own error)."""
+        waiter = getattr(self._here, "waiter", None)
+        with self._lock:
+            return waiter is not None and bool(waiter.displaced)
 
     def _judge(self, what: str) -> None:
         self.violations.append(what)
@@ -395,6 +408,7 @@ class FairnessWatch(ColdLimiter):
 
     def _join(self, client: Hashable, mine: Any) -> Any:
         waiter = super()._join(client, mine)
+        self._here.waiter = waiter  # _join runs in the caller's thread
         self.counts["joined"] += 1
         self._model(lambda: self.model.join(waiter, client))
         return waiter
@@ -406,8 +420,10 @@ class FairnessWatch(ColdLimiter):
 
     def _next_in_turn(self) -> Any:
         expected = self._model(self.model.next_in_turn)
+        oldest = self._waiters[0]
         waiter = super()._next_in_turn()
         self.counts["promoted"] += 1
+        self.counts["promoted_out_of_arrival_order"] += waiter is not oldest
         if expected is not None and waiter is not expected:
             self._judge(
                 f"promoted {_describe(waiter)}; the rules promote {_describe(expected)} "
