@@ -1,7 +1,7 @@
 """The key checks catch a broken limiter: each check of ``tests/support/limiter_checks.py``
 passes on ColdLimiter and fails, for the reason it names, on a limiter changed on purpose
 (no gate; a gate place kept when a waiter gives up; a gate place kept at promotion; a release
-that frees nothing).
+that frees nothing). The mutants of fair admission are in ``tests/test_fairness_mutants.py``.
 """
 
 from __future__ import annotations
@@ -53,13 +53,22 @@ def test_a_limiter_without_the_gate_fails_the_queue_bound_check(
         check_queue_bound(ColdLimiter, threads)
 
 
+# Each mutant below is the limiter's own method less one line; the bookkeeping of fair
+# admission (each client's queue, the turn) is kept, so only the forgotten line shows.
+
+
 def _leave_queue_keeping_the_place(self: ColdLimiter, waiter: Any) -> None:
-    self._waiters.remove(waiter)  # mutant: forgets self._return_gate_place()
+    self._waiters.remove(waiter)
+    mine = self._clients[waiter.client]
+    mine.remove(waiter)
+    if not mine:
+        del self._clients[waiter.client]
+    # mutant: forgets self._return_gate_place()
 
 
 def _hand_off_keeping_the_place(self: ColdLimiter) -> None:
     if self._waiters:
-        waiter = self._waiters.popleft()  # mutant: forgets self._return_gate_place()
+        waiter = self._next_in_turn()  # mutant: forgets self._return_gate_place()
         waiter.granted = True
         waiter.cond.notify()
     else:
