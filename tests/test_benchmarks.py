@@ -281,3 +281,69 @@ def test_redis_warm_prints_its_ratio() -> None:
     row = json.loads(proc.stdout)["results"]["warm_hit"]
     assert row["ratio"] > 0 and row["builds"] == 0 and isinstance(row["met"], bool)
     assert (row["rounds"], row["ops_per_round"]) == (3, 500)
+
+
+# -- benchmarks/fair_admission.py: a crawler against polite clients, told apart by address -----
+
+FAIR_SETUPS = ["single", "shared"]
+FAIR_VARIANTS = ["none", "remote_addr"]
+
+
+def test_fair_admission_help() -> None:
+    proc = run_script("fair_admission.py", "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "--quick" in proc.stdout and "--json" in proc.stdout
+
+
+@pytest.mark.redis
+@pytest.mark.gunicorn
+@pytest.mark.timeout(240)
+def test_fair_admission_quick_json() -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("redis")
+    from tests.support.redis_server import require_redis_server
+
+    require_redis_server()
+    # A shorter measured phase than --quick's; the script's own bounds end it well inside the
+    # subprocess timeout.
+    proc = run_script("fair_admission.py", "--quick", "--json", "--duration", "2", timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    assert {"platform", "cpu", "cores", "python", "gunicorn", "redis_server"} <= set(
+        report["machine"]
+    )
+    config = report["config"]
+    assert (config["setups"], config["variants"]) == (FAIR_SETUPS, FAIR_VARIANTS)
+    assert (config["active"], config["queue"]) == (2, 8)
+    rows = report["results"]
+    assert [(r["setup"], r["variant"]) for r in rows] == [
+        (s, v) for s in FAIR_SETUPS for v in FAIR_VARIANTS
+    ]
+    for r in rows:
+        for key in ("polite_first_try_pct", "polite_p50_ms", "polite_p99_ms", "crawler_share_pct",
+                    "goodput_pct", "max_in_flight", "polite_refusals", "crawler_refusals",
+                    "limiter", "met"):
+            assert key in r, (key, r["setup"], r["variant"])
+        # Behaviour, not speed: each server ran the variant asked for, saw every client at its
+        # own source address, answered every request with a 200 or a 429 and never a traceback.
+        assert r["client_setting_seen"] == [r["variant"]], r
+        assert r["peer_mismatches"] == 0 and not r["stuck"] and not r["server_tracebacks"], r
+        assert not r["errors"], r
+        for f in ("polite_status", "crawler_status"):
+            assert r[f]["5xx"] == r[f]["other"] == r[f]["error"] == 0, (f, r)
+        assert r["polite_requests"] > 0 and r["crawler_requests"] > 0, r
+        # Every key is new: each 200 is one build, counted by the app; never more than
+        # `active` at once, in all processes together.
+        assert r["builds_started"] == r["answers_200"], r
+        assert 1 <= r["max_in_flight"] <= config["active"], r
+        limiter = r["limiter"]
+        assert limiter["peak_active"] <= config["active"], r
+        # Every 429 is one refusal of the limiter, with its reason on the answer.
+        refused = r["polite_status"]["429"] + r["crawler_status"]["429"]
+        assert limiter["rejected_full"] + limiter["rejected_timeout"] + limiter["displaced"] == (
+            refused
+        ), r
+        assert r["polite_refusals"]["unknown"] == r["crawler_refusals"]["unknown"] == 0, r
+        if r["variant"] == "none":  # one client: plain FIFO, nobody is ever displaced
+            assert limiter["displaced"] == 0, r
+        assert all(isinstance(v, bool) for v in r["met"].values()), r
