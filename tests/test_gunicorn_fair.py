@@ -14,6 +14,9 @@ design:
                 service does with ``REACH_PROXIES=1`` (:func:`proxied_app`: the slow app
                 wrapped by ``webapp.trust_proxies``), so the rightmost entry is the client.
 
+    The reach service itself (``webapp/gunicorn.conf.py``, ``webapp.wsgi:app``) is started
+    only to see a bad ``REACH_PROXIES`` stop its master with one line.
+
     Arrival order is made certain by waiting, before each next request, until the server's
     figures count the one before. Each claim is an ordering read back from the server - the
     polite request is waiting in the queue (not refused) while both builds are still held -
@@ -25,6 +28,7 @@ from __future__ import annotations
 import http.client
 import os
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -33,7 +37,7 @@ from reachlimit import Busy
 from reachlimit.flask import _REFUSAL_SENTENCES
 from tests.support import HOST
 from tests.support.clients import CLIENT_TIMEOUT, Reply, check_refusal
-from tests.support.gunicorn_server import serving
+from tests.support.gunicorn_server import reach_service, serving
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import DEADLINE, wait_until
 from tests.test_gunicorn import THREADS, Gunicorn, held_gate
@@ -238,3 +242,20 @@ def test_behind_the_proxy_the_peer_address_no_longer_counts(
             outcome.wait_done(DEADLINE)
             assert outcome.error is None, outcome.error
             assert outcome.value.status == 200
+
+
+# -- the reach service: REACH_PROXIES ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["two", "-1"])
+def test_a_bad_reach_proxies_stops_the_reach_service_with_one_line(
+    tmp_path: Path, reach_demo_db: Path, value: str
+) -> None:
+    server = reach_service(tmp_path, reach_demo_db, "bad-proxies", env={"REACH_PROXIES": value})
+    with pytest.raises(RuntimeError, match="did not come up"):
+        server.start()
+    assert server.processes_gone()
+    stderr = server.stderr()
+    line = f"webapp: REACH_PROXIES must be a whole number >= 0, got {value!r}"
+    assert [text for text in stderr.splitlines() if "REACH_PROXIES" in text] == [line], stderr
+    assert "Traceback" not in stderr, stderr
