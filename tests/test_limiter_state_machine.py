@@ -124,6 +124,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self.model: stress.FairQueue[Client] = stress.FairQueue()
         self.names: tuple[Hashable, ...] = CLIENT_SETS[0]
         self.expected: Counter[str] = Counter()
+        self.ended = threading.Event()  # set by each client whose call ends
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -138,7 +139,10 @@ class LimiterMachine(RuleBasedStateMachine):
         return self.model.promotion_order()
 
     def _spawn(self, *, cancel: bool, preset: bool = False, who: Hashable = None) -> Client:
-        client = Client(len(self.clients), self.limiter, cancel=cancel, preset=preset, who=who)
+        client = Client(
+            len(self.clients), self.limiter, cancel=cancel, preset=preset, who=who,
+            ended=self.ended,
+        )
         self.clients.append(client)
         MACHINE_COUNTS["threads"] += 1
         return client.start()
@@ -158,9 +162,13 @@ class LimiterMachine(RuleBasedStateMachine):
         ``also``: then it must be ``mover``'s and nobody else's (``what`` is the model's
         word for the move)."""
         others = [w for w in self.model.arrival_order() if w is not mover] + list(also)
-        stress.wait_for_step(
-            what, lambda: mover.done.is_set() or any(w.done.is_set() for w in others)
-        )
+        deadline = time.monotonic() + stress.STEP_TIMEOUT
+        while True:
+            self.ended.clear()  # before the look: a call ending after it sets it again
+            if mover.done.is_set() or any(w.done.is_set() for w in others):
+                break
+            left = deadline - time.monotonic()
+            assert left > 0 and self.ended.wait(left), f"gave up waiting for: {what}"
         moved = [w for w in others if w.done.is_set()]
         assert not moved, f"{moved[0]} ended its call ({moved[0].outcome}), but the model: {what}"
 

@@ -130,9 +130,10 @@ class Client:
 
     def __init__(
         self, cid: int, lim: ColdLimiter, *, cancel: bool, preset: bool = False,
-        who: Hashable = None,
+        who: Hashable = None, ended: threading.Event | None = None,
     ):
         self.cid = cid
+        self.ended = ended  # shared by several clients: set when any one's call ends
         self.lim = lim
         self.who = who  # the client it asks for (None: acquire(cancel), the anonymous one)
         self.token = Token() if cancel else None
@@ -202,6 +203,8 @@ class Client:
             else:
                 self.outcome = "grant"
             self.done.set()
+            if self.ended is not None:
+                self.ended.set()
             if self.outcome != "grant":
                 return
             if not self.go.wait(STEP_TIMEOUT * 6):
