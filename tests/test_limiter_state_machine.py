@@ -93,7 +93,7 @@ MACHINE_COUNTS: Counter[str] = Counter()
 #: of ``acquire(cancel)``). Each example draws one set: four clients alike, one client alone
 #: (then the rules are strict FIFO with a refusal when full), two alike, or one heavy client
 #: and two light ones (displacements are frequent). A leader's client is the set's entry at
-#: its drawn index (modulo the set's length), so every set is drawn from evenly.
+#: its drawn index (modulo the set's length), so each entry of a set is drawn equally often.
 CLIENT_SETS: list[tuple[Hashable, ...]] = [
     ("a", "b", "c", None),
     (None,),
