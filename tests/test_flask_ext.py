@@ -177,7 +177,9 @@ def test_queue_full_is_refused_at_once_while_eight_leaders_wait() -> None:
 
     def wait_in_queue() -> None:
         try:
-            with limiter.acquire(cancel=leave):
+            # The test client's own address: one client alone, so the request is refused
+            # at once (fair admission would let another client take a place).
+            with limiter.acquire(cancel=leave, client="127.0.0.1"):
                 outcomes.append("promoted")
         except Cancelled:
             outcomes.append("cancelled")
