@@ -233,7 +233,10 @@ class ColdLimiter(LimiterFigures):
         # Each waiting client's own waiters (FIFO), the clients in turn order: the first one
         # is served next. A client is here exactly while it has a waiter.
         self._clients: dict[Hashable, deque[_Waiter]] = {}
+        self._waiters_of = self._clients.get  # bound once: the refusal path calls it
         self._joined = 0  # waiters ever queued: the next waiter's seq
+        # A client holding more places than this can displace nobody (2c + 2 > queue).
+        self._keeps_out = (queue - 2) // 2
         self._displaced = 0
         self._peak_active = 0
         self._peak_queued = 0
@@ -275,11 +278,11 @@ class ColdLimiter(LimiterFigures):
                 self._gate_put(None, False)  # = put_nowait(None): never a blocking put
             except _Full:
                 # Every place is taken. A client holding c places can take one over only
-                # from a client holding c + 2 or more, which needs len(_waiters) >= 2c + 2.
-                mine = self._clients.get(client)
-                if len(self._waiters) < 2 * (len(mine) if mine else 0) + 2 or not (
-                    self._displace_for(len(mine) if mine else 0)
-                ):
+                # from a client holding c + 2 or more, which needs queue >= 2c + 2: so a
+                # client holding more than _keeps_out places is refused without a look.
+                mine = self._waiters_of(client)
+                places = 0 if mine is None else len(mine)
+                if places > self._keeps_out or not self._displace_for(places):
                     self._rejected_full += 1
                     waiter = None
                 else:
