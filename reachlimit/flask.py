@@ -824,8 +824,11 @@ class ReachLimit:
         The limiter's figures are then those of every process (``backend: "redis"``), or
         this process's fallback's while Redis is unavailable (``degraded: true``)."""
         state = self._state()
+        # The figures first: reading them is what notices Redis failing, so the health of
+        # Redis read after them agrees with them (never "degraded" beside "up").
+        figures = _service_stats(state).as_dict()
         extra = {} if state.redis is None else {"redis": state.redis.figures()}
-        response = jsonify(status="ok", reach=_service_stats(state).as_dict(), **extra)
+        response = jsonify(status="ok", reach=figures, **extra)
         response.headers["Cache-Control"] = "no-store"
         return response
 
