@@ -45,6 +45,10 @@ GOAL = 1.1
 CASES = ("warm_request", "refusal_request", "warm_cold_call", "refusal_cold_call")
 
 
+#: The address the test client's requests come from (werkzeug's default REMOTE_ADDR).
+PEER = "127.0.0.1"
+
+
 class Bench:
     """One app (metrics on or off) with a warm key and a saturated limiter."""
 
@@ -76,14 +80,17 @@ class Bench:
         else:
             raise RuntimeError("the eight waiters did not park in the queue")
         assert self.client.get("/r/cold").status_code == 429
-        self.warm_ctx = self.app.test_request_context("/r/warm")
-        self.cold_ctx = self.app.test_request_context("/r/cold")
+        # The test client's own address, as the parked waiters have (a bare request context
+        # has none: it would be another client, who displaces one of them).
+        peer = {"REMOTE_ADDR": PEER}
+        self.warm_ctx = self.app.test_request_context("/r/warm", environ_base=peer)
+        self.cold_ctx = self.app.test_request_context("/r/cold", environ_base=peer)
 
     def _park(self) -> None:
         # As the test client's own address (its REMOTE_ADDR): the refused request is then one
         # client with every place, refused at once, as it always was; an anonymous waiter
         # would be displaced by it instead (fair admission).
-        self.limiter.acquire(None, "127.0.0.1").release()
+        self.limiter.acquire(None, PEER).release()
 
     def close(self) -> None:
         for g in self.grants:
