@@ -130,7 +130,7 @@ from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures, LimiterStats
 from . import lua
-from ._common import check_names, client_id, owner_prefix, positive, socket_timeout
+from ._common import check_names, client_id, ms, owner_prefix, positive, socket_timeout
 from ._renewer import LeaseRenewer
 from ._waker import Waker
 
@@ -139,7 +139,7 @@ __all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
 log = logging.getLogger("reachlimit")
 
 # Replies of the scripts (small integers: cheap to send, the same with decode_responses on/off).
-_FULL, _GRANTED, _QUEUED = 0, 1, 2
+_FULL, _GRANTED, _QUEUED, _GIVEN_UP = 0, 1, 2, 3
 _WAITING, _TIMEOUT, _CANCELLED, _GONE, _DISPLACED = 2, 3, 4, 5, 6  # poll replies
 #: What a displaced waiter's doorbell holds (bytes, or str with decode_responses).
 _DISPLACED_BELL = (b"d", "d")
@@ -249,6 +249,10 @@ class RedisColdLimiter(LimiterFigures):
     POLL_EVERY = 0.25
     #: The longest a waiter blocks when a cancel token must be watched.
     CANCEL_POLL_INTERVAL = POLL_INTERVAL
+    #: How long Redis remembers a token given up after its reply was lost, so that the call
+    #: itself, if it reaches Redis only afterwards (sent on a timed-out connection to a Redis
+    #: that was paused), is refused: far longer than such a call can sit in Redis's input.
+    GIVEN_UP_FOR = 60.0
 
     def __init__(
         self,
@@ -310,7 +314,10 @@ class RedisColdLimiter(LimiterFigures):
             "reachlimit-lease-renewer", self._lease / 3, self._renew, what="lease(s)",
             on_lost=RedisGrant._mark_lost,
         )
-        self._lock = self._leases.lock  # also guards each grant's held flag
+        self._lock = self._leases.lock  # also guards each grant's held flag and _lost_tokens
+        # Tokens of calls whose replies were lost: given up before the next round trip.
+        self._lost_tokens: set[str] = set()
+        self._give_up_script = client.register_script(lua.GIVE_UP)
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._leases.paused
         self._waker = Waker(client)
@@ -352,10 +359,14 @@ class RedisColdLimiter(LimiterFigures):
             raise RuntimeError("limiter closed")
         who = _ANONYMOUS if client is None else client_id(client)
         token = owner_prefix() + secrets.token_hex(12)
-        if self._refusing:
-            status = self._evalsha(self._refusing_script, self._refusing_head, token, who)
-        else:
-            status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
+        try:
+            if self._refusing:
+                status = self._evalsha(self._refusing_script, self._refusing_head, token, who)
+            else:
+                status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
+        except redis.RedisError:
+            self._lose(token)  # it may have run: what it made is given up next time
+            raise
         self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
@@ -365,6 +376,8 @@ class RedisColdLimiter(LimiterFigures):
 
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together (one round trip, which also reaps)."""
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
         held, queued, flat = self._stats_script(keys=self._keys, args=self._common)
         counters = dict.fromkeys(_COUNTERS, 0)
         for field, value in zip(flat[::2], flat[1::2], strict=True):
@@ -415,12 +428,40 @@ class RedisColdLimiter(LimiterFigures):
     def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes) -> Any:
         """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
         common arguments, encoded; ``args`` follow. A Redis that does not know the script
-        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does."""
+        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does.
+        Tokens whose replies were lost are given up first."""
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
         try:
             return self._execute("EVALSHA", *head, *args)
         except NoScriptError:
             self._client.script_load(script.script)
             return self._execute("EVALSHA", *head, *args)
+
+    def _lose(self, token: str) -> None:
+        """The reply of a call of ``token`` was lost: give the token up before the next
+        round trip (whatever that call did in Redis is undone then)."""
+        with self._lock:
+            self._lost_tokens.add(token)
+
+    def _give_up_lost(self) -> None:
+        """Give up, in one idempotent script, every token whose reply was lost. If Redis
+        fails again, they are kept for the next round trip (and the error propagates)."""
+        with self._lock:
+            tokens, self._lost_tokens = list(self._lost_tokens), set()
+        if not tokens:
+            return
+        try:
+            freed, left = self._give_up_script(
+                keys=self._keys, args=[*self._common, ms(self.GIVEN_UP_FOR), *tokens]
+            )
+        except redis.RedisError:
+            with self._lock:
+                self._lost_tokens.update(tokens)
+            raise
+        if freed or left:
+            log.info("reachlimit: gave up %d slot(s) and %d queue place(s) whose replies "
+                     "were lost", int(freed), int(left))
 
     def _admit(self, token: str, who: str = "-") -> tuple[int, int]:
         """The acquire script for client id ``who``: (status, wait in ms)."""
@@ -481,7 +522,7 @@ class RedisColdLimiter(LimiterFigures):
             try:
                 self._poll(token, _ABANDON)
             except redis.RedisError:
-                pass
+                self._lose(token)  # Redis drops us anyway, a presence period later
             raise
         if outcome == _GRANTED:
             return self._granted(token)
@@ -505,12 +546,19 @@ class RedisColdLimiter(LimiterFigures):
                 return
             grant._held = False
             self._leases.drop_locked(grant.token)
-        if not self._free(grant.token):
+        try:
+            kept = self._free(grant.token)
+        except redis.RedisError:
+            self._lose(grant.token)  # freed at the next round trip, not after its lease
+            raise
+        if not kept:
             grant._lost = True
 
     def _renew(self, grants: list[RedisGrant]) -> list[str]:
         """The renewer's call (in its thread): push the leases of ``grants`` in one round
         trip; the tokens Redis no longer holds (lost leases, never revived)."""
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
         lost = self._renew_script(
             keys=self._keys, args=[*self._common, *(g.token for g in grants)]
         )

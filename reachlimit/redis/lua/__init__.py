@@ -36,6 +36,7 @@ __all__ = [
     "FLIGHT_PUBLISH",
     "FLIGHT_RENEW",
     "FRAGMENTS",
+    "GIVE_UP",
     "POLL",
     "PRELUDE",
     "RELEASE_OWNER",
@@ -70,6 +71,7 @@ POLL = PRELUDE + FRAGMENTS["limiter_poll"]
 RENEW = PRELUDE + FRAGMENTS["limiter_renew"]
 STATS = PRELUDE + FRAGMENTS["limiter_stats"]
 RELEASE_OWNER = PRELUDE + FRAGMENTS["limiter_release_owner"]
+GIVE_UP = PRELUDE + FRAGMENTS["limiter_give_up"]
 
 FLIGHT_JOIN = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_join"]
 FLIGHT_CHECK = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_check"]

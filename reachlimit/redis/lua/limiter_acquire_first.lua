@@ -1,4 +1,7 @@
 -- Acquire's two common cases, before the general steps. ARGV[1] token, ARGV[2] client id.
+-- A token given up (its caller lost the reply of an earlier call: limiter_give_up.lua) is
+-- never granted or queued, also when this call reaches Redis after the give-up.
+if redis.call('ZSCORE', string.sub(holders, 1, -8) .. 'gone', ARGV[1]) then return 3 end
 local token = ARGV[1]
 if held < capacity then
   if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then

@@ -31,7 +31,9 @@ if leaving ~= 0 then
   if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
   return {4, 0}
 end
-local remaining = tonumber(redis.call('HGET', deadlines, token)) - now
+-- A deadline that is gone (evicted under an allkeys-* policy) ends the wait now: a timeout,
+-- never a script error (which would be taken for Redis failing).
+local remaining = (tonumber(redis.call('HGET', deadlines, token)) or now) - now
 if remaining <= 0 then
   forget_waiter(token)
   redis.call('DEL', bell .. token)

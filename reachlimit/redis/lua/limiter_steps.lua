@@ -80,12 +80,18 @@ end
 
 -- Take the waiter to promote out of the queue and return it (nil if none): the oldest of
 -- the first client in turn, which goes to the back of the turn if it still waits. With one
--- client waiting, the oldest ticket.
+-- client waiting, the oldest ticket. A client entry or a waiter of a client that is no
+-- longer in the queue (a key evicted under an allkeys-* policy) is dropped on the way.
 local function next_in_turn()
-  if redis.call('ZCARD', clients) > 1 then
+  while redis.call('ZCARD', clients) > 1 do
     local id = redis.call('ZRANGE', clients, 0, 0)[1]
     local token = redis.call('ZRANGE', of_client .. id, 0, 0)[1]
-    if token and redis.call('ZSCORE', queue, token) then
+    if not token then
+      redis.call('ZREM', clients, id)
+    elseif not redis.call('ZSCORE', queue, token) then
+      redis.call('ZREM', of_client .. id, token)
+      redis.call('HDEL', clientof, token)
+    else
       forget_waiter(token)
       if redis.call('ZSCORE', clients, id) then
         redis.call('ZADD', clients, redis.call('INCR', seq), id)
@@ -112,7 +118,9 @@ local function displace(mine)
       end
     end
   end
-  if not victim or most < mine + 2 then return false end
+  if not victim or most < mine + 2 or not redis.call('ZSCORE', queue, victim) then
+    return false
+  end
   forget_waiter(victim)
   redis.call('RPUSH', bell .. victim, 'd')
   redis.call('PEXPIRE', bell .. victim, 2 * presence_ms)
