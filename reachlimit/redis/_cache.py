@@ -39,7 +39,7 @@ import redis
 
 from .._cache import TTLCache
 from . import lua
-from ._common import LogOnce, check_client, check_names, key_digest, ms, positive
+from ._common import LogOnce, check_client, check_names, check_settings, key_digest, ms, positive
 
 __all__ = ["CODECS", "Codec", "RedisCache"]
 
@@ -136,6 +136,9 @@ class RedisCache:
         self._ttl_ms = ms(self._ttl)
         self._local: TTLCache[Any] = TTLCache(local_size, local_ttl)
         self._set_script = client.register_script(lua.CACHE_SET)
+        self._clear_script = client.register_script(lua.CACHE_CLEAR)
+        self._settings_key = f"{tag}:settings"
+        self._checked = False  # racy: set once the settings were checked against Redis
         self._undecodable = LogOnce()
 
     @property
@@ -176,15 +179,33 @@ class RedisCache:
         if value is None:
             return
         data = self._codec.encode(value)
+        if not self._checked:
+            self._check()
         self._set_script(
             keys=[self._index, self._entry_prefix + digest],
             args=[self._entry_prefix, digest, data, self._ttl_ms, self._size],
         )
         self._local.set(key, value)
 
+    def clear(self) -> None:
+        """Empty the cache for every process: every entry in Redis (one script) and this
+        process's first level at once; another process's first level keeps what it holds
+        for at most ``local_ttl``."""
+        self._local.clear()
+        self._clear_script(keys=[self._index], args=[self._entry_prefix])
+        self._local.clear()  # a get that raced the script may have copied an entry back
+
+    def settings(self) -> dict[str, int]:
+        """The settings every process of this cache must share, as recorded in Redis."""
+        return {"ttl_ms": self._ttl_ms, "size": self._size}
+
     def fetch(self, key: Hashable) -> Any:
         """The value of ``key`` in Redis, skipping the first level: always one GET. A hit is
-        copied into the first level. (ResilientCache probes a Redis that was down with it.)"""
+        copied into the first level. (ResilientCache probes a Redis that was down with it.)
+        The first call of this object checks its settings against those recorded in Redis
+        (``ValueError`` naming the setting and both values)."""
+        if not self._checked:
+            self._check()
         entry = self._entry_prefix + key_digest(key)
         data = self._client.get(entry)
         if data is None:
@@ -197,6 +218,10 @@ class RedisCache:
         if value is not None:
             self._local.set(key, value)
         return value
+
+    def _check(self) -> None:
+        check_settings(self._client, self._settings_key, self.settings())
+        self._checked = True
 
     def __repr__(self) -> str:
         return (f"<RedisCache {self._index.rsplit(':', 1)[0]} ttl={self._ttl} size={self._size} "

@@ -20,25 +20,41 @@ import hashlib
 import logging
 import math
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Hashable
 from hashlib import sha256
 from typing import Any
 
-__all__ = ["LogOnce", "check_client", "check_names", "client_id", "key_digest", "ms",
-           "owner_prefix", "positive", "socket_timeout"]
+from . import lua
+
+__all__ = [
+    "BOOT_ID", "BOOT_ID_VARIABLE", "LogOnce", "check_client", "check_names", "check_settings",
+    "client_id", "key_digest", "ms", "owner_prefix", "positive", "socket_timeout",
+    "warn_eviction",
+]
 
 log = logging.getLogger("reachlimit")
 
 _HOSTNAME = socket.gethostname()
 
+#: The environment variable a process manager sets to one random value for all the processes
+#: it starts (``webapp/gunicorn.conf.py`` does, in the gunicorn master): their boot id.
+BOOT_ID_VARIABLE = "REACHLIMIT_BOOT_ID"
+
+#: This process's boot id: its manager's (inherited), or a random one of its own. Read once,
+#: at import: a gunicorn master sets the variable when it loads its config, before it imports
+#: the app or forks a worker.
+BOOT_ID = os.environ.get(BOOT_ID_VARIABLE, "").strip() or secrets.token_hex(4)
+
 
 def owner_prefix(pid: int | None = None) -> str:
-    """The prefix of every token made by process ``pid`` (this one when None) on this host:
-    ``"<hostname>:<pid>:"``, so that the parent of a process that died can free its places
-    (``release_owner``)."""
-    return f"{_HOSTNAME}:{os.getpid() if pid is None else pid}:"
+    """The prefix of every token made by process ``pid`` (this one when None) of this boot:
+    ``"<hostname>:<boot id>:<pid>:"``, so that the parent of a process that died can free its
+    places (``release_owner``), and two hosts that share a hostname (containers given the same
+    ``hostname:``) never free each other's: their boot ids differ."""
+    return f"{_HOSTNAME}:{BOOT_ID}:{os.getpid() if pid is None else pid}:"
 
 
 def _encode_key(key: Any, out: list[bytes]) -> None:
@@ -167,3 +183,56 @@ class LogOnce:
         self._done.set()
         log.warning("reachlimit: undecodable %s in %s (%s): treated as a miss; further ones "
                     "are logged at debug level", what, where, reason)
+
+
+def check_settings(client: Any, key: str, mine: dict[str, int]) -> dict[str, int]:
+    """Record ``mine`` as the settings of the budget whose settings hash is ``key``, where
+    none are recorded yet; raise ``ValueError`` naming the setting and both values where one
+    recorded differs (the processes of one budget must agree: change settings under a new
+    prefix). One round trip. Returns what is recorded."""
+    flat = client.register_script(lua.SETTINGS)(
+        keys=[key], args=[item for pair in mine.items() for item in pair]
+    )
+    recorded: dict[str, int] = {}
+    for field, value in zip(flat[::2], flat[1::2], strict=True):
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        try:
+            recorded[name] = int(value)
+        except ValueError:
+            continue  # written by something else: not a setting of ours
+    for name, value in mine.items():
+        theirs = recorded.get(name, value)
+        if theirs != value:
+            raise ValueError(
+                f"{name} is {value} here but {theirs} for the budget already in Redis "
+                f"({key.rsplit(':', 1)[0]}): every process of a budget must use the same "
+                f"settings; roll a change out under a new prefix"
+            )
+    return recorded
+
+
+_eviction_checked = threading.Event()  # one look (and at most one warning) per process
+
+
+def warn_eviction(client: Any) -> None:
+    """Once per process: warn if Redis may evict any key (``maxmemory-policy allkeys-*``),
+    which can drop a limiter's state (its scripts survive it: a missing key is never an
+    error, but a grant or a place may be lost with it). A Redis that does not allow CONFIG
+    (many managed ones) is not asked again."""
+    if _eviction_checked.is_set():
+        return
+    _eviction_checked.set()
+    try:
+        reply = client.config_get("maxmemory-policy")
+    except Exception as exc:  # not allowed here, or Redis failing: nothing to say
+        log.debug("reachlimit: could not read maxmemory-policy: %s", exc)
+        return
+    policy = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy") or b""
+    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    if policy.startswith("allkeys-"):
+        log.warning(
+            "reachlimit: Redis evicts any key (maxmemory-policy %s): a limiter's slots and "
+            "queue places can be lost with its keys; use noeviction or a volatile-* policy "
+            "for the Redis that holds the budgets", policy,
+        )
+

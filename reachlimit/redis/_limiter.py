@@ -130,7 +130,16 @@ from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures, LimiterStats
 from . import lua
-from ._common import check_names, client_id, ms, owner_prefix, positive, socket_timeout
+from ._common import (
+    check_names,
+    check_settings,
+    client_id,
+    ms,
+    owner_prefix,
+    positive,
+    socket_timeout,
+    warn_eviction,
+)
 from ._renewer import LeaseRenewer
 from ._waker import Waker
 
@@ -273,6 +282,8 @@ class RedisColdLimiter(LimiterFigures):
         self._name = name
         tag = "{" + prefix + ":" + name + "}"
         self._keys = [f"{tag}:{suffix}" for suffix in KEY_SUFFIXES]
+        self._settings_key = f"{tag}:settings"
+        self._checked = False  # racy: set once the settings were checked against Redis
         self._bell = f"{tag}:w:"
         self._common: list[str | int] = [
             self._bell,
@@ -358,6 +369,8 @@ class RedisColdLimiter(LimiterFigures):
         if self._leases.closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         who = _ANONYMOUS if client is None else client_id(client)
+        if not self._checked:
+            self._check()
         token = owner_prefix() + secrets.token_hex(12)
         try:
             if self._refusing:
@@ -376,6 +389,8 @@ class RedisColdLimiter(LimiterFigures):
 
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together (one round trip, which also reaps)."""
+        if not self._checked:
+            self._check()
         if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
             self._give_up_lost()
         held, queued, flat = self._stats_script(keys=self._keys, args=self._common)
@@ -437,6 +452,21 @@ class RedisColdLimiter(LimiterFigures):
         except NoScriptError:
             self._client.script_load(script.script)
             return self._execute("EVALSHA", *head, *args)
+
+    def settings(self) -> dict[str, int]:
+        """The settings every process of this budget must share, as recorded in Redis."""
+        return {
+            "active": self._capacity, "queue": self._queue_capacity,
+            "wait_ms": self._wait_ms, "lease_ms": int(self._common[2]),
+        }
+
+    def _check(self) -> None:
+        """The first call of this object: record this budget's settings in Redis, or check
+        them against those recorded (``ValueError`` naming the setting and both values), and
+        warn once per process if Redis may evict any key. One or two round trips, once."""
+        check_settings(self._client, self._settings_key, self.settings())
+        warn_eviction(self._client)
+        self._checked = True
 
     def _lose(self, token: str) -> None:
         """The reply of a call of ``token`` was lost: give the token up before the next

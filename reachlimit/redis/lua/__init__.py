@@ -30,6 +30,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 __all__ = [
+    "CACHE_CLEAR",
     "CACHE_SET",
     "FLIGHT_CHECK",
     "FLIGHT_JOIN",
@@ -41,6 +42,7 @@ __all__ = [
     "PRELUDE",
     "RELEASE_OWNER",
     "RENEW",
+    "SETTINGS",
     "STATS",
     "hot_acquire",
     "hot_release",
@@ -79,6 +81,8 @@ FLIGHT_PUBLISH = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_publish"]
 FLIGHT_RENEW = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_renew"]
 
 CACHE_SET = FRAGMENTS["cache_set"]
+CACHE_CLEAR = FRAGMENTS["cache_clear"]
+SETTINGS = FRAGMENTS["settings"]
 
 #: A hot script derives the doorbell prefix from KEYS[1] (``T:holders`` -> ``T:w:``).
 _HOT_BELL = "local bell = string.sub(holders, 1, -8) .. 'w:'\n"
