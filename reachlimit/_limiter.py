@@ -95,18 +95,19 @@ class LimiterStats:
 
 
 class Grant:
-    """One build slot, held until released.
+    """One build slot, held until released: what every cold limiter's ``acquire`` returns
+    (this process's, and the shared ones of ``reachlimit.redis``).
 
     Leaving the ``with`` block releases it, also when the body raises. ``release()`` releases
     it early; a second ``release()`` is a programming error and raises ``RuntimeError``
     without creating capacity. Leaving the block after an explicit ``release()`` does nothing.
+
+    A limiter's grant implements ``_give_back(strict)`` (``strict``: a second release raises)
+    and sets ``_held`` (guarded by its limiter's lock) or overrides ``held``.
     """
 
-    __slots__ = ("_limiter", "_held")
-
-    def __init__(self, limiter: ColdLimiter) -> None:
-        self._limiter = limiter
-        self._held = True  # guarded by limiter._lock once the grant is handed out
+    __slots__ = ("_held",)
+    _held: bool
 
     @property
     def held(self) -> bool:
@@ -114,7 +115,7 @@ class Grant:
         return self._held
 
     def release(self) -> None:
-        """Give the slot back: to the oldest waiter if any, else to the free pool."""
+        """Give the slot back: to the next waiter if any, else to the free pool."""
         self._give_back(strict=True)
 
     def __enter__(self) -> Grant:
@@ -122,6 +123,19 @@ class Grant:
 
     def __exit__(self, *exc_info: object) -> None:
         self._give_back(strict=False)
+
+    def _give_back(self, strict: bool) -> None:
+        raise NotImplementedError
+
+
+class _LocalGrant(Grant):
+    """A slot of a :class:`ColdLimiter` in this process."""
+
+    __slots__ = ("_limiter",)
+
+    def __init__(self, limiter: ColdLimiter) -> None:
+        self._limiter = limiter
+        self._held = True  # guarded by limiter._lock once the grant is handed out
 
     def _give_back(self, strict: bool) -> None:
         limiter = self._limiter
@@ -209,6 +223,12 @@ class ColdLimiter(LimiterFigures):
     #: an instance attribute of the same name overrides it (tests wake waiters more often).
     CANCEL_POLL_INTERVAL = POLL_INTERVAL
 
+    #: The admission observer: called with no argument in a leader's own thread, with the
+    #: lock free, once the leader has joined the queue and before it waits (never on the fast
+    #: path or the refusal path). A metrics exporter publishes the new queue length from it.
+    #: It must not raise: an exception from it propagates, with the place given back.
+    on_queued: Callable[[], None] | None = None
+
     def __init__(
         self,
         active: int = 2,
@@ -273,7 +293,7 @@ class ColdLimiter(LimiterFigures):
                 self._acquired += 1
                 if self._active > self._peak_active:
                     self._peak_active = self._active
-                return Grant(self)
+                return _LocalGrant(self)
             try:
                 self._gate_put(None, False)  # = put_nowait(None): never a blocking put
             except _Full:
@@ -295,6 +315,14 @@ class ColdLimiter(LimiterFigures):
             lock.release()
         if waiter is None:
             raise Busy(_QUEUE_FULL, self._retry_after)
+        observer = self.on_queued
+        if observer is not None:
+            try:
+                observer()
+            except BaseException:
+                with lock:
+                    self._give_up(waiter)
+                raise
         return self._wait_for_slot(waiter, cancel)
 
     def stats(self) -> LimiterStats:
@@ -427,7 +455,7 @@ class ColdLimiter(LimiterFigures):
         with self._lock:
             if outcome is None:
                 self._acquired += 1
-                return Grant(self)
+                return _LocalGrant(self)
             if waiter.displaced:
                 # Displaced before we could leave (counted by the displacer), whatever we
                 # were about to report: the place is already the newcomer's.

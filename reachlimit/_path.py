@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ._cache import TTLCache
 from ._cancel import CancelToken
@@ -34,7 +34,10 @@ from ._errors import Cancelled
 from ._flight import SingleFlight
 from ._limiter import Grant, LimiterStats
 
-__all__ = ["ColdPath", "ColdPathStats", "NOT_FOUND", "Cache", "Flight", "Limiter"]
+__all__ = [
+    "ColdPath", "ColdPathStats", "NOT_FOUND", "LEADER_CANCELLED", "Cache", "Flight", "Limiter",
+    "PathCounts",
+]
 
 
 class _NotFound:
@@ -76,8 +79,8 @@ class Flight(Protocol):
     ``do(key, fn, cancel)`` runs ``fn`` once for all concurrent callers of ``key`` and returns
     ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. Followers get the
     leader's value or a refusal or error; a follower whose ``cancel`` is set raises
-    ``Cancelled``. ``fn`` may return ColdPath's private leader-cancelled marker: it must reach
-    the followers as a value, so that they go round again."""
+    ``Cancelled``. ``fn`` may return :data:`LEADER_CANCELLED`: it must reach the followers as
+    a value (a shared flight passes it across processes), so that they go round again."""
 
     def do(
         self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
@@ -91,6 +94,18 @@ class Limiter(Protocol):
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant: ...
 
     def stats(self) -> LimiterStats: ...
+
+    @property
+    def capacity_active(self) -> int: ...
+
+    @property
+    def capacity_queue(self) -> int: ...
+
+    @property
+    def wait(self) -> float: ...
+
+    @property
+    def retry_after(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +135,25 @@ _LIMITER_FIGURES = tuple(f.name for f in fields(LimiterStats))
 
 
 class _LeaderCancelled:
-    """Returned through the flight by a leader whose own client left."""
+    """The type of :data:`LEADER_CANCELLED`."""
+
+    def __repr__(self) -> str:
+        return "reachlimit.LEADER_CANCELLED"
 
 
-_LEADER_CANCELLED: Any = _LeaderCancelled()
+#: What a leader whose own client left returns through the flight: its followers go round and
+#: one of them leads. A shared flight must hand it to its followers as it is (a hook for the
+#: flights of ``reachlimit.redis``; nothing an app returns or sees).
+LEADER_CANCELLED: Any = _LeaderCancelled()
+
+
+class PathCounts(NamedTuple):
+    """A consistent snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`)."""
+
+    hits: int
+    misses: int
+    builds: int
+    coalesced: int
 
 
 class ColdPath:
@@ -184,7 +214,7 @@ class ColdPath:
                     with self._lock:
                         self._coalesced += 1
                 raise
-            if value is not _LEADER_CANCELLED:
+            if value is not LEADER_CANCELLED:
                 if shared:
                     with self._lock:
                         self._coalesced += 1
@@ -192,6 +222,12 @@ class ColdPath:
             if not shared or (cancel is not None and cancel.is_set()):
                 raise Cancelled()
             # Our leader's client left; go round and let one of us lead.
+
+    def counts(self) -> PathCounts:
+        """This path's own counters, read together under its lock (no call to the limiter):
+        what a shared backend adds up over processes, or a metrics exporter publishes."""
+        with self._lock:
+            return PathCounts(self._hits, self._misses, self._builds, self._coalesced)
 
     def stats(self) -> ColdPathStats:
         limiter_stats = self.limiter.stats()
@@ -223,7 +259,7 @@ class ColdPath:
         try:
             grant = self.limiter.acquire(cancel, client)
         except Cancelled:
-            return _LEADER_CANCELLED
+            return LEADER_CANCELLED
         with grant:
             with self._lock:
                 self._builds += 1

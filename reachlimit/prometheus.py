@@ -51,9 +51,9 @@ preloading server (gunicorn ``preload_app``) the master, which serves nothing, l
 behind for the workers it forks.
 
 The metered classes are subclasses, so the path and the limiter are the library's own, with
-two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and
-``ColdLimiter._wait_for_slot`` (entered only by a leader the queue has just admitted, with the
-lock free: the moment to publish its new place). The fast path and the refusal path of the
+two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and the limiter's
+admission observer ``on_queued`` (called only for a leader the queue has just admitted, with
+the lock free: the moment to publish its new place). The fast path and the refusal path of the
 limiter itself are not touched.
 
 Shared limiters (``ReachMetrics(limiter=...)``, the Redis-backed one): their ``stats()``
@@ -89,7 +89,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
-from ._limiter import ColdLimiter, Grant, _Waiter
+from ._limiter import ColdLimiter, Grant
 from ._path import Cache, ColdPath, Flight, Limiter
 
 __all__ = [
@@ -204,12 +204,11 @@ class MeteredLimiter(ColdLimiter):
         metrics.granted(perf_counter() - started)
         return grant
 
-    def _wait_for_slot(self, waiter: _Waiter, cancel: CancelToken | None) -> Grant:
-        # Entered only by a leader the queue has just admitted (never on the fast path or
-        # the refusal path), in its own thread, with the lock free: publish the new place.
+    def _queued(self) -> None:
+        """The admission observer (``on_queued``): a leader the queue has just admitted, in
+        its own thread, with the lock free: publish its new place."""
         if self.metrics.per_process:
             self.metrics.publish(gauges=True)
-        return super()._wait_for_slot(waiter, cancel)
 
 
 class MeteredSharedLimiter:
@@ -237,9 +236,29 @@ class MeteredSharedLimiter:
     def stats(self) -> Any:
         return self.inner.stats()
 
-    def __getattr__(self, name: str) -> Any:
-        # close(), name, keys... of the wrapped limiter.
-        return getattr(self.inner, name)
+    # The figures every cold limiter has, the wrapped limiter's own.
+
+    @property
+    def capacity_active(self) -> int:
+        return self.inner.capacity_active
+
+    @property
+    def capacity_queue(self) -> int:
+        return self.inner.capacity_queue
+
+    @property
+    def wait(self) -> float:
+        return self.inner.wait
+
+    @property
+    def retry_after(self) -> int:
+        return self.inner.retry_after
+
+    def close(self) -> None:
+        """Close the wrapped limiter (its background threads, on Redis)."""
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
 
 
 class _TimedBuild:
@@ -291,9 +310,6 @@ class MeteredColdPath(ColdPath):
                 # A build that ran held a slot, released before get() returned.
                 metrics.publish(gauges=timed.ran)
 
-    def counts(self) -> tuple[int, int, int]:
-        """Racy read: ``(hits, misses, coalesced)`` so far."""
-        return self._hits, self._misses, self._coalesced
 
 
 # The ReachMetrics of this process in the several-process mode: a second one would write the
@@ -338,6 +354,7 @@ class ReachMetrics:
         if limiter is None:
             self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
             self.limiter.metrics = self
+            self.limiter.on_queued = self.limiter._queued
         else:
             self.limiter = MeteredSharedLimiter(limiter, self)
         self.path = MeteredColdPath(self, self.limiter, cache, flight)
@@ -394,7 +411,8 @@ class ReachMetrics:
         counters always, the gauges when ``gauges`` is true and they are kept per process."""
         inst = self.instruments()
         with self._lock:
-            counts = self.path.counts()
+            now_counts = self.path.counts()
+            counts = (now_counts.hits, now_counts.misses, now_counts.coalesced)
             last = self._published_counts
             if counts != last:
                 for counter, now, before in zip(

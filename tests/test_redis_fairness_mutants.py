@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit import redis as redis_module
-from reachlimit.redis import RedisColdLimiter
+from reachlimit.redis import RedisColdLimiter, lua
 from tests.support import fairness
 from tests.support.redis_clients import (
     client_fixture,  # noqa: F401 (the client fixture)
@@ -33,14 +32,15 @@ from tests.test_redis_mutants import SCRIPTS, mutant
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
-_NEVER = "  if not victim or most < mine + 2 then return false end\n"
-_BY_CLIENT = "  if redis.call('ZCARD', clients) > 1 then\n"
+_NEVER = "  if not victim or most < mine + 2 or not redis.call('ZSCORE', queue, victim) then\n"
+_BY_CLIENT = "  while redis.call('ZCARD', clients) > 1 do\n"
 _NEWEST = "local last = redis.call('ZRANGE', of_client .. id, -1, -1, 'WITHSCORES')"
 for _piece in (_NEVER, _BY_CLIENT, _NEWEST):
-    assert redis_module._STEPS.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
+    _steps = lua.FRAGMENTS["limiter_steps"]
+    assert _steps.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
 
-NEVER_DISPLACES = mutant(((_NEVER, "  if true then return false end\n"),), tuple(SCRIPTS))
-GLOBAL_FIFO = mutant(((_BY_CLIENT, "  if false then\n"),), tuple(SCRIPTS))
+NEVER_DISPLACES = mutant(((_NEVER, "  if true then\n"),), tuple(SCRIPTS))
+GLOBAL_FIFO = mutant(((_BY_CLIENT, "  while false do\n"),), tuple(SCRIPTS))
 DISPLACES_THE_OLDEST = mutant(
     ((_NEWEST, _NEWEST.replace("-1, -1, 'WITHSCORES'", "0, 0, 'WITHSCORES'")),), tuple(SCRIPTS)
 )

@@ -1,5 +1,5 @@
 """Redis failing is a degraded mode, never an outage: reachlimit's resilient wrappers
-(``reachlimit._redis_resilient``, re-exported by ``reachlimit.redis``) against a real
+(``reachlimit.redis._resilient``, re-exported by ``reachlimit.redis``) against a real
 redis-server that the tests stop, restart and restart empty.
 
 Every test leaves the module's server running (the ``server`` fixture starts it again on its

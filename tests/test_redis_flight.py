@@ -28,7 +28,7 @@ from reachlimit import (
     ReachLimitError,
     SingleFlight,
 )
-from reachlimit._path import _LEADER_CANCELLED
+from reachlimit._path import LEADER_CANCELLED
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.processes import free_port
 from tests.support.redis_clients import (
@@ -298,7 +298,7 @@ def test_a_cancelled_follower_leaves_and_its_local_followers_go_round(
     wait_until("the cancelled follower left", lambda: follow.done.is_set(), timeout=5)
     assert isinstance(follow.error, Cancelled)
     wait_until("its local follower told to go round", lambda: local.done.is_set())
-    assert local.value == (_LEADER_CANCELLED, True)
+    assert local.value == (LEADER_CANCELLED, True)
     assert not lead.done.is_set()  # the leader goes on
     gate.go.set()
     wait_until("leader done", lambda: lead.done.is_set())
@@ -310,8 +310,8 @@ def test_the_leader_cancelled_marker_makes_followers_elsewhere_go_round(
 ) -> None:
     leader, follower = make_flight(), make_flight()
     lead, follow = lead_and_follow(threads, client, leader, follower,
-                                   Gate(result=_LEADER_CANCELLED))
-    assert follow.value == (_LEADER_CANCELLED, True)
+                                   Gate(result=LEADER_CANCELLED))
+    assert follow.value == (LEADER_CANCELLED, True)
     # Going round starts a new flight, with a new number.
     assert follower.do(KEY, lambda: "second") == ("second", False)
     assert int(client.get(follower.base_of(KEY) + "n")) == 2

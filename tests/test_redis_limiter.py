@@ -35,9 +35,9 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from reachlimit import Busy, Cancelled, ColdPath, Grant, LimiterStats
-from reachlimit.redis import _GIVE_UP as GIVE_UP
-from reachlimit.redis import _STAY as STAY
 from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
+from reachlimit.redis._limiter import _GIVE_UP as GIVE_UP
+from reachlimit.redis._limiter import _STAY as STAY
 from tests.support.limiter import (
     LIMITER_FIELDS,
     assert_exact_capacity,

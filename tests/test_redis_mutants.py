@@ -29,8 +29,7 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit import redis as redis_module
-from reachlimit.redis import RedisColdLimiter
+from reachlimit.redis import RedisColdLimiter, lua
 from tests.support.limiter_checks import (
     check_gate_place_returned_after_cancel,
     check_gate_place_returned_after_promotion,
@@ -93,11 +92,11 @@ def mutant(
 # The pieces replaced must be in the module's texts once; a change there fails here, at
 # collection, and in each Mutant.__init__ for the texts built from them.
 _PIECES = (
-    (redis_module._POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
-    (redis_module._POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
-    (redis_module._STEPS, "  if token then forget_waiter(token) end\n"),
-    (redis_module._RELEASE, "local mine = redis.call('ZREM', holders, ARGV[1])"),
-    (redis_module._RELEASE_FIRST, "return redis.call('ZREM', holders, ARGV[1])"),
+    (lua.POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
+    (lua.POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
+    (lua.FRAGMENTS["limiter_steps"], "  if token then forget_waiter(token) end\n"),
+    (lua.FRAGMENTS["limiter_release"], "local mine = redis.call('ZREM', holders, ARGV[1])"),
+    (lua.FRAGMENTS["limiter_release_first"], "return redis.call('ZREM', holders, ARGV[1])"),
 )
 for _text, _piece in _PIECES:
     assert _text.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"

@@ -46,6 +46,7 @@ start-up with one line naming the variable.
 
 import glob
 import os
+import secrets
 import shutil
 import tempfile
 from typing import Any
@@ -113,6 +114,18 @@ def _prepare_metrics_dir() -> None:
 
 
 _prepare_metrics_dir()
+
+
+# -- the boot id: one random value for this master and its workers -----------------------------
+#
+# A shared slot or queue place on Redis is owned by "<hostname>:<boot id>:<pid>": child_exit
+# frees the places of a dead worker of THIS master only, even where another host (a container
+# given the same hostname) runs workers with the same PIDs. Set once per master (a SIGHUP
+# reload keeps it: its workers' places are still theirs), inherited by every worker.
+_BOOT_MASTER = "REACH_BOOT_MASTER"
+if os.environ.get(_BOOT_MASTER) != str(os.getpid()):
+    os.environ["REACHLIMIT_BOOT_ID"] = secrets.token_hex(4)
+    os.environ[_BOOT_MASTER] = str(os.getpid())
 
 
 def when_ready(server: Any) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from ._path import ColdPath, ColdPathStats
+from .._path import ColdPath, ColdPathStats
 
 __all__ = ["SharedPathCounters"]
 
@@ -128,9 +128,8 @@ class SharedPathCounters:
 
     def local(self) -> tuple[int, int, int, int]:
         """This process's counters: (hits, misses, builds, coalesced)."""
-        path = self._path
-        with path._lock:
-            return path._hits, path._misses, path._builds, path._coalesced
+        hits, misses, builds, coalesced = self._path.counts()
+        return hits, misses, builds, coalesced
 
     def flush(self) -> None:
         """Add this process's changes since the last flush to the totals in Redis."""

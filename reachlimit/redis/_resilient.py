@@ -2,22 +2,12 @@
 
 design:
 
-    RedisHealth      one per Redis (URL), shared by every wrapper below. Up: every call goes
-                     to Redis. A call that fails with a connection problem (any
-                     ``redis.RedisError`` or ``OSError``: refused, reset, timed out, a server
-                     still loading) marks it down at once and logs ONE warning for the whole
-                     outage. While down, calls go straight to the fallback without touching
-                     Redis; after a backoff (0.25 s, doubled after each failed try, at most
-                     5 s) exactly one call is let through as a probe. The first call that
-                     succeeds marks it up again and logs once that Redis is back. A probe
-                     that never reports (its call ended in an error that says nothing about
-                     Redis, or never touched Redis) does not block the next one: once the
-                     backoff has passed again, another call is let through. A success counts
-                     only if no failure was recorded since its call began, so a slow call
-                     that started before an outage cannot end it.
+    Every wrapper here shares one ``RedisHealth`` (``_health``) for its Redis, so Redis
+    failing degrades the limiter, the cache and the flight at once.
 
-    ResilientLimiter the cold limiter's surface (``acquire(cancel) -> grant``, ``stats()``)
-                     over a RedisColdLimiter, with an in-process ColdLimiter as fallback:
+    ResilientLimiter the cold limiter's surface (``acquire(cancel, client) -> grant``,
+                     ``stats()``) over a RedisColdLimiter, with an in-process ColdLimiter as
+                     fallback:
         up                    the shared limiter decides (its Busy and Cancelled pass through)
         down, "local"         the in-process limiter decides: per-process limits
         down, "refuse"        ``Busy("unavailable", retry_after)`` at once
@@ -46,216 +36,32 @@ design:
                      and not by its followers in the same process, which receive the very
                      exception object (it carries a mark saying so).
 
-    A Redis restarted empty needs nothing special: redis-py's scripts are reloaded when Redis
+    A Redis restarted empty needs nothing special: the scripts are loaded again when Redis
     answers NOSCRIPT, and RedisColdLimiter's keys are rebuilt by its next script (a waiter
     that lost its place sees ``Busy("timeout")``, a holder's release frees nothing).
-
-    Every URL shown (logs, reprs, health figures, exception messages) goes through
-    :func:`reachlimit._urls.mask_url`, and exception texts are scrubbed of the URL's secrets.
-
-    ``connect(url)`` makes the client these wrappers expect: short socket timeouts, no
-    retries (a retry would stretch a call past its bound), a health check of idle connections.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from .._cancel import CancelToken
+from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
+from .._limiter import ColdLimiter, Grant, LimiterStats
+from ._health import FAILURES, RedisHealth
+from ._limiter import RedisColdLimiter, RedisLimiterStats
 
-from ._cancel import CancelToken
-from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
-from ._limiter import ColdLimiter, Grant, LimiterStats
-from ._urls import mask_url, scrub, url_secrets
-
-if TYPE_CHECKING:
-    from .redis import RedisColdLimiter, RedisLimiterStats
-
-__all__ = [
-    "FALLBACKS",
-    "RedisHealth",
-    "ResilientCache",
-    "ResilientFlight",
-    "ResilientLimiter",
-    "connect",
-]
+__all__ = ["FALLBACKS", "ResilientCache", "ResilientFlight", "ResilientLimiter"]
 
 log = logging.getLogger("reachlimit")
-
-#: What a call to Redis can fail with when Redis is unreachable, slow or broken.
-FAILURES: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
 
 #: The fallback modes of :class:`ResilientLimiter`.
 FALLBACKS = ("local", "refuse")
 
-_SCHEMES = ("redis://", "rediss://", "unix://")
-
 T = TypeVar("T")
-
-
-def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) -> redis.Redis:
-    """A ``redis.Redis`` for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``) whose
-    every call is bounded: connect and read time out after ``timeout`` seconds, a failed
-    call is not retried, and a connection idle for ``health_check_interval`` seconds is
-    checked with a PING before use. No connection is opened here.
-
-    Raises ``ValueError`` (showing the URL with its password masked) for any other scheme or
-    a URL redis-py cannot read."""
-    if not isinstance(url, str) or not url.startswith(_SCHEMES):
-        raise ValueError(
-            f"a Redis URL must start with redis://, rediss:// or unix://, got {mask_url(url)!r}"
-        )
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout < math.inf
-    ):
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    try:
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_error=[],
-            health_check_interval=health_check_interval,
-        )
-    except ValueError as exc:
-        raise ValueError(
-            f"bad Redis URL {mask_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
-        ) from None
-    return client
-
-
-class RedisHealth:
-    """Whether one Redis is usable, shared by the wrappers that call it (module design)."""
-
-    #: The first pause after Redis failed, and the longest one.
-    FIRST_RETRY = 0.25
-    MAX_RETRY = 5.0
-
-    def __init__(
-        self,
-        url: str = "",
-        *,
-        first_retry: float | None = None,
-        max_retry: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.where = mask_url(url) if url else "redis"
-        self._secrets = url_secrets(url) if url else []
-        self._first = self.FIRST_RETRY if first_retry is None else float(first_retry)
-        self._max = self.MAX_RETRY if max_retry is None else float(max_retry)
-        if not 0 < self._first <= self._max:
-            raise ValueError("0 < first_retry <= max_retry")
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._down = False  # guarded by _lock (read racily on the fast path)
-        self._retry_at = 0.0  # guarded by _lock
-        self._backoff = self._first  # guarded by _lock: the pause after the next failed try
-        self._probing = False  # guarded by _lock: a probe was let through and has not ended
-        self._down_since = 0.0  # guarded by _lock
-        self._outages = 0  # guarded by _lock
-        self._failures = 0  # guarded by _lock: failed() calls so far (see succeeded)
-        self._last_error = ""  # guarded by _lock
-
-    @property
-    def up(self) -> bool:
-        """Racy read: whether Redis is believed usable."""
-        return not self._down
-
-    @property
-    def failures(self) -> int:
-        """How many failures were recorded so far: read it before a call to Redis and pass
-        it to :meth:`succeeded` after the call worked."""
-        return self._failures
-
-    def available(self) -> bool:
-        """Whether a call may go to Redis now: always when up; when down, True for exactly
-        one caller each time the backoff has passed (the probe), False for everyone else.
-        A probe that has not reported by then is given up on: the next caller probes."""
-        if not self._down:  # racy read: the common case costs no lock
-            return True
-        now = self._clock()
-        with self._lock:
-            if not self._down:
-                return True
-            if now < self._retry_at:
-                return False
-            self._probing = True
-            self._retry_at = now + self._backoff  # in case the probe never reports back
-            return True
-
-    def succeeded(self, since: int | None = None) -> None:
-        """A call to Redis worked: mark it up (logged once per outage). With ``since`` (the
-        :attr:`failures` read before the call), only if no failure was recorded since then:
-        a call that began before an outage was noticed says nothing about Redis now."""
-        if not self._down:  # racy read: nothing to do in the common case
-            return
-        with self._lock:
-            if not self._down or (since is not None and since != self._failures):
-                return
-            self._down = False
-            self._probing = False
-            self._backoff = self._first
-            lasted = self._clock() - self._down_since
-        log.warning(
-            "reachlimit: Redis at %s answers again after %.1f s down; shared limits are back",
-            self.where, lasted,
-        )
-
-    def failed(self, exc: BaseException) -> None:
-        """A call to Redis failed with ``exc``: mark it down (the first failure of an
-        outage is logged), and push the next try back by the backoff."""
-        text = self.describe(exc)
-        with self._lock:
-            now = self._clock()
-            self._last_error = text
-            self._failures += 1
-            first = not self._down
-            if first:
-                self._down = True
-                self._down_since = now
-                self._outages += 1
-                self._backoff = self._first
-            elif self._probing:  # the probe failed: wait longer next time
-                self._backoff = min(self._backoff * 2, self._max)
-            elif now < self._retry_at:
-                return  # a call that started before the outage was noticed: nothing new
-            self._probing = False
-            self._retry_at = now + self._backoff
-        if first:
-            log.warning(
-                "reachlimit: Redis at %s is unavailable (%s); using the fallback until it is "
-                "reachable (next try in %.2f s, at most every %.0f s)",
-                self.where, text, self._first, self._max,
-            )
-
-    def describe(self, exc: BaseException) -> str:
-        """``exc`` as one line, with any secret of the URL replaced by ``***``."""
-        return scrub(f"{type(exc).__name__}: {exc}", self._secrets)
-
-    def figures(self) -> dict[str, Any]:
-        """For a health answer: the masked URL, up or not, outages so far, the last error."""
-        with self._lock:
-            down_for = self._clock() - self._down_since if self._down else 0.0
-            return {
-                "url": self.where,
-                "up": not self._down,
-                "down_for": round(down_for, 3),
-                "outages": self._outages,
-                "last_error": self._last_error,
-            }
-
-    def __repr__(self) -> str:
-        return f"<RedisHealth {self.where} {'up' if not self._down else 'down'}>"
 
 
 class _Deadline:
@@ -281,8 +87,7 @@ class _SharedGrant(Grant):
     __slots__ = ("_inner", "_health")
 
     def __init__(self, inner: Grant, health: RedisHealth) -> None:
-        # Grant.__init__ is not called: the slot is the inner grant's.
-        self._inner = inner
+        self._inner = inner  # the slot is the inner grant's
         self._health = health
 
     @property
@@ -295,7 +100,10 @@ class _SharedGrant(Grant):
 
     def _give_back(self, strict: bool) -> None:
         try:
-            self._inner._give_back(strict)
+            if strict:
+                self._inner.release()
+            else:
+                self._inner.__exit__(None, None, None)
         except FAILURES as exc:
             self._health.failed(exc)
             log.warning(
@@ -408,8 +216,6 @@ class ResilientLimiter:
 
 def degraded_stats(local: LimiterStats) -> RedisLimiterStats:
     """The in-process limiter's figures, marked as the fallback's."""
-    from .redis import RedisLimiterStats
-
     return RedisLimiterStats(
         active=local.active,
         queued=local.queued,

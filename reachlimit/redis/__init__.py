@@ -1,0 +1,59 @@
+"""reachlimit on Redis: one cold-build budget, one warm cache and one singleflight shared by
+every process (gunicorn workers, hosts) that uses the same Redis and names, with the
+in-process objects of the core as the fallback while Redis is unavailable.
+
+Needs redis-py (``pip install 'reachlimit[redis]'``); the core never imports this package.
+
+design: one module per job, each opening with its own design note; who imports whom (no
+cycle: each imports only those above it and the core):
+
+    _common      names and their checks, key encoding and client ids, owner ids, socket
+                 timeout, a warning logged once
+    lua/         the Lua scripts (``.lua`` files) and the Python that puts them together
+    _renewer     LeaseRenewer: the one lease-renewing thread of a limiter or a flight
+    _waker       Waker: ends a waiter's blocking read on time
+    _limiter     RedisColdLimiter, RedisGrant, RedisLimiterStats      (_common, lua, _renewer,
+                                                                        _waker)
+    _owners      release_owner: a dead process's places, freed by its parent (_limiter)
+    _cache       RedisCache and its codecs                            (_common, lua)
+    _flight      RedisSingleFlight                                    (_common, lua, _renewer,
+                                                                        _cache's codec)
+    _counters    SharedPathCounters: the path's counters summed in Redis
+    _health      connect() and RedisHealth: the breaker every fallback shares
+    _resilient   ResilientLimiter, ResilientCache, ResilientFlight    (_health, _limiter)
+
+The core gives this package what it needs through public hooks only: ``ColdPath.counts()``,
+``LEADER_CANCELLED`` (``reachlimit._path``), the ``Grant`` base class and ``LimiterFigures``.
+"""
+
+from .._urls import mask_url
+from ._cache import CODECS, RedisCache
+from ._common import client_id, key_digest, owner_prefix
+from ._counters import SharedPathCounters
+from ._flight import RedisSingleFlight
+from ._health import FAILURES, RedisHealth, connect
+from ._limiter import RedisColdLimiter, RedisGrant, RedisLimiterStats
+from ._owners import release_owner
+from ._resilient import FALLBACKS, ResilientCache, ResilientFlight, ResilientLimiter
+
+__all__ = [
+    "CODECS",
+    "FAILURES",
+    "FALLBACKS",
+    "RedisCache",
+    "RedisColdLimiter",
+    "RedisGrant",
+    "RedisHealth",
+    "RedisLimiterStats",
+    "RedisSingleFlight",
+    "ResilientCache",
+    "ResilientFlight",
+    "ResilientLimiter",
+    "SharedPathCounters",
+    "client_id",
+    "connect",
+    "key_digest",
+    "mask_url",
+    "owner_prefix",
+    "release_owner",
+]

@@ -1,0 +1,228 @@
+"""A warm cache shared by every process that uses the same Redis and name.
+
+design:
+
+    Values: JSON (codec ``"json"``), raw bytes (codec ``"bytes"``) or either (codec ``"auto"``:
+    bytes stay bytes, anything else is JSON; the Flask extension's choice), never pickle. A stored
+    value starts with one tag byte (``j`` or ``b``); a value Redis hands back that does not
+    decode under this cache's codec (corrupt, hostile, or written by another codec) is a miss,
+    logged once per object; decoding runs no code of any kind, and a JSON nested too deep or
+    a number too long is a miss too. JSON turns tuples into lists, as JSON does.
+
+    RedisCache keys (one hash tag for the cache, ``C = {<prefix>:<name>:cache}``, so the set
+    script touches one Cluster slot):
+
+      C:e:<digest>   STR   one entry: the encoded value, with a TTL (``PX``)
+      C:index        ZSET  digest -> expiry (ms, Redis time) of every entry; scores strictly
+                           increase (a set in the same millisecond as the last one adds
+                           1/100 ms), so the index is in the order of the sets
+
+    ``get``: the first level (an in-process ``TTLCache`` with ``local_ttl``) first; a hit
+    there makes no Redis call. Otherwise one ``GET``; a hit is copied into the first level, a
+    miss is not (so a value set by another process is seen at the next ``get``). Staleness:
+    a value changed in another process may be served from here for at most ``local_ttl``.
+    ``set``: one script (one round trip): drop the index entries that have expired, ``SET
+    ... PX ttl`` the entry, index it, and while the index holds more than ``size`` entries
+    delete the one that expires first. All entries of a name share one TTL (every process
+    must use the same ``ttl`` and ``size`` for a name), so the first to expire is the oldest
+    set: eviction drops the oldest entry, one at a time, never the whole cache. The index
+    itself expires ``ttl`` after the last set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from typing import Any
+
+import redis
+
+from .._cache import TTLCache
+from . import lua
+from ._common import LogOnce, check_client, check_names, check_settings, key_digest, ms, positive
+
+__all__ = ["CODECS", "Codec", "RedisCache"]
+
+
+#: "json": JSON values; "bytes": bytes only; "auto": bytes as bytes, anything else as JSON
+#: (what the Flask extension uses: one app may cache a rendered body, another a dict).
+CODECS = ("json", "bytes", "auto")
+
+
+class Codec:
+    """Encodes values to tagged bytes and back; never pickle."""
+
+    def __init__(self, codec: str) -> None:
+        if codec not in CODECS:
+            raise ValueError('codec must be "json", "bytes" or "auto"')
+        self.name = codec
+
+    def encode(self, value: Any) -> bytes:
+        """Tagged bytes; TypeError for a value this codec cannot store."""
+        if self.name == "bytes" or (
+            self.name == "auto" and isinstance(value, (bytes, bytearray, memoryview))
+        ):
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise TypeError(f'codec "bytes" stores bytes, not {type(value).__name__}')
+            return b"b" + bytes(value)
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            kind = type(value).__name__
+            raise TypeError(f'codec "json" cannot store this {kind}: {exc}') from None
+        return b"j" + text.encode("utf-8", "surrogatepass")
+
+    def decode(self, data: Any) -> Any:
+        """The value; ValueError for anything this codec did not write."""
+        if not isinstance(data, bytes):
+            raise ValueError(f"not bytes: {type(data).__name__}")
+        if self.name == "bytes" or (self.name == "auto" and data[:1] == b"b"):
+            if data[:1] != b"b":
+                raise ValueError("no bytes tag")
+            return data[1:]
+        if data[:1] != b"j":
+            raise ValueError("no JSON tag")
+        try:
+            return json.loads(data[1:].decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError too
+            raise ValueError(f"bad JSON: {type(exc).__name__}") from None
+
+
+
+
+
+class RedisCache:
+    """A warm cache shared by every process on the same Redis and ``name``, with a short
+    in-process first level in front. See the module's design note.
+
+    ``get(key)`` returns the value or ``None`` (a miss); ``set(key, value)`` stores it for
+    ``ttl`` seconds. At most ``size`` entries are kept in Redis (the oldest goes first), at
+    most ``local_size`` in the first level, each for at most ``local_ttl`` seconds. A value
+    set here is seen by every other process at once, except one that holds an older value in
+    its first level: that one sees the new value within ``local_ttl``.
+
+    ``client`` is a ``redis.Redis`` that does not decode responses. Errors of Redis
+    (``redis.exceptions.RedisError``) propagate from ``get`` and ``set``; a stored value that
+    does not decode is a miss, never an exception. A value the codec cannot store makes
+    ``set`` raise ``TypeError`` (under ColdPath: the build that made it fails).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str = "reachlimit",
+        *,
+        prefix: str = "reachlimit",
+        ttl: float = 300.0,
+        size: int = 256,
+        local_ttl: float = 1.0,
+        local_size: int = 256,
+        codec: str = "json",
+    ) -> None:
+        check_names(name, prefix)
+        check_client(client)
+        for label, value in (("size", size), ("local_size", local_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} >= 1")
+        self._ttl = positive("ttl", ttl)
+        local_ttl = positive("local_ttl", local_ttl)
+        self._codec = Codec(codec)
+        self._client = client
+        self._name = name
+        self._size = size
+        tag = "{" + prefix + ":" + name + ":cache}"
+        self._index = f"{tag}:index"
+        self._entry_prefix = f"{tag}:e:"
+        self._ttl_ms = ms(self._ttl)
+        self._local: TTLCache[Any] = TTLCache(local_size, local_ttl)
+        self._set_script = client.register_script(lua.CACHE_SET)
+        self._clear_script = client.register_script(lua.CACHE_CLEAR)
+        self._settings_key = f"{tag}:settings"
+        self._checked = False  # racy: set once the settings were checked against Redis
+        self._undecodable = LogOnce()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def local(self) -> TTLCache[Any]:
+        """The in-process first level."""
+        return self._local
+
+    def key_of(self, key: Any) -> str:
+        """The Redis key of the entry of ``key`` (TypeError for a key type with no encoding)."""
+        return self._entry_prefix + key_digest(key)
+
+    def get(self, key: Hashable) -> Any:
+        try:
+            value = self._local.get(key)
+        except TypeError:  # unhashable: say which keys are allowed
+            key_digest(key)
+            raise
+        if value is not None:
+            return value
+        return self.fetch(key)
+
+    def set(self, key: Hashable, value: Any) -> None:
+        """Store ``value`` (None stores nothing: it means "no value"). TypeError for a key
+        or a value this cache cannot store; nothing is stored then."""
+        digest = key_digest(key)
+        if value is None:
+            return
+        data = self._codec.encode(value)
+        if not self._checked:
+            self._check()
+        self._set_script(
+            keys=[self._index, self._entry_prefix + digest],
+            args=[self._entry_prefix, digest, data, self._ttl_ms, self._size],
+        )
+        self._local.set(key, value)
+
+    def clear(self) -> None:
+        """Empty the cache for every process: every entry in Redis (one script) and this
+        process's first level at once; another process's first level keeps what it holds
+        for at most ``local_ttl``."""
+        self._local.clear()
+        self._clear_script(keys=[self._index], args=[self._entry_prefix])
+        self._local.clear()  # a get that raced the script may have copied an entry back
+
+    def settings(self) -> dict[str, int]:
+        """The settings every process of this cache must share, as recorded in Redis."""
+        return {"ttl_ms": self._ttl_ms, "size": self._size}
+
+    def fetch(self, key: Hashable) -> Any:
+        """The value of ``key`` in Redis, skipping the first level: always one GET. A hit is
+        copied into the first level. (ResilientCache probes a Redis that was down with it.)
+        The first call of this object checks its settings against those recorded in Redis
+        (``ValueError`` naming the setting and both values)."""
+        if not self._checked:
+            self._check()
+        entry = self._entry_prefix + key_digest(key)
+        data = self._client.get(entry)
+        if data is None:
+            return None
+        try:
+            value = self._codec.decode(data)
+        except ValueError as exc:
+            self._undecodable("value", entry, str(exc))
+            return None
+        if value is not None:
+            self._local.set(key, value)
+        return value
+
+    def _check(self) -> None:
+        check_settings(self._client, self._settings_key, self.settings())
+        self._checked = True
+
+    def __repr__(self) -> str:
+        return (f"<RedisCache {self._index.rsplit(':', 1)[0]} ttl={self._ttl} size={self._size} "
+                f"local_ttl={self._local.ttl} codec={self._codec.name}>")

@@ -1,0 +1,238 @@
+"""What every object of ``reachlimit.redis`` shares: names and their checks, the encoding of a
+caller's key, a socket's timeout, a warning logged once.
+
+design:
+
+    Caller's keys: a key is a ``str``, ``bytes``, ``int`` or a tuple of those (nested tuples
+    too); anything else is a ``TypeError``. It is written in a canonical, type-tagged and
+    length-prefixed encoding (``"1"`` and ``1`` and ``("1",)`` differ; a ``str`` is UTF-8 with
+    lone surrogates passed through) and hashed with SHA-256: the 64 hex digits name it in
+    Redis. So any key, of any length and with any characters (braces included), becomes a
+    short key of a fixed shape that cannot reach into another key's hash tag.
+
+    A client's name (fair admission, ``client_id``) is encoded the same way and hashed to 16
+    hex digits: the limiter's per-client keys stay short whatever the name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Hashable
+from hashlib import sha256
+from typing import Any
+
+from . import lua
+
+__all__ = [
+    "BOOT_ID", "BOOT_ID_VARIABLE", "LogOnce", "check_client", "check_names", "check_settings",
+    "client_id", "key_digest", "ms", "owner_prefix", "positive", "socket_timeout",
+    "warn_eviction",
+]
+
+log = logging.getLogger("reachlimit")
+
+_HOSTNAME = socket.gethostname()
+
+#: The environment variable a process manager sets to one random value for all the processes
+#: it starts (``webapp/gunicorn.conf.py`` does, in the gunicorn master): their boot id.
+BOOT_ID_VARIABLE = "REACHLIMIT_BOOT_ID"
+
+#: This process's boot id: its manager's (inherited), or a random one of its own. Read once,
+#: at import: a gunicorn master sets the variable when it loads its config, before it imports
+#: the app or forks a worker.
+BOOT_ID = os.environ.get(BOOT_ID_VARIABLE, "").strip() or secrets.token_hex(4)
+
+
+def owner_prefix(pid: int | None = None) -> str:
+    """The prefix of every token made by process ``pid`` (this one when None) of this boot:
+    ``"<hostname>:<boot id>:<pid>:"``, so that the parent of a process that died can free its
+    places (``release_owner``), and two hosts that share a hostname (containers given the same
+    ``hostname:``) never free each other's: their boot ids differ."""
+    return f"{_HOSTNAME}:{BOOT_ID}:{os.getpid() if pid is None else pid}:"
+
+
+def _encode_key(key: Any, out: list[bytes]) -> None:
+    """Append the canonical encoding of ``key`` to ``out``; TypeError for a key type that has
+    none. Every item is a tag and its length, so no two different keys share an encoding."""
+    if isinstance(key, str):
+        data = key.encode("utf-8", "surrogatepass")
+        out.append(b"s%d:" % len(data))
+        out.append(data)
+    elif isinstance(key, bytes):
+        out.append(b"b%d:" % len(key))
+        out.append(key)
+    elif isinstance(key, int):  # bool included: True is the key 1, as in a dict
+        # Two's complement bytes, not digits: no int is too long to encode.
+        data = int(key).to_bytes(key.bit_length() // 8 + 1, "big", signed=True)
+        out.append(b"i%d:" % len(data))
+        out.append(data)
+    elif isinstance(key, tuple):
+        out.append(b"t%d:" % len(key))
+        for item in key:
+            _encode_key(item, out)
+    else:
+        raise TypeError(
+            f"a shared key must be str, bytes, int or a tuple of those, not {type(key).__name__}"
+        )
+
+
+def key_digest(key: Any) -> str:
+    """The SHA-256 (64 hex digits) of the canonical encoding of ``key``."""
+    parts: list[bytes] = []
+    _encode_key(key, parts)
+    return sha256(b"".join(parts)).hexdigest()
+
+
+def _check_names(name: str, prefix: str) -> None:
+    for label, value in (("name", name), ("prefix", prefix)):
+        if not isinstance(value, str) or not value or "{" in value or "}" in value:
+            raise ValueError(f"{label} must be a non-empty string without braces")
+
+
+def _check_client(client: Any) -> None:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if kwargs.get("decode_responses"):
+        raise ValueError("the client must not decode responses (decode_responses=False)")
+
+
+def _positive(label: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{label} > 0")
+    return float(value)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _socket_timeout(client: Any) -> float | None:
+    """The socket timeout the client's connections read with, if it can be found."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None
+
+
+def client_id(client: Hashable) -> str:
+    """The id under which Redis knows ``client`` (str, bytes, int or a tuple of those): the
+    same in every process and on every host, short and of bounded size whatever the name
+    (16 hex digits of a BLAKE2b hash of the key encoding above). ``TypeError`` otherwise."""
+    parts: list[bytes] = []
+    try:
+        _encode_key(client, parts)
+    except TypeError:
+        raise TypeError(
+            f"client must be str, bytes, int or a tuple of those, got {type(client).__name__}"
+        ) from None
+    return hashlib.blake2b(b"".join(parts), digest_size=8).hexdigest()
+
+
+def check_names(name: str, prefix: str) -> None:
+    """``name`` and ``prefix`` of an object's keys: non-empty, without braces (a brace would
+    change the hash tag)."""
+    for label, value in (("name", name), ("prefix", prefix)):
+        if not isinstance(value, str) or not value or "{" in value or "}" in value:
+            raise ValueError(f"{label} must be a non-empty string without braces")
+
+
+def check_client(client: Any) -> None:
+    """A client that decodes responses would hand the codecs ``str`` for bytes."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if kwargs.get("decode_responses"):
+        raise ValueError("the client must not decode responses (decode_responses=False)")
+
+
+def positive(label: str, value: Any) -> float:
+    """A finite number of seconds > 0 (``ValueError("<label> > 0")`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{label} > 0")
+    return float(value)
+
+
+def ms(seconds: float) -> int:
+    """Whole milliseconds, at least 1."""
+    return max(1, round(seconds * 1000))
+
+
+def socket_timeout(client: Any) -> float | None:
+    """The socket timeout the client's connections read with, if it can be found."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None
+
+
+class LogOnce:
+    """Logs the first undecodable value of an object as a warning, the rest at debug level."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+
+    def __call__(self, what: str, where: str, reason: str) -> None:
+        if self._done.is_set():
+            log.debug("reachlimit: undecodable %s in %s (%s)", what, where, reason)
+            return
+        self._done.set()
+        log.warning("reachlimit: undecodable %s in %s (%s): treated as a miss; further ones "
+                    "are logged at debug level", what, where, reason)
+
+
+def check_settings(client: Any, key: str, mine: dict[str, int]) -> dict[str, int]:
+    """Record ``mine`` as the settings of the budget whose settings hash is ``key``, where
+    none are recorded yet; raise ``ValueError`` naming the setting and both values where one
+    recorded differs (the processes of one budget must agree: change settings under a new
+    prefix). One round trip. Returns what is recorded."""
+    flat = client.register_script(lua.SETTINGS)(
+        keys=[key], args=[item for pair in mine.items() for item in pair]
+    )
+    recorded: dict[str, int] = {}
+    for field, value in zip(flat[::2], flat[1::2], strict=True):
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        try:
+            recorded[name] = int(value)
+        except ValueError:
+            continue  # written by something else: not a setting of ours
+    for name, value in mine.items():
+        theirs = recorded.get(name, value)
+        if theirs != value:
+            raise ValueError(
+                f"{name} is {value} here but {theirs} for the budget already in Redis "
+                f"({key.rsplit(':', 1)[0]}): every process of a budget must use the same "
+                f"settings; roll a change out under a new prefix"
+            )
+    return recorded
+
+
+_eviction_checked = threading.Event()  # one look (and at most one warning) per process
+
+
+def warn_eviction(client: Any) -> None:
+    """Once per process: warn if Redis may evict any key (``maxmemory-policy allkeys-*``),
+    which can drop a limiter's state (its scripts survive it: a missing key is never an
+    error, but a grant or a place may be lost with it). A Redis that does not allow CONFIG
+    (many managed ones) is not asked again."""
+    if _eviction_checked.is_set():
+        return
+    _eviction_checked.set()
+    try:
+        reply = client.config_get("maxmemory-policy")
+    except Exception as exc:  # not allowed here, or Redis failing: nothing to say
+        log.debug("reachlimit: could not read maxmemory-policy: %s", exc)
+        return
+    policy = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy") or b""
+    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    if policy.startswith("allkeys-"):
+        log.warning(
+            "reachlimit: Redis evicts any key (maxmemory-policy %s): a limiter's slots and "
+            "queue places can be lost with its keys; use noeviction or a volatile-* policy "
+            "for the Redis that holds the budgets", policy,
+        )
+

@@ -1,0 +1,378 @@
+"""A singleflight shared by every process that uses the same Redis and name.
+
+design:
+
+    RedisSingleFlight keys (one hash tag per caller's key, ``F = {<prefix>:<name>:<digest>}``):
+
+      F:n           STR   the flight counter of this key: flight numbers come from INCR
+      F:lead        STR   the claim: "<flight>:<token>" with PX ``lease``, set by a script
+                          only where there is none, renewed while the leader's ``fn`` runs;
+                          a corrupt claim is dropped, as if it had ended
+      F:out:<n>     STR   the outcome of flight n, PX ``outcome_ttl`` (a few seconds)
+      F:w:<n>       STR   how many followers (one per process and key) wait on flight n
+      F:bell:<n>    LIST  flight n's doorbell: the publish pushes one element per follower
+
+    Scripts (each EVALSHA, one round trip):
+      join      a claim exists -> follow its flight (its outcome already there -> take it;
+                else count ourselves in ``w``); no claim -> INCR the counter, claim, lead
+      check     run by a follower after its doorbell rang and every ``POLL_EVERY`` seconds:
+                the outcome of our flight -> take it; another flight claimed -> follow that
+                one (or take its outcome); no claim, the latest flight has an outcome (it
+                superseded ours) -> take it; no claim and no outcome (the leader died: its
+                lease ended) -> claim *the same flight number* and lead it
+      publish   SET the outcome NX (the first outcome of a flight wins), drop the claim if it
+                is still ours, and push the doorbell once per counted follower
+      renew     push the claim's lease end if the claim is still ours
+
+    Why a taken-over flight keeps its number: its followers read the outcome of the flight
+    they joined, so a flight finished by a follower that took over is found by the others,
+    never built again. A new flight number is only made when there is no claim at all.
+
+    Who wakes whom: a follower blocks in ``BLPOP`` on its flight's doorbell, in slices of at
+    most ``CANCEL_POLL_INTERVAL`` when it has a cancel token (so a client that leaves is let
+    go within about 50 ms) and ``POLL_EVERY`` otherwise, and never longer than half the
+    socket timeout; the leader's publish rings it. Between rings a follower runs ``check``
+    every ``POLL_EVERY`` seconds, which is also how it notices a dead leader.
+
+    In the process: the flight first goes through an in-process ``SingleFlight``, so a herd
+    of threads of one process makes one Redis join and one Redis wait; its local leader
+    shares the outcome with the others. A local leader whose own client leaves while it
+    follows in Redis raises ``Cancelled``; the threads that followed it locally get ColdPath's
+    leader-cancelled marker and go round. A daemon thread per object renews the claims held
+    here every ``lease / 3`` seconds, in one pipelined round trip.
+
+    Outcomes across processes: a value (the codec), ``NOT_FOUND``, ``None``, ``Busy`` (its
+    reason and retry-after), ``Cancelled``, ColdPath's leader-cancelled marker (followers go
+    round), or any other exception, which followers raise as ``LeaderFailed`` (type name and
+    message). A value the codec cannot encode reaches remote followers as ``LeaderFailed``;
+    the leader and its local followers still get the value itself.
+
+    Failure cases: a leader's process dies -> its claim is not renewed, ends after ``lease``,
+    and the next ``check`` of a follower takes the flight over (or a newcomer's ``join``
+    starts the next flight, which the followers of the lost one then follow): the key is built
+    once more, never twice more. A Redis restarted empty loses the counter: a follower's
+    ``check`` starts again past the number it knew. A leader paused past its lease may publish late:
+    the first outcome of a flight wins, a later one is dropped. A follower slower than
+    ``outcome_ttl`` misses the outcome and leads a flight of its own (ColdPath's recheck then
+    finds the cached value). Redis errors (``redis.exceptions.RedisError``) propagate from
+    ``get``, ``set``, the join and the wait; a leader whose publish fails still returns its
+    own outcome (logged), and its followers take over once the unrenewed claim ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import redis
+
+from .._cancel import POLL_INTERVAL, CancelToken
+from .._errors import Busy, Cancelled, LeaderFailed
+from .._flight import SingleFlight
+from .._path import LEADER_CANCELLED, NOT_FOUND
+from . import lua
+from ._cache import Codec
+from ._common import LogOnce, check_client, check_names, key_digest, ms, positive, socket_timeout
+from ._renewer import LeaseRenewer
+
+__all__ = ["MESSAGE_LIMIT", "RedisSingleFlight"]
+
+log = logging.getLogger("reachlimit")
+
+#: The longest message of a leader's exception that followers get.
+MESSAGE_LIMIT = 1000
+
+
+
+_LEAD, _FOLLOW, _DONE = 0, 1, 2  # replies of join and check: {status, flight[, outcome]}
+
+class _Claim:
+    """A flight this process leads: what the renewer needs to renew it."""
+
+    __slots__ = ("keys", "base", "token", "flight")
+
+    def __init__(self, keys: list[str], base: str, token: str, flight: int) -> None:
+        self.keys = keys
+        self.base = base
+        self.token = token
+        self.flight = flight
+
+
+class _Outcome:
+    """A decoded flight outcome that is not a plain value."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class RedisSingleFlight:
+    """:class:`~reachlimit.SingleFlight`'s contract across every process on the same Redis
+    and ``name``: one leader per key at a time in all of them, followers anywhere get its
+    outcome. See the module's design note.
+
+    ``do(key, fn, cancel)`` returns ``(value, shared)``. Keys as for :class:`RedisCache`.
+    ``lease`` is how long a leader's claim outlives its process (renewed every ``lease / 3``
+    seconds while ``fn`` runs); ``outcome_ttl`` how long a finished flight's outcome stays
+    for slow followers. Every process must use the same values for a name.
+
+    ``client`` is a ``redis.Redis`` that does not decode responses, with a socket timeout
+    (a follower blocks for at most half of it at a time). Call :meth:`close` at the end to
+    stop the renewer thread (a daemon thread either way).
+    """
+
+    #: How often a follower checks on its flight between doorbell rings (a dead leader is
+    #: noticed at the first check after its lease ended).
+    POLL_EVERY = 0.25
+    #: The longest a follower blocks when a cancel token must be watched.
+    CANCEL_POLL_INTERVAL = POLL_INTERVAL
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str = "reachlimit",
+        *,
+        prefix: str = "reachlimit",
+        lease: float = 10.0,
+        outcome_ttl: float = 5.0,
+        codec: str = "json",
+    ) -> None:
+        check_names(name, prefix)
+        check_client(client)
+        self._lease = positive("lease", lease)
+        self._outcome_ttl = positive("outcome_ttl", outcome_ttl)
+        self._codec = Codec(codec)
+        self._client = client
+        self._name = name
+        self._prefix = prefix
+        self._lease_ms = ms(self._lease)
+        self._outcome_ms = ms(self._outcome_ttl)
+        # The counter outlives every claim and outcome that carries its numbers.
+        self._keep_ms = 2 * (self._lease_ms + self._outcome_ms)
+        self._join_script = client.register_script(lua.FLIGHT_JOIN)
+        self._check_script = client.register_script(lua.FLIGHT_CHECK)
+        self._publish_script = client.register_script(lua.FLIGHT_PUBLISH)
+        self._renew_script = client.register_script(lua.FLIGHT_RENEW)
+        read_timeout = socket_timeout(client)
+        self._block_cap = read_timeout / 2 if read_timeout else math.inf
+        self._local: SingleFlight[tuple[Any, bool, bool]] = SingleFlight()
+        self._undecodable = LogOnce()
+        # The claims of the flights led here, renewed every lease / 3 seconds.
+        self._claims: LeaseRenewer[_Claim] = LeaseRenewer(
+            "reachlimit-flight-renewer", self._lease / 3, self._renew, what="flight claim(s)",
+            on_error=self._report,
+        )
+        self._lock = self._claims.lock
+        #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
+        self._renewal_paused = self._claims.paused
+        #: Called with the error when publishing an outcome or renewing claims fails (both
+        #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
+        self.on_redis_error: Callable[[BaseException], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    def base_of(self, key: Any) -> str:
+        """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""
+        return "{" + f"{self._prefix}:{self._name}:{key_digest(key)}" + "}:"
+
+    def do(
+        self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None = None
+    ) -> tuple[Any, bool]:
+        """Run ``fn`` once for all concurrent callers of ``key`` in every process.
+
+        Returns ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. A
+        follower gets the leader's value, ``NOT_FOUND`` or ``None``; raises the leader's
+        ``Busy`` (same reason and retry-after), ``Cancelled`` when its own ``cancel`` was set
+        while it waited, or ``LeaderFailed`` when the leader raised anything else (in this
+        process: the very exception). Errors of Redis propagate.
+        """
+        if self._claims.closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("flight closed")
+        key_digest(key)  # a key with no encoding fails here, before any flight
+        (value, shared, gave_up), local_shared = self._local.do(
+            key, lambda: self._shared_do(key, fn, cancel), cancel
+        )
+        if gave_up:
+            if not local_shared:
+                raise Cancelled()  # our own client left while we followed in Redis
+            return LEADER_CANCELLED, True  # our local leader's left: go round
+        if isinstance(value, _Outcome):
+            raise value.error
+        return value, shared or local_shared
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the renewer thread, for good: claims still held are no longer renewed, and
+        ``do`` raises ``RuntimeError`` from now on."""
+        self._claims.close(timeout)
+
+    @property
+    def _renewer(self) -> threading.Thread | None:
+        """Racy read: the claim renewer's thread, once started (for tests)."""
+        return self._claims.thread
+
+    def __repr__(self) -> str:
+        return (f"<RedisSingleFlight {{{self._prefix}:{self._name}}} lease={self._lease} "
+                f"outcome_ttl={self._outcome_ttl}>")
+
+    # -- one process's part of a flight ---------------------------------------------------
+
+    def _shared_do(
+        self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None
+    ) -> tuple[Any, bool, bool]:
+        """Run by the local leader: (value or _Outcome, shared, gave up waiting)."""
+        base = self.base_of(key)
+        keys = [base + "lead", base + "n"]
+        token = secrets.token_hex(12)
+        common: list[str | int] = [base, token, self._lease_ms, self._keep_ms]
+        reply = self._join_script(keys=keys, args=common)
+        while True:
+            status, flight = int(reply[0]), int(reply[1])
+            if status == _LEAD:
+                return self._lead(_Claim(keys, base, token, flight), fn), False, False
+            if status == _DONE:
+                return self._decode_outcome(reply[2], base), True, False
+            try:
+                reply = self._follow(keys, common, flight, cancel)
+            except Cancelled:
+                return None, True, True
+
+    def _follow(
+        self, keys: list[str], common: list[str | int], flight: int, cancel: CancelToken | None
+    ) -> Any:
+        """Wait on ``flight`` until its outcome comes, another flight is to be followed, or we
+        are to lead; return the check script's reply. Raises Cancelled."""
+        bell = f"{common[0]}bell:{flight}"
+        slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
+        slice_cap = min(slice_cap, self._block_cap)
+        next_check = time.monotonic() + self.POLL_EVERY
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            now = time.monotonic()
+            block = max(0.001, min(slice_cap, next_check - now))
+            rang = self._client.blpop([bell], timeout=block)
+            if rang is None and time.monotonic() < next_check:
+                continue
+            reply = self._check_script(keys=keys, args=[*common, flight])
+            if int(reply[0]) != _FOLLOW or int(reply[1]) != flight:
+                return reply
+            next_check = time.monotonic() + self.POLL_EVERY
+
+    def _lead(self, claim: _Claim, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` under a renewed claim, publish its outcome, return it (or raise)."""
+        self._claims.hold(claim.token, claim)
+        try:
+            value = fn()
+        except BaseException as exc:
+            self._claims.drop(claim.token)
+            self._publish(claim, self._encode_error(exc))
+            raise
+        self._claims.drop(claim.token)
+        self._publish(claim, self._encode_value(value))
+        return value
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+    def _encode_value(self, value: Any) -> bytes:
+        if value is LEADER_CANCELLED:
+            return b"c"
+        if value is NOT_FOUND:
+            return b"n"
+        if value is None:
+            return b"0"
+        try:
+            return b"v" + self._codec.encode(value)
+        except TypeError as exc:
+            return self._encode_error(exc)
+
+    @staticmethod
+    def _encode_error(exc: BaseException) -> bytes:
+        if isinstance(exc, Busy):
+            return b"b" + json.dumps([str(exc.reason), int(exc.retry_after)]).encode()
+        if isinstance(exc, Cancelled):
+            return b"x"
+        if isinstance(exc, LeaderFailed):  # passed on as it came
+            type_name, message = exc.type_name, exc.message
+        else:
+            type_name = type(exc).__qualname__
+            try:
+                message = str(exc)
+            except Exception:
+                message = "(unprintable)"
+        return b"e" + json.dumps([type_name, message[:MESSAGE_LIMIT]]).encode()
+
+    def _decode_outcome(self, data: Any, base: str) -> Any:
+        """A value, or an _Outcome holding the exception to raise."""
+        try:
+            kind, body = bytes(data[:1]), bytes(data[1:])
+            if kind == b"v":
+                return self._codec.decode(body)
+            if kind in (b"n", b"0", b"c", b"x") and body:
+                raise ValueError("unexpected body")
+            if kind == b"n":
+                return NOT_FOUND
+            if kind == b"0":
+                return None
+            if kind == b"c":
+                return LEADER_CANCELLED
+            if kind == b"x":
+                return _Outcome(Cancelled())
+            if kind in (b"b", b"e"):
+                first, second = json.loads(body.decode("utf-8"))
+                if kind == b"b":
+                    if not isinstance(first, str) or type(second) is not int:
+                        raise ValueError("bad refusal")
+                    return _Outcome(Busy(first, second))
+                if not isinstance(first, str) or not isinstance(second, str):
+                    raise ValueError("bad error")
+                return _Outcome(LeaderFailed(first[:MESSAGE_LIMIT], second[:MESSAGE_LIMIT]))
+            raise ValueError("unknown kind")
+        except (ValueError, TypeError, RecursionError) as exc:
+            self._undecodable("flight outcome", base, f"{type(exc).__name__}: {exc}")
+            return _Outcome(LeaderFailed("ValueError", "the leader's outcome did not decode"))
+
+    def _publish(self, claim: _Claim, outcome: bytes) -> None:
+        """Publish the outcome of our flight. A Redis error here is logged, not raised: the
+        leader's own outcome stands, and its followers take over once the claim ends."""
+        try:
+            self._publish_script(
+                keys=claim.keys,
+                args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
+                      claim.flight, outcome, self._outcome_ms],
+            )
+        except redis.RedisError as exc:
+            log.warning("reachlimit: could not publish a flight outcome: %s", exc)
+            self._report(exc)
+
+    def _report(self, exc: BaseException) -> None:
+        report = self.on_redis_error
+        if report is not None:
+            report(exc)
+
+    # -- claims and their leases ------------------------------------------------------------
+
+    def _renew(self, claims: list[_Claim]) -> list[str]:
+        """The renewer's call (in its thread): renew every claim in one pipelined round trip;
+        the tokens of the claims found gone (never revived)."""
+        pipe = self._client.pipeline(transaction=False)
+        for c in claims:
+            self._renew_script(
+                keys=c.keys,
+                args=[c.base, c.token, self._lease_ms, self._keep_ms, c.flight],
+                client=pipe,
+            )
+        replies = pipe.execute()
+        return [c.token for c, kept in zip(claims, replies, strict=True) if not int(kept)]

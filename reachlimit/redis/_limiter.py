@@ -1,0 +1,595 @@
+"""A cold limiter shared by every process that uses the same Redis and name.
+
+Its Lua scripts are the ``.lua`` files of ``reachlimit/redis/lua/`` (put together there); the
+waker thread is ``_waker``, the parent's release of a dead process's places ``_owners``.
+
+design:
+
+    Keys (one hash tag, ``T = {<prefix>:<name>}``, so every script touches one Cluster slot):
+
+      T:holders    ZSET  grant token -> lease end (ms, Redis time)      the slots held
+      T:queue      ZSET  waiter token -> ticket                          the waiters, FIFO
+      T:alive      ZSET  waiter token -> presence end (ms, Redis time)   waiters still polling
+      T:deadline   HASH  waiter token -> wait deadline (ms, Redis time)
+      T:seq        STR   the ticket counter (INCR)
+      T:stats      HASH  counters and peaks
+      T:clientof   HASH  waiter token -> its client's id
+      T:clients    ZSET  client id -> turn stamp: the waiting clients, in turn order
+      T:c:<id>     ZSET  waiter token -> ticket: one client's waiters, FIFO
+      T:w:<token>  LIST  a waiter's doorbell: pushed once, "1" when it is promoted, "d" when
+                         it is displaced
+
+    Fair admission (the rules of ``reachlimit._limiter``, the same here): a client's id is a
+    short hash of the name the caller gave (``client_id``). A client gets a turn stamp (a
+    number from ``seq``) when its first waiter joins; promotion takes the oldest waiter of the
+    client with the lowest stamp, and that client, if it still waits, gets a new stamp (the
+    back of the turn). That is round-robin across clients in the order their waits began and
+    FIFO within each, exactly the in-process limiter's turn list; with one client it is the
+    ticket order (and its stamp is left alone). A newcomer that finds the queue full displaces
+    the newest waiter of the client holding most places (ties: whose newest waiter has the
+    higher ticket) if that client holds two places more than its own: the victim leaves the
+    queue in the same script, its doorbell gets "d" (it learns at once, blocked in BLPOP, or at
+    its next poll), and the newcomer joins in its place; the displacement is counted there, so
+    a victim whose process died loses nothing.
+
+    A token is random (made by the client) and names one attempt for good, also across a
+    Redis that restarts empty; the ticket that orders the queue comes from Redis (INCR).
+    A token is in at most one of ``holders`` and ``queue``, and only a script moves it.
+
+    Every script first reaps and refills, so no state depends on a process staying alive:
+      reap   holders whose lease ended are removed (counted ``lease_lost``); waiters whose
+             presence ended (they stopped polling: their process died) leave the queue
+      fill   while fewer than ``active`` slots are held, the oldest waiter is promoted: it is
+             moved into ``holders`` with a short claim lease (one presence period) and its
+             doorbell is pushed; its next poll turns the claim into a full lease
+
+    Scripts (each one EVALSHA, one round trip; time is ``TIME`` inside the script):
+      acquire   a free slot -> hold it (fast path); the queue full -> count ``rejected_full``
+                and answer at once (nothing else is written, unless reaping found a dead
+                holder or waiter); else INCR a ticket and join the queue
+      poll      run by a waiter after its doorbell rang, every ``POLL_EVERY`` seconds and
+                when its cancel token is set: promoted -> keep the slot (or, when giving up,
+                pass it on); deadline passed -> leave (timeout); giving up -> leave
+                (cancelled); neither -> refresh presence. All in one script, so a promotion
+                racing a timeout or a cancel ends in exactly one outcome and the slot is
+                kept or passed on, never lost and never counted twice.
+      release   remove the grant's token from ``holders`` (only its own: a token reaped for
+                a lost lease is gone, so a late release frees nothing) and fill
+      renew     push the lease end of the tokens still held; a reaped token is not revived
+      stats     reap, fill, and read the figures
+
+    Cost: a call to Redis inside a script costs a few microseconds, and a script's argument
+    a little more to pack and parse than it seems, so the hot scripts (acquire and release)
+    are lean. They are made per limiter with its settings written into the text (a call
+    sends the SHA, the keys and the token); they answer their common cases before building
+    the general steps, making the calls those steps would have made and no more. The rule
+    that makes this cheap: every script ends with nobody waiting while a slot is free, so
+    fewer entries in ``holders`` than ``active`` at the start of a script means an empty
+    queue. Per call, besides ``TIME``: a fast acquire with no slot held is ZCARD, ZADD and
+    HINCRBY; a release with a slot still free ZCARD, ZCOUNT and ZREM; a refusal ZCARD, two
+    ZCOUNT and HINCRBY (two ZCOUNT and HINCRBY in the variant sent after a refusal, which
+    checks for the refusal first). The poll, renew and stats scripts count everything each
+    time, so a waiter's own poll repairs a state that ever broke the rule.
+
+    Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
+    ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
+    promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
+    for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
+    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
+    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
+    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
+    (``Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
+    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
+    a slice and its deadline within a few milliseconds, as the local limiter does
+    (``benchmarks/redis_handoff.py`` measures both).
+
+    Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
+    daemon thread per limiter object, in one round trip for all its grants. A process that
+    dies stops renewing; its slots come back when their leases end (the next script of any
+    process reaps them) and its waiters leave the queue one presence period after their last
+    poll. A holder that was paused past its lease has lost the slot (counted once, when it is
+    reaped); its release is then a no-op in Redis. The same covers a reply lost on the way
+    back (a socket timeout after the script ran): the grant or the queue place it made is
+    nobody's, and it ends with its lease or its presence. A client that retries sends the
+    same token again: the acquire script then answers what its first run decided (claiming
+    a slot handed over in between), so a token never both holds and waits. That check is on
+    the acquire script's general path only, to keep the fast grant and the refusal as cheap
+    as they are: a retry that finds every slot held and every queue place taken is refused
+    although its first run took a slot or a place, which then ends with its lease (counted
+    ``lease_lost``) or its presence (about a second). A retried poll, release or refusal can
+    still count its outcome twice (or flag its grant ``lease_lost``). ``reachlimit.redis.
+    connect`` makes clients that never retry, so none of this happens through the extension.
+
+    In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
+    each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
+    lock. It waits untimed only when it found nothing held (idle); a grant taken then, and
+    ``close``, notify it. Once woken it waits a whole interval before it may go idle again,
+    so an acquire has a thread to wake at most once per interval. No Redis call is made
+    under the lock.
+
+    Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
+    from the same hash tag, so it lives in the same slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from .._cancel import POLL_INTERVAL, CancelToken
+from .._errors import Busy, Cancelled
+from .._limiter import Grant, LimiterFigures, LimiterStats
+from . import lua
+from ._common import (
+    check_names,
+    check_settings,
+    client_id,
+    ms,
+    owner_prefix,
+    positive,
+    socket_timeout,
+    warn_eviction,
+)
+from ._renewer import LeaseRenewer
+from ._waker import Waker
+
+__all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
+
+log = logging.getLogger("reachlimit")
+
+# Replies of the scripts (small integers: cheap to send, the same with decode_responses on/off).
+_FULL, _GRANTED, _QUEUED, _GIVEN_UP = 0, 1, 2, 3
+_WAITING, _TIMEOUT, _CANCELLED, _GONE, _DISPLACED = 2, 3, 4, 5, 6  # poll replies
+#: What a displaced waiter's doorbell holds (bytes, or str with decode_responses).
+_DISPLACED_BELL = (b"d", "d")
+# What a poll tells Redis about the waiter.
+_STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowhere
+
+#: The fixed keys, after the hash tag, in the order the scripts read KEYS.
+KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients")
+
+#: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
+_ANONYMOUS = "-"
+
+_COUNTERS = (
+    "displaced",
+    "peak_active",
+    "peak_queued",
+    "acquired",
+    "rejected_full",
+    "rejected_timeout",
+    "cancelled",
+    "lease_lost",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RedisLimiterStats(LimiterStats):
+    """The figures of :class:`~reachlimit.LimiterStats`, for all processes together, plus
+    ``backend`` (``"redis"``), ``degraded`` (False from Redis itself; True when
+    :class:`ResilientLimiter` answers from its in-process fallback, Redis being unreachable)
+    and ``lease_lost``: grants whose lease ran out before they were released."""
+
+    backend: str = "redis"
+    degraded: bool = False
+    lease_lost: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RedisGrant(Grant):
+    """One build slot of a :class:`RedisColdLimiter`, held as a renewed lease.
+
+    Same use as :class:`~reachlimit.Grant`: leaving the ``with`` block releases it;
+    ``release()`` releases it early; a second ``release()`` raises ``RuntimeError``. The
+    slot it frees is only ever its own: after a lost lease the release changes nothing.
+    """
+
+    __slots__ = ("_owner", "token", "_lost")
+
+    def __init__(self, owner: RedisColdLimiter, token: str) -> None:
+        self._owner = owner
+        self.token = token
+        self._held = True  # guarded by owner._lock
+        self._lost = False  # set (once) by the renewer or the release; racy read
+
+    @property
+    def lease_lost(self) -> bool:
+        """Racy read: whether this grant is known to have lost its lease."""
+        return self._lost
+
+    def _give_back(self, strict: bool) -> None:
+        self._owner._give_back(self, strict)
+
+    def _mark_lost(self) -> None:
+        """The renewer found this grant's lease gone (under the owner's lock)."""
+        self._lost = True
+
+
+class RedisColdLimiter(LimiterFigures):
+    """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
+    Redis and ``name``: at most ``active`` grants held in all of them together, at most
+    ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
+    first-out by a ticket from Redis, with a direct hand-off.
+
+    ``client`` is a ``redis.Redis``. Make it with short timeouts, say
+    ``redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)``: a waiter
+    blocks in ``BLPOP`` for at most half the socket timeout, so that the read never times out
+    first. Redis 6 or newer (``BLPOP`` with a fractional timeout).
+
+    ``lease`` is how long a grant outlives its process: it is renewed in the background every
+    ``lease / 3`` seconds while held. Every process must use the same ``active``, ``queue``,
+    ``wait`` and ``lease`` for a name.
+
+    Errors of Redis itself (``redis.exceptions.RedisError``: connection refused, timeout)
+    propagate out of ``acquire``, ``release`` and ``stats`` of this class; wrap it in
+    :class:`ResilientLimiter` (as the Flask extension does) to fall back to an in-process
+    limiter instead. A waiter that meets one leaves the queue (or Redis drops it within a
+    presence period); a grant whose release fails keeps its slot until its lease ends.
+
+    Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
+    that ends waiters' blocking reads on time (daemon threads either way).
+    A preloaded master (gunicorn ``preload_app``) may make the limiter before it forks: both
+    threads are started lazily, on first use (the renewer with the first grant, the waker
+    with the first wait), never here, and a process forked since starts its own on its first
+    use, as threads do not survive a fork (redis-py's pool opens new connections in the
+    child). Just hold no grant across the fork: the child would inherit it and renew it too.
+
+    The client's retries add to every wait: redis-py 6 and newer retry a failed command
+    several times with a backoff by default; pass ``retry=Retry(NoBackoff(), 1)`` (say) to
+    keep a Redis that is down from holding a request for long.
+    """
+
+    #: A waiter that has not polled for this long (its process died) leaves the queue; a
+    #: promoted waiter must claim its slot within it. Four polls fit in it.
+    PRESENCE = 1.0
+    #: The longest a waiter without a cancel token blocks between two polls.
+    POLL_EVERY = 0.25
+    #: The longest a waiter blocks when a cancel token must be watched.
+    CANCEL_POLL_INTERVAL = POLL_INTERVAL
+    #: How long Redis remembers a token given up after its reply was lost, so that the call
+    #: itself, if it reaches Redis only afterwards (sent on a timed-out connection to a Redis
+    #: that was paused), is refused: far longer than such a call can sit in Redis's input.
+    GIVEN_UP_FOR = 60.0
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str = "reachlimit",
+        active: int = 2,
+        queue: int = 8,
+        wait: float = 3.0,
+        retry_after: int = 2,
+        *,
+        lease: float = 10.0,
+        prefix: str = "reachlimit",
+    ) -> None:
+        self._set_figures(active, queue, wait, retry_after)
+        self._lease = positive("lease", lease)
+        check_names(name, prefix)
+        self._client = client
+        self._name = name
+        tag = "{" + prefix + ":" + name + "}"
+        self._keys = [f"{tag}:{suffix}" for suffix in KEY_SUFFIXES]
+        self._settings_key = f"{tag}:settings"
+        self._checked = False  # racy: set once the settings were checked against Redis
+        self._bell = f"{tag}:w:"
+        self._common: list[str | int] = [
+            self._bell,
+            active,
+            max(1, round(self._lease * 1000)),
+            max(1, round(self.PRESENCE * 1000)),
+        ]
+        self._wait_ms = max(1, round(self._wait * 1000))
+        hot = {
+            "ACTIVE": active, "QUEUE": queue, "LEASE_MS": int(self._common[2]),
+            "PRESENCE_MS": int(self._common[3]), "WAIT_MS": self._wait_ms,
+        }
+        self._acquire_script = client.register_script(lua.hot_acquire(hot))
+        # The same, checking for the refusal first: sent while the last acquire was refused.
+        self._refusing_script = client.register_script(lua.hot_acquire(hot, refusal_first=True))
+        self._release_script = client.register_script(lua.hot_release(hot))
+        self._poll_script = client.register_script(lua.POLL)
+        self._renew_script = client.register_script(lua.RENEW)
+        self._stats_script = client.register_script(lua.STATS)
+        # The hot paths and the poll send EVALSHA themselves, with everything but the token
+        # encoded once here: redis-py's Script object builds and encodes the keys and the
+        # arguments again on every call, and packing an argument costs more than it seems.
+        keys = (str(len(self._keys)).encode(), *(key.encode() for key in self._keys))
+        self._acquire_head = (self._acquire_script.sha.encode(), *keys)
+        self._refusing_head = (self._refusing_script.sha.encode(), *keys)
+        self._refusing = False  # racy: only picks which of the two acquire scripts is sent
+        self._release_head = (self._release_script.sha.encode(), *keys)
+        self._poll_head = (
+            self._poll_script.sha.encode(),
+            *keys,
+            *(str(arg).encode() for arg in self._common),
+        )
+        self._execute: Callable[..., Any] = client.execute_command
+        read_timeout = socket_timeout(client)
+        # A blocking read must end before the socket's own timeout does.
+        self._block_cap = read_timeout / 2 if read_timeout else math.inf
+        # The grants held here, renewed in one round trip every lease / 3 seconds.
+        self._leases: LeaseRenewer[RedisGrant] = LeaseRenewer(
+            "reachlimit-lease-renewer", self._lease / 3, self._renew, what="lease(s)",
+            on_lost=RedisGrant._mark_lost,
+        )
+        self._lock = self._leases.lock  # also guards each grant's held flag and _lost_tokens
+        # Tokens of calls whose replies were lost: given up before the next round trip.
+        self._lost_tokens: set[str] = set()
+        self._give_up_script = client.register_script(lua.GIVE_UP)
+        #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
+        self._renewal_paused = self._leases.paused
+        self._waker = Waker(client)
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def lease(self) -> float:
+        return self._lease
+
+    @property
+    def keys(self) -> list[str]:
+        """The fixed keys of this limiter (each waiter also has a doorbell key of the same
+        hash tag while it is promoted)."""
+        return list(self._keys)
+
+    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
+        """Take a build slot, waiting in the shared queue if needed; return the grant.
+
+        ``client`` names whoever asks, the same way in every process (str, bytes, int, or a
+        tuple of those; None is one anonymous client): queue places are shared fairly among
+        clients, as :class:`~reachlimit.ColdLimiter` shares them. Anything else is a
+        ``TypeError``, raised before any call to Redis.
+
+        Raises ``Cancelled`` if ``cancel`` is set before (then without a call to Redis) or
+        while waiting, ``Busy("queue_full")`` at once when every queue place is taken (one
+        round trip), ``Busy("displaced")`` when a leader of a client holding fewer places took
+        this waiter's place, ``Busy("timeout")`` when the wait ends without a slot (or the
+        waiter lost its place: Redis restarted empty, or it was dropped for not polling in
+        time). Errors of Redis propagate as ``redis`` exceptions.
+        """
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        if self._leases.closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("limiter closed")
+        who = _ANONYMOUS if client is None else client_id(client)
+        if not self._checked:
+            self._check()
+        token = owner_prefix() + secrets.token_hex(12)
+        try:
+            if self._refusing:
+                status = self._evalsha(self._refusing_script, self._refusing_head, token, who)
+            else:
+                status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
+        except redis.RedisError:
+            self._lose(token)  # it may have run: what it made is given up next time
+            raise
+        self._refusing = status == _FULL
+        if status == _GRANTED:
+            return self._granted(token)
+        if status == _FULL:
+            raise Busy(Busy.QUEUE_FULL, self._retry_after)
+        return self._wait_for_slot(token, self._wait_ms / 1000, cancel)
+
+    def stats(self) -> RedisLimiterStats:
+        """The figures of every process together (one round trip, which also reaps)."""
+        if not self._checked:
+            self._check()
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
+        held, queued, flat = self._stats_script(keys=self._keys, args=self._common)
+        counters = dict.fromkeys(_COUNTERS, 0)
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            key = field.decode() if isinstance(field, bytes) else str(field)
+            if key in counters:
+                try:
+                    counters[key] = int(value)
+                except ValueError:  # written by something else: read as 0, never an error
+                    log.warning("reachlimit: counter %r of %s is not a number: %r",
+                                key, self._keys[0], value)
+        return RedisLimiterStats(
+            active=int(held),
+            queued=int(queued),
+            # The fast path records a peak only above one: any grant made it at least one.
+            peak_active=max(counters["peak_active"], min(1, counters["acquired"])),
+            peak_queued=counters["peak_queued"],
+            acquired=counters["acquired"],
+            rejected_full=counters["rejected_full"],
+            rejected_timeout=counters["rejected_timeout"],
+            cancelled=counters["cancelled"],
+            capacity_active=self._capacity,
+            capacity_queue=self._queue_capacity,
+            wait=self._wait,
+            displaced=counters["displaced"],
+            lease_lost=counters["lease_lost"],
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the renewer and waker threads, for good: grants still held are no longer
+        renewed (their release still works) and ``acquire`` raises ``RuntimeError`` from now
+        on."""
+        self._leases.close(timeout)
+        self._waker.close(timeout)
+
+    @property
+    def _renewer(self) -> threading.Thread | None:
+        """Racy read: the lease renewer's thread, once started (for tests)."""
+        return self._leases.thread
+
+    def __repr__(self) -> str:
+        return (
+            f"<RedisColdLimiter {self._keys[0].rsplit(':', 1)[0]} active={self._capacity} "
+            f"queue={self._queue_capacity} wait={self._wait} lease={self._lease}>"
+        )
+
+    # -- the scripts ----------------------------------------------------------------------
+
+    def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes) -> Any:
+        """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
+        common arguments, encoded; ``args`` follow. A Redis that does not know the script
+        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does.
+        Tokens whose replies were lost are given up first."""
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
+        try:
+            return self._execute("EVALSHA", *head, *args)
+        except NoScriptError:
+            self._client.script_load(script.script)
+            return self._execute("EVALSHA", *head, *args)
+
+    def settings(self) -> dict[str, int]:
+        """The settings every process of this budget must share, as recorded in Redis."""
+        return {
+            "active": self._capacity, "queue": self._queue_capacity,
+            "wait_ms": self._wait_ms, "lease_ms": int(self._common[2]),
+        }
+
+    def _check(self) -> None:
+        """The first call of this object: record this budget's settings in Redis, or check
+        them against those recorded (``ValueError`` naming the setting and both values), and
+        warn once per process if Redis may evict any key. One or two round trips, once."""
+        check_settings(self._client, self._settings_key, self.settings())
+        warn_eviction(self._client)
+        self._checked = True
+
+    def _lose(self, token: str) -> None:
+        """The reply of a call of ``token`` was lost: give the token up before the next
+        round trip (whatever that call did in Redis is undone then)."""
+        with self._lock:
+            self._lost_tokens.add(token)
+
+    def _give_up_lost(self) -> None:
+        """Give up, in one idempotent script, every token whose reply was lost. If Redis
+        fails again, they are kept for the next round trip (and the error propagates)."""
+        with self._lock:
+            tokens, self._lost_tokens = list(self._lost_tokens), set()
+        if not tokens:
+            return
+        try:
+            freed, left = self._give_up_script(
+                keys=self._keys, args=[*self._common, ms(self.GIVEN_UP_FOR), *tokens]
+            )
+        except redis.RedisError:
+            with self._lock:
+                self._lost_tokens.update(tokens)
+            raise
+        if freed or left:
+            log.info("reachlimit: gave up %d slot(s) and %d queue place(s) whose replies "
+                     "were lost", int(freed), int(left))
+
+    def _admit(self, token: str, who: str = "-") -> tuple[int, int]:
+        """The acquire script for client id ``who``: (status, wait in ms)."""
+        status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
+        return int(status), self._wait_ms
+
+    def _free(self, token: str) -> int:
+        """The release script: 1 if the slot was still ``token``'s (now freed), else 0."""
+        return int(self._evalsha(self._release_script, self._release_head, token))
+
+    def _poll(self, token: str, leaving: int) -> tuple[int, int]:
+        """The poll script: (outcome, milliseconds left of the wait)."""
+        reply = self._evalsha(self._poll_script, self._poll_head, token, str(leaving))
+        return int(reply[0]), int(reply[1])
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def _wait_for_slot(self, token: str, remaining: float, cancel: CancelToken | None) -> Grant:
+        """Wait as a queued waiter until promoted, timed out, cancelled or dropped. Runs in
+        the requesting thread. The local clock only schedules the next poll; whether the wait
+        is over is decided by the poll script, on Redis's clock."""
+        bell = self._bell + token
+        slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
+        slice_cap = min(slice_cap, self._block_cap)
+        try:
+            now = time.monotonic()
+            next_poll = now + self.POLL_EVERY
+            deadline = now + remaining
+            while True:
+                if cancel is not None and cancel.is_set():
+                    # Cancelled, or already gone: either way; displaced is counted as such.
+                    if self._poll(token, _GIVE_UP)[0] == _DISPLACED:
+                        outcome = _DISPLACED
+                        break
+                    raise Cancelled()
+                now = time.monotonic()
+                block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
+                self._waker.wake_at(time.monotonic() + block)
+                rang = self._client.blpop([bell], timeout=block)
+                if rang is not None and rang[1] in _DISPLACED_BELL:
+                    outcome = _DISPLACED  # the displacer took us out of the queue
+                    break
+                now = time.monotonic()
+                if rang is None and now < next_poll and now < deadline:
+                    continue
+                outcome, remaining_ms = self._poll(token, _STAY)
+                if outcome != _WAITING:
+                    break
+                now = time.monotonic()
+                next_poll = now + self.POLL_EVERY
+                deadline = now + remaining_ms / 1000
+        except Cancelled:
+            raise
+        except BaseException:
+            # A Redis error, or an exception thrown into this thread: leave the queue (or pass
+            # on a slot handed over meanwhile). If Redis cannot be reached, it drops us anyway
+            # one presence period after our last poll.
+            try:
+                self._poll(token, _ABANDON)
+            except redis.RedisError:
+                self._lose(token)  # Redis drops us anyway, a presence period later
+            raise
+        if outcome == _GRANTED:
+            return self._granted(token)
+        if outcome == _DISPLACED:
+            raise Busy(Busy.DISPLACED, self._retry_after)
+        raise Busy(Busy.TIMEOUT, self._retry_after)  # _TIMEOUT, or _GONE: the place was lost
+
+    # -- grants and their leases ------------------------------------------------------------
+
+    def _granted(self, token: str) -> RedisGrant:
+        grant = RedisGrant(self, token)
+        self._leases.hold(token, grant)
+        return grant
+
+    def _give_back(self, grant: RedisGrant, strict: bool) -> None:
+        """Release ``grant``: exactly once, and in Redis only if the slot is still its own."""
+        with self._lock:
+            if not grant._held:
+                if strict:
+                    raise RuntimeError("grant released twice")
+                return
+            grant._held = False
+            self._leases.drop_locked(grant.token)
+        try:
+            kept = self._free(grant.token)
+        except redis.RedisError:
+            self._lose(grant.token)  # freed at the next round trip, not after its lease
+            raise
+        if not kept:
+            grant._lost = True
+
+    def _renew(self, grants: list[RedisGrant]) -> list[str]:
+        """The renewer's call (in its thread): push the leases of ``grants`` in one round
+        trip; the tokens Redis no longer holds (lost leases, never revived)."""
+        if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
+            self._give_up_lost()
+        lost = self._renew_script(
+            keys=self._keys, args=[*self._common, *(g.token for g in grants)]
+        )
+        return [t.decode() if isinstance(t, bytes) else str(t) for t in lost]

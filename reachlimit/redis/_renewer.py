@@ -1,0 +1,145 @@
+"""The lease renewer: one daemon thread that keeps an owner's leases alive in Redis.
+
+design:
+
+    An owner (a ``RedisColdLimiter``: its grants; a ``RedisSingleFlight``: the claims of the
+    flights it leads) holds its leases here, by key. One daemon thread per owner, started with
+    the first lease held (and again in a process forked since: threads do not survive a
+    fork), wakes every ``interval`` seconds and hands every lease held to ``renew`` in one
+    call, outside the lock; ``renew`` answers the keys Redis no longer knows, and ``on_lost``
+    marks those still held (under the lock: it is the owner's own bookkeeping, never user
+    code). A lease is never revived: Redis decides what is still held.
+
+    Idle: with nothing held the thread waits untimed until a lease is held (``hold`` notifies
+    it) or ``close``. Once woken it waits a whole interval before it may go idle again, so an
+    owner whose leases come and go wakes it at most once an interval, not on every hold.
+
+    ``lock`` guards the leases held, the closed and idle flags and the thread; an owner may
+    use it for state of its own that goes with its leases (a grant's ``held`` flag). No Redis
+    call is made under it. A renewal that fails (``redis.RedisError``) is logged, reported to
+    ``on_error`` and tried again at the next interval; a lease it could not renew ends in
+    Redis when its time is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+import redis
+
+__all__ = ["LeaseRenewer"]
+
+log = logging.getLogger("reachlimit")
+
+T = TypeVar("T")
+
+
+class LeaseRenewer(Generic[T]):
+    """Renews the leases held by one owner (module design). ``what`` names them in logs."""
+
+    def __init__(
+        self,
+        thread_name: str,
+        interval: float,
+        renew: Callable[[list[T]], Iterable[str]],
+        *,
+        what: str,
+        on_lost: Callable[[T], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._thread_name = thread_name
+        self._interval = interval
+        self._renew = renew
+        self._what = what
+        self._on_lost = on_lost
+        self._on_error = on_error
+        self.lock = threading.Lock()
+        self._wake = threading.Condition(self.lock)  # notified by close, and by a lease held
+        # while the thread is idle (it found nothing held: then it waits untimed)
+        self._held: dict[str, T] = {}  # guarded by lock
+        self._idle = False  # guarded by lock
+        self._closed = False  # guarded by lock
+        self._thread: threading.Thread | None = None  # guarded by lock
+        #: Test hook: while set, renewals are skipped (as if the process were paused).
+        self.paused = threading.Event()
+
+    @property
+    def closed(self) -> bool:
+        """Racy read: whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """Racy read: the renewing thread, once started."""
+        return self._thread
+
+    def hold(self, key: str, lease: T) -> None:
+        """Renew ``lease`` from now on, until :meth:`drop`. Starts the thread if need be."""
+        with self.lock:
+            self.hold_locked(key, lease)
+
+    def hold_locked(self, key: str, lease: T) -> None:
+        """:meth:`hold`, for a caller that holds :attr:`lock` already."""
+        if self._idle:
+            self._idle = False
+            self._wake.notify()
+        self._held[key] = lease
+        if not self._closed and (self._thread is None or not self._thread.is_alive()):
+            # None yet, or the process forked since: threads do not survive a fork.
+            self._thread = threading.Thread(
+                target=self._run, name=self._thread_name, daemon=True
+            )
+            self._thread.start()
+
+    def drop(self, key: str) -> T | None:
+        """Stop renewing ``key``'s lease; the lease, or None if it was not held."""
+        with self.lock:
+            return self._held.pop(key, None)
+
+    def drop_locked(self, key: str) -> T | None:
+        """:meth:`drop`, for a caller that holds :attr:`lock` already."""
+        return self._held.pop(key, None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread for good; the leases still held are no longer renewed."""
+        with self.lock:
+            self._closed = True
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        """The thread: every interval, renew every lease held in one call to ``renew``."""
+        while True:
+            with self.lock:
+                if not self._closed and not self._held:
+                    self._idle = True
+                    while not self._closed and self._idle:
+                        self._wake.wait()
+                    self._idle = False
+                if self._closed:
+                    return
+                self._wake.wait(self._interval)
+                if self._closed:
+                    return
+                held = dict(self._held)
+            if not held or self.paused.is_set():
+                continue
+            try:
+                lost = list(self._renew(list(held.values())))
+            except redis.RedisError as exc:
+                log.warning("reachlimit: could not renew %d %s: %s", len(held), self._what, exc)
+                if self._on_error is not None:
+                    self._on_error(exc)
+                continue
+            if self._on_lost is None:
+                continue
+            with self.lock:
+                for key in lost:
+                    lease = self._held.get(key)  # released meanwhile: not lost, just gone
+                    if lease is not None:
+                        self._on_lost(lease)

@@ -1,0 +1,81 @@
+"""The waker: ends a waiter's timed-out ``BLPOP`` on time (see :class:`Waker`)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+import time
+from typing import Any
+
+import redis
+
+__all__ = ["Waker"]
+
+
+class Waker:
+    """Ends a waiter's timed-out ``BLPOP`` on time: sends Redis a ``PING`` when it is due.
+
+    Redis notices a blocking command that timed out only when its event loop runs: at once
+    on a busy server, but on a server with no other traffic at its next cron tick (every
+    100 ms at the default ``hz 10``), so a 50 ms slice could last 100 ms. Any command makes
+    the loop run, so a ``PING`` on another connection just after the slice's end makes the
+    ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait;
+    a ``PING`` that comes when the ``BLPOP`` has already ended is harmless. A failing
+    ``PING`` is ignored: the waiter then ends on Redis's tick, as it would without this.
+    """
+
+    #: After a slice's end: the first nudge, and a second in case the first came too early
+    #: for Redis's clock (the BLPOP's timeout starts when Redis reads it).
+    NUDGES = (0.001, 0.005)
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._cond = threading.Condition(threading.Lock())
+        self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
+        self._closed = False  # guarded by _cond
+        self._thread: threading.Thread | None = None  # guarded by _cond
+
+    def wake_at(self, end: float) -> None:
+        """A ``BLPOP`` sent now times out at ``end`` (monotonic): nudge Redis just after."""
+        with self._cond:
+            if self._closed:
+                return
+            earliest = self._due[0] if self._due else math.inf
+            for nudge in self.NUDGES:
+                heapq.heappush(self._due, end + nudge)
+            if self._thread is None or not self._thread.is_alive():
+                # None yet, or the process forked since: threads do not survive a fork.
+                self._thread = threading.Thread(
+                    target=self._run, name="reachlimit-blpop-waker", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0] < earliest:
+                self._cond.notify()
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._due:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                wait = self._due[0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                now = time.monotonic()
+                while self._due and self._due[0] <= now:
+                    heapq.heappop(self._due)
+            try:
+                self._client.ping()
+            except redis.RedisError:
+                pass

@@ -1,0 +1,35 @@
+-- Common to the flight scripts: KEYS[1] F:lead, KEYS[2] F:n; ARGV[1] the key base "F:", ARGV[2]
+-- our token, ARGV[3] lease (ms), ARGV[4] how long the counter outlives the last write (ms).
+local lead, counter = KEYS[1], KEYS[2]
+local base, token = ARGV[1], ARGV[2]
+local lease, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local function flight_of(claim)
+  return tonumber(string.match(claim, '^(%d+):'))
+end
+
+-- The claim, or nil; a claim that is not ours to read (corrupt) is dropped, as if it ended.
+local function read_claim()
+  local claim = redis.call('GET', lead)
+  if claim and not flight_of(claim) then
+    redis.call('DEL', lead)
+    return nil
+  end
+  return claim
+end
+
+local function outcome(n)
+  return redis.call('GET', base .. 'out:' .. n)
+end
+
+local function follow(n)
+  redis.call('INCR', base .. 'w:' .. n)
+  redis.call('PEXPIRE', base .. 'w:' .. n, keep)
+  return {1, n}
+end
+
+local function claim(n)
+  redis.call('SET', lead, n .. ':' .. token, 'PX', lease)
+  redis.call('PEXPIRE', counter, keep)
+  return {0, n}
+end
