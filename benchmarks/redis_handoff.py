@@ -286,8 +286,11 @@ def waits(client: redis.Redis, n_cancel: int, n_deadline: int) -> dict[str, Any]
     made: list[RedisColdLimiter] = []
 
     def shared(wait: float) -> Any:
+        # One name per wait: the processes (here, objects) of one budget share its settings.
+        name = f"bench-waits-{round(wait * 1000)}ms"
+
         def make() -> RedisColdLimiter:
-            lim = RedisColdLimiter(client, "bench-waits", active=1, queue=1, wait=wait)
+            lim = RedisColdLimiter(client, name, active=1, queue=1, wait=wait)
             made.append(lim)
             return lim
         return make

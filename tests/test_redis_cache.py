@@ -184,7 +184,8 @@ def test_the_size_bound_evicts_the_oldest_one_at_a_time(client: CountingRedis) -
     assert [other.get(k) for k in ("a", "b", "c", "d")] == ["a2", None, "c", "d"]
     assert entries(client) == 3
     cache.set("e", "e")
-    assert RedisCache(client).get("c") is None and entries(client) == 3
+    # (Every cache object of a name has its settings: one name, one set of settings.)
+    assert RedisCache(client, size=3).get("c") is None and entries(client) == 3
     assert client.zcard("{reachlimit:reachlimit:cache}:index") == 3
 
 
@@ -192,7 +193,7 @@ def test_many_sets_within_a_millisecond_keep_their_order(client: CountingRedis) 
     cache = RedisCache(client, size=10)
     for i in range(40):  # far more sets than milliseconds
         cache.set(i, i)
-    other = RedisCache(client)
+    other = RedisCache(client, size=10)  # the name's settings
     assert [k for k in range(40) if other.get(k) is not None] == list(range(30, 40))
     digests = client.zrange("{reachlimit:reachlimit:cache}:index", 0, -1)
     assert [d.decode() for d in digests] == [cache.key_of(k).rsplit(":", 1)[1]
@@ -202,10 +203,12 @@ def test_many_sets_within_a_millisecond_keep_their_order(client: CountingRedis) 
 def test_expired_entries_leave_the_index_before_anything_is_evicted(
     client: CountingRedis,
 ) -> None:
-    short = RedisCache(client, ttl=0.2, size=2)
+    # One name, one set of settings: a ttl short enough for "old" to expire during the
+    # test, long enough for "a" and "b" to outlive the few commands that follow their sets.
+    short = RedisCache(client, ttl=1.5, size=2)
     short.set("old", 1)
     wait_until("the entry expired", lambda: entries(client) == 0, timeout=10)
-    cache = RedisCache(client, ttl=60.0, size=2)
+    cache = RedisCache(client, ttl=1.5, size=2)
     cache.set("a", 1)
     cache.set("b", 2)
     assert entries(client) == 2 and client.zcard("{reachlimit:reachlimit:cache}:index") == 2

@@ -428,7 +428,7 @@ def test_tokens_carry_the_owner_and_release_owner_frees_a_dead_owners_places(
         mine._inner.token  # type: ignore[attr-defined]
     ]
     assert mine._inner.token.startswith(owner_prefix())  # type: ignore[attr-defined]
-    dead = "deadhost:4242:"
+    dead = "deadhost:0badb007:4242:"  # <host>:<boot id>:<pid>: of a process that died
     assert s.remote._admit(dead + "a" * 24)[0] == 1  # the dead process's slot
     assert s.remote._admit(dead + "b" * 24)[0] == 2  # and its queue place
     waiting = start_call(runner, s.limiter.acquire, name="live waiter")

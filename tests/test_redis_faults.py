@@ -58,7 +58,9 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 @pytest.fixture
 def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
     """``watch(active, queue, **kwargs)``: the test process's own limiter on the workers'
-    name ``procs``, to read the global figures and hold slots; closed at teardown."""
+    name ``procs``, to read the global figures and hold slots; closed at teardown. It takes
+    the workers' settings (one budget, one set of settings: a limiter whose settings differ
+    from those recorded for the budget raises ``ValueError`` at its first call)."""
     made: list[RedisColdLimiter] = []
 
     def make(active: int, queue: int, **kwargs: object) -> RedisColdLimiter:
@@ -104,7 +106,7 @@ def test_a_holder_paused_past_its_lease_loses_the_slot_and_its_release_frees_not
     does not revive it, its release frees nothing, ``lease_lost`` is counted once, and the
     only extra build was the paused one (2 builds at once with ``active=1``, never 3)."""
     paused, other = start_workers(2, active=1, queue=1, lease=0.6)
-    watch = make_watch(1, 1, wait=60.0)
+    watch = make_watch(1, 1, wait=60.0, lease=0.6)  # the workers' settings
     first = paused.ask("acquire h", "granted")
     assert first["building"] == 1
     stale = first["token"]
@@ -248,7 +250,7 @@ def test_a_process_whose_clock_is_a_minute_off_keeps_every_promise(
     settings = {"active": 1, "queue": 3, "wait": wait, "lease": lease}
     (skewed,) = start_workers(1, env=skewed_env(f"{shift:+d}s"), **settings)
     (plain,) = start_workers(1, **settings)
-    watch = make_watch(1, 3, wait=60.0)
+    watch = make_watch(1, 3, wait=wait, lease=lease)  # the workers' settings
     poll = RedisColdLimiter.POLL_EVERY
 
     # The shift really applies inside Python in that process, and only there.
@@ -334,7 +336,7 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     release is then a no-op. Next acquires work at once, in every process, with the full
     capacity, and nothing is left stuck in Redis."""
     holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=("patient",))
-    watch = make_watch(1, 1, wait=60.0)
+    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
     holder.ask("acquire h", "granted")
     waiter.send("acquire w")
     wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
@@ -371,7 +373,7 @@ def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error
     and never a hang. Redis stays down until that error is seen, so the ending is certain.
     Redis then comes back empty on the same port and everything works again without help."""
     holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=("impatient",))
-    watch = make_watch(1, 1, wait=60.0)
+    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
     holder.ask("acquire h", "granted")
     waiter.send("acquire w")
     wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)

@@ -106,17 +106,35 @@ def gate_server(
 
 
 class Watch:
-    """The test's own view of the shared limiter (same Redis, name, prefix and figures)."""
+    """The test's own view of the shared limiter (same Redis, name, prefix and figures). Its
+    settings must be the servers' (the defaults are those of ``gate_server``: the extension's
+    defaults but REACHLIMIT_WAIT=30): one budget, one set of settings, or its first call
+    raises ``ValueError``."""
 
-    def __init__(self, url: str, active: int = 2, queue: int = 8) -> None:
+    def __init__(
+        self, url: str, active: int = 2, queue: int = 8, wait: float = 30.0, lease: float = 10.0
+    ) -> None:
         self.client = redis.Redis.from_url(url, socket_timeout=2)
-        self.limiter = RedisColdLimiter(self.client, "cold", active, queue, 30.0, prefix=PREFIX)
+        self.limiter = RedisColdLimiter(
+            self.client, "cold", active, queue, wait, lease=lease, prefix=PREFIX
+        )
 
     def stats(self) -> Any:
         return self.limiter.stats()
 
     def holders(self) -> list[str]:
         return [t.decode() for t in self.client.zrange(self.limiter.keys[0], 0, -1)]
+
+    def held_by(self, pid: int) -> list[str]:
+        """The holders' tokens made by process ``pid`` of this host. A token starts with
+        ``owner_prefix(pid)``, ``<hostname>:<boot id>:<pid>:``, where the boot id is the
+        gunicorn master's (its config file draws it), not this process's: so the hostname
+        and the PID are compared, around whatever boot id the server drew."""
+        host = owner_prefix(pid).split(":", 1)[0]
+        return [
+            t for t in self.holders()
+            if t.startswith(host + ":") and t.rsplit(":", 2)[1] == str(pid)
+        ]
 
     def close(self) -> None:
         self.limiter.close()
@@ -295,7 +313,7 @@ def test_a_sigkilled_workers_slot_comes_back(
     if way == "lease":
         config = tmp_path / "no_release.conf.py"
         config.write_text(NO_RELEASE_CONFIG.format(path=str(WEBAPP_CONFIG)))
-    watch = Watch(redis_url, active=1, queue=1)
+    watch = Watch(redis_url, active=1, queue=1, lease=lease)  # the server's settings
     server = gate_server(
         tmp_path, f"kill-{way}", gate, redis_url, config=config,
         env={"REACHLIMIT_ACTIVE": "1", "REACHLIMIT_QUEUE": "1", "REACHLIMIT_LEASE": str(lease)},
@@ -315,13 +333,13 @@ def test_a_sigkilled_workers_slot_comes_back(
             threads[-1].start()
             pids = wait_until("the victim's build running", lambda: build_pids(gate))
             victim = pids["victim"]
-            assert any(t.startswith(owner_prefix(victim)) for t in watch.holders())
+            assert watch.held_by(victim)
             killed_at = time.monotonic()
             os.kill(victim, signal.SIGKILL)
 
             def slot_back() -> bool:
                 watch.stats()  # a script: reaps holders whose lease ended
-                return not any(t.startswith(owner_prefix(victim)) for t in watch.holders())
+                return not watch.held_by(victim)
 
             wait_until("the dead worker's slot back", slot_back, timeout=lease + 20,
                        interval=0.005)
@@ -490,7 +508,7 @@ def test_child_exit_logs_and_never_raises_when_redis_is_unreachable(
 
 
 def test_the_reach_service_takes_its_redis_settings_from_the_environment(
-    tmp_path: Path, redis_url: str, watch: Watch
+    tmp_path: Path, redis_url: str
 ) -> None:
     """The reach service as an operator starts it, with REACHLIMIT_REDIS_URL (a password in
     it) in the environment: two workers on the shared limiter, metrics on (the gauges read
@@ -500,6 +518,8 @@ def test_the_reach_service_takes_its_redis_settings_from_the_environment(
     db = tmp_path / "demo.sqlite"
     write_demo_db(db, nodes=60, observations=2_000, seed=3)
     secret = "svc-secret"
+    # The service's settings are the extension's defaults (a 3 s wait, not gate_server's 30).
+    watch = Watch(redis_url, wait=3.0)
     client = redis.Redis.from_url(redis_url, socket_timeout=2)
     client.config_set("requirepass", secret)
     try:
@@ -527,4 +547,7 @@ def test_the_reach_service_takes_its_redis_settings_from_the_environment(
         authed.config_set("requirepass", "")
         authed.close()
         client.close()
-    assert watch.stats().acquired >= 1  # the report went through the shared limiter
+    try:
+        assert watch.stats().acquired >= 1  # the report went through the shared limiter
+    finally:
+        watch.close()

@@ -40,6 +40,7 @@ from reachlimit.redis._limiter import _GIVE_UP as GIVE_UP
 from reachlimit.redis._limiter import _STAY as STAY
 from tests.support.limiter import (
     LIMITER_FIELDS,
+    ProbeCancel,
     assert_exact_capacity,
     start_acquire,
     try_acquire_now,
@@ -252,6 +253,9 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
         cls=Patient, client=refuser_client, active=1, queue=1, lease=120.0, retry_after=5
     )
     refuser_client.ping()  # its connection is open (a new one says HELLO)
+    # The first call of a limiter object also checks the budget's settings in Redis (one more
+    # round trip, once): made here, before anything is counted or compared.
+    lim.stats()
     if refused_before:
         for _ in range(2):  # the second one loads the script sent after a refusal
             with pytest.raises(Busy):
@@ -499,9 +503,10 @@ def test_an_error_while_queued_propagates_and_returns_the_place(
             lim.acquire(FailingCancel(calls_ok=2))  # fails on its first look while queued
         s = lim.stats()
         assert (s.queued, s.cancelled, s.rejected_timeout) == (0, 0, 0)
-        with pytest.raises(Busy) as info:
-            make_limiter(active=1, queue=1, wait=0.05).acquire()
-        assert info.value.reason == "timeout"  # admitted: the place came back
+        # A newcomer with the budget's settings (one budget, one set of settings) is admitted
+        # (Cancelled on its first look, see ProbeCancel), not refused: the place came back.
+        with pytest.raises(Cancelled):
+            make_limiter(active=1, queue=1, wait=60.0).acquire(ProbeCancel())
 
 
 def test_a_redis_error_while_queued_propagates_as_itself_and_returns_the_place(
@@ -590,9 +595,10 @@ def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_pla
         assert isinstance(attempt.error, Cancelled), attempt.error
         s = lim.stats()
         assert (s.queued, s.cancelled, s.rejected_timeout) == (0, 1, 0)
-        with pytest.raises(Busy) as info:  # the place is free again: a newcomer is admitted
-            make_limiter(active=1, queue=1, wait=0.05).acquire()
-        assert info.value.reason == "timeout"
+        # The place is free again: a newcomer (with the budget's settings) is admitted, and
+        # gives up on its first look (ProbeCancel) instead of being refused as queue_full.
+        with pytest.raises(Cancelled):
+            make_limiter(active=1, queue=1, wait=60.0).acquire(ProbeCancel())
     assert spy.blocks and max(spy.blocks) <= RedisColdLimiter.CANCEL_POLL_INTERVAL
     assert_exact_capacity(lim)
 
@@ -627,7 +633,7 @@ def test_a_waiter_notices_its_deadline_while_blocked_on_its_doorbell(
     """No block outlasts the deadline by more than a millisecond, and no slice is longer
     than the cancel slice while a cancel token is watched: the timeout comes in time."""
     spy = make_client(BlockSpy)
-    lim = make_limiter(active=1, queue=1, wait=60.0)
+    lim = make_limiter(active=1, queue=1, wait=0.3)  # the budget's settings: the waiter's
     waiting = make_limiter(client=spy, active=1, queue=1, wait=0.3)
     with lim.acquire():
         with pytest.raises(Busy) as info:
@@ -777,7 +783,7 @@ def test_redis_restarted_empty_recovers(
     # The waiter's client retries through the restart (what a client with retries does; the
     # count and backoff are set here so that redis-py's defaults of the day do not matter).
     patient = make_client(retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 50))
-    lim = make_limiter(active=2, queue=1)
+    lim = make_limiter(active=2, queue=1, wait=60.0)  # the same settings as the waiter's
     before = lim.acquire()
     lim.acquire().release()
     other = lim.acquire()
@@ -819,9 +825,10 @@ def test_every_key_carries_the_hash_tag(
     assert lim._admit("w2")[0] == QUEUED
     holder.release()  # w1 promoted: its doorbell exists
     keys = [k.decode() for k in client.keys("*")]
-    # holders, queue, alive, deadline, stats, seq, a doorbell, and the fair queue's three:
-    # the waiters' clients, the waiting clients, and the anonymous client's own waiters
-    assert len(keys) == 10, keys
+    # holders, queue, alive, deadline, stats, seq, settings, a doorbell, and the fair queue's
+    # three: the waiters' clients, the waiting clients, and the anonymous client's own waiters
+    assert len(keys) == 11, keys
+    assert "{svc:tagged}:settings" in keys, keys
     assert all(k.startswith("{svc:tagged}:") for k in keys), keys
     assert len({key_slot(k.encode()) for k in keys}) == 1
 

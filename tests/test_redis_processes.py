@@ -45,12 +45,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
-    """``watch(active, queue)``: the test process's own limiter on the workers' name, to read
-    the global figures (and to hold slots); closed at teardown."""
+    """``watch(active, queue, wait=60.0, lease=10.0)``: the test process's own limiter on the
+    workers' name, to read the global figures (and to hold slots); closed at teardown. Its
+    settings must be the workers' (the defaults are ``start_workers``'s): one budget, one set
+    of settings, or its first call raises ``ValueError``."""
     made: list[RedisColdLimiter] = []
 
-    def make(active: int, queue: int) -> RedisColdLimiter:
-        lim = RedisColdLimiter(client, "procs", active, queue, 60.0)
+    def make(active: int, queue: int, wait: float = 60.0, lease: float = 10.0) -> RedisColdLimiter:
+        lim = RedisColdLimiter(client, "procs", active, queue, wait, lease=lease)
         made.append(lim)
         return lim
 
@@ -147,7 +149,7 @@ def test_a_killed_holders_slot_comes_back_after_its_lease(
     start_workers: Callable[..., list[Worker]],
 ) -> None:
     holder, waiter = start_workers(2, active=1, queue=1, lease=1.0)
-    watch = make_watch(1, 1)
+    watch = make_watch(1, 1, lease=1.0)  # the workers' settings
     holder.send("acquire h")
     wait_until("h granted", lambda: holder.outcome("h") == "granted", timeout=DEADLINE)
     waiter.send("acquire w")
@@ -191,7 +193,7 @@ def test_a_storm_from_four_processes_keeps_the_bounds_and_returns_everything(
     leave: never more than 2 holders at once in all processes (a shared counter each holder
     increments), and afterwards every slot and place is back and every counter adds up."""
     workers = start_workers(4, active=2, queue=3, wait=0.1, lease=5.0)
-    watch = make_watch(2, 3)
+    watch = make_watch(2, 3, wait=0.1, lease=5.0)  # the workers' settings
     for i, w in enumerate(workers):
         w.send(f"storm 40 2 {i}")
 

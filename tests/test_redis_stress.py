@@ -39,6 +39,7 @@ from hypothesis.stateful import initialize, precondition, rule, run_state_machin
 
 import tests.test_limiter_state_machine as local_machine
 import tests.test_storms as local_storms
+from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
 from tests.support import stress
 from tests.support.redis_server import (
@@ -270,6 +271,38 @@ class _CountedWaits(RedisColdLimiter):
         return super()._wait_for_slot(token, remaining, cancel)
 
 
+class _Lasting(_CountedWaits):
+    """The storm's settings (one budget, one set of settings), with waiters that stay present
+    for the whole final check (``PRESENCE`` is not a budget setting: each process has its own)."""
+
+    PRESENCE = 120.0
+
+
+def _assert_full_capacity_usable_in_redis(lim: _Lasting) -> None:
+    """``_assert_full_capacity_usable`` of ``tests/test_storms.py`` on Redis: every slot and
+    every queue place is still there: ``active`` fast-path grants (no wait entered), then
+    ``queue`` admitted waiters, then an immediate queue_full refusal. The waiters are ghosts
+    (the acquire script alone, never polling): a real waiter with the storm's short wait would
+    time out during the check, and Redis decides a wait; a ghost stays queued while present
+    (120 s here), and gives its place up at the end as a cancelled waiter does."""
+    before = local_storms._reads()
+    grants = [lim.acquire() for _ in range(lim.capacity_active)]
+    assert local_storms._reads() == before, "a fast-path acquire entered a wait"
+    ghosts = [f"final-check-{i}" for i in range(lim.capacity_queue)]
+    try:
+        assert [lim._admit(token)[0] for token in ghosts] == [2] * lim.capacity_queue  # queued
+        with pytest.raises(Busy) as refused:
+            lim.acquire()
+        assert refused.value.reason == "queue_full"
+    finally:
+        cancelled = [lim._poll(token, 1)[0] for token in ghosts]  # give up: 4 cancelled
+        for grant in grants:
+            grant.release()
+    assert cancelled == [4] * lim.capacity_queue, cancelled
+    s = lim.stats()
+    assert (s.active, s.queued) == (0, 0), s
+
+
 def _redis_sampler(
     client: redis.Redis, lim: RedisColdLimiter, storm: Any, tally: Counter[str]
 ) -> None:
@@ -295,7 +328,7 @@ def test_redis_thread_storm(
     ops = 1000 if stress.LONG else 100
     rng = random.Random(f"{stress.SEED}-redis-{active}-{queue}-{wait}")
     lim = _CountedWaits(client, "storm", active, queue, wait=wait)
-    twin = _CountedWaits(client, "storm", active, queue, wait=60.0)  # for the final check
+    twin = _Lasting(client, "storm", active, queue, wait=wait)  # for the final check
     storm = local_storms.Storm(active)
     tallies = [Counter[str]() for _ in range(threads + 2)]
     workers = [
@@ -358,8 +391,8 @@ def test_redis_thread_storm(
         # purpose, and the counters are checked against the callers either way.
         assert tally["grant"] and tally["fast_path"] and tally["promoted"], tally
         assert tally["queue_full"], tally
-        # Every slot and queue place is usable again (with waits that cannot run out).
-        local_storms._assert_full_capacity_usable(twin, local_storms.StormClock())  # type: ignore[arg-type]
+        # Every slot and queue place is usable again (with waiters that stay queued).
+        _assert_full_capacity_usable_in_redis(twin)
         assert_nothing_left(client, lim)
     finally:
         storm.stop.set()
