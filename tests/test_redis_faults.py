@@ -500,7 +500,7 @@ def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
 @pytest.mark.xfail(
     strict=True,
     reason="known limit: a retried poll counts its grant twice (counters only; see the "
-    "design note of reachlimit/redis.py)",
+    "design note of reachlimit/redis/_limiter.py)",
 )
 def test_a_poll_retried_after_its_grant_reply_was_lost_counts_the_grant_once(
     redis_server: RedisServer,
