@@ -26,13 +26,12 @@ whatever the app registered. Returning a finished ``Response`` from a handler is
 cheapest way out of a view: a bare exception would be run as a WSGI app and its answer copied.
 The refusal body and headers are rendered once per app and reused.
 
-With ``REACHLIMIT_REDIS_URL`` the cold limiter is ``reachlimit.redis``'s ResilientLimiter: the
-shared RedisColdLimiter while Redis answers, an in-process ColdLimiter (or a 503 refusal) while
-it does not; redis-py is imported only then. The warm cache and the singleflight are shared
-too (``RedisCache`` and ``RedisSingleFlight``, each behind the same fallback:
-``_shared_cache_and_flight``), and ``SharedPathCounters`` adds up every process's hits, misses,
-builds and coalesced for ``rl.stats()`` and the health view; its thread starts with the
-process's first request (``cold``), so never in a preloading master.
+With ``REACHLIMIT_REDIS_URL`` the cold limiter, the warm cache and the singleflight are shared
+by every process on that Redis, each behind an in-process fallback (or a 503 refusal): see
+``reachlimit._flask_redis``, which also holds ``release_worker``. The settings (``Settings``,
+``CONFIG_KEYS``, each option's check) are in ``reachlimit._flask_settings``, the "auto"
+Retry-After in ``reachlimit._retry_after``; both standard library only, re-exported here.
+This module is the only one that imports Flask.
 
 Fair admission: ``client`` (REACHLIMIT_CLIENT) names whoever asks, and the limiter shares its
 queue among those names (see ``reachlimit._limiter``). The default is the request's
@@ -55,15 +54,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import random
-import re
 import sys
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Hashable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -71,10 +63,19 @@ from flask import Flask, Request, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.local import LocalProxy
 
-from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, SingleFlight, TTLCache
+from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
 from ._cancel import watch_client
-from ._path import Cache, Flight
-from ._urls import mask_url
+
+# The settings, the "auto" Retry-After and the Redis wiring live in modules of their own
+# (standard library only); their names are re-exported here, where they always were.
+from ._flask_redis import REDIS_LIMITER_NAME as REDIS_LIMITER_NAME
+from ._flask_redis import release_worker, shared_path
+from ._flask_settings import _OPTION_NAMES, CONFIG_KEYS, Settings, _client_of, _read_settings
+from ._flask_settings import CLIENT_NONE as CLIENT_NONE
+from ._flask_settings import CLIENT_REMOTE_ADDR as CLIENT_REMOTE_ADDR
+from ._flask_settings import RETRY_AFTER_AUTO as RETRY_AFTER_AUTO
+from ._flask_settings import SPARE_THREADS as SPARE_THREADS
+from ._retry_after import AutoRetryAfter
 
 if TYPE_CHECKING:
     from .prometheus import ReachMetrics
@@ -94,207 +95,6 @@ _request_proxy = cast("LocalProxy[Request]", request)
 
 #: nginx's code for "client closed the request": nobody is left to read the answer.
 STATUS_CLIENT_GONE = 499
-
-#: Threads a worker needs beyond ``active + queue``: room for warm hits and fast refusals
-#: while every build slot and queue place is taken.
-SPARE_THREADS = 4
-
-#: The name of the shared limiter under ``REACHLIMIT_REDIS_PREFIX``: every process with the
-#: same Redis URL and prefix shares one budget.
-REDIS_LIMITER_NAME = "cold"
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-# -- settings: each option's name, default and check are written once, here ---------------
-
-Check = Callable[[str, Any], Any]
-
-
-def _whole(minimum: int, allowed: str | None = None) -> Check:
-    """A whole number >= minimum; numeric strings (from the environment) are accepted."""
-    def check(key: str, value: Any) -> int:
-        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value, re.ASCII):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{key} must be {allowed or f'a whole number >= {minimum}'}, "
-                             f"got {value!r}")
-        return int(value)
-    return check
-
-
-def _one_of(*choices: int) -> Check:
-    allowed = " or ".join(map(str, choices))
-    whole = _whole(0, allowed)
-
-    def check(key: str, value: Any) -> int:
-        number: int = whole(key, value)
-        if number not in choices:
-            raise ValueError(f"{key} must be {allowed}, got {value!r}")
-        return number
-    return check
-
-
-def _seconds(key: str, value: Any) -> float:
-    """A finite number of seconds > 0."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not (number > 0 and math.isfinite(number)):
-        raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
-    return number
-
-
-def _flag(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{key} must be true or false, got {value!r}")
-
-
-def _choice(*choices: str) -> Check:
-    allowed = " or ".join(repr(c) for c in choices)
-
-    def check(key: str, value: Any) -> str:
-        text = value.strip().lower() if isinstance(value, str) else value
-        if text not in choices:
-            raise ValueError(f"{key} must be {allowed}, got {value!r}")
-        return str(text)
-    return check
-
-
-#: The key a check is given for a ``ReachLimit(...)`` argument: "<name> (ReachLimit argument)".
-_ARGUMENT = " (ReachLimit argument)"
-
-#: REACHLIMIT_RETRY_AFTER's one word: a Retry-After worked out per refusal (AutoRetryAfter).
-RETRY_AFTER_AUTO = "auto"
-
-
-def _retry_after(key: str, value: Any) -> int | str:
-    """A whole number of seconds >= 1, or "auto"."""
-    if isinstance(value, str) and value.strip().lower() == RETRY_AFTER_AUTO:
-        return RETRY_AFTER_AUTO
-    number: int = _whole(1, "a whole number >= 1 or 'auto'")(key, value)
-    return number
-
-
-#: REACHLIMIT_CLIENT's names: the request's remote_addr, or everybody one client.
-CLIENT_REMOTE_ADDR = "remote_addr"
-CLIENT_NONE = "none"
-
-
-def _client(key: str, value: Any) -> str | Callable[[Request], Hashable]:
-    """"remote_addr" or "none"; as the ReachLimit argument, also a callable
-    ``(request) -> hashable``. Never a header by name: which header to trust is the app's
-    decision, made in its callable or by ProxyFix."""
-    if callable(value):
-        if key.endswith(_ARGUMENT):
-            return cast("Callable[[Request], Hashable]", value)
-        raise ValueError(
-            f"{key} must be 'remote_addr' or 'none' (a callable only as the ReachLimit "
-            f"argument client=), got {value!r}"
-        )
-    text = value.strip().lower() if isinstance(value, str) else value
-    if text not in (CLIENT_REMOTE_ADDR, CLIENT_NONE):
-        callable_too = " or a callable (request) -> hashable" if key.endswith(_ARGUMENT) else ""
-        raise ValueError(f"{key} must be 'remote_addr' or 'none'{callable_too}, got {value!r}")
-    return str(text)
-
-
-def _redis_url(key: str, value: Any) -> str | None:
-    """None or empty: no Redis (in-process limits); else a redis://, rediss:// or unix://
-    URL. The error shows the URL with its password masked."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if not isinstance(value, str) or not value.strip().startswith(_REDIS_SCHEMES):
-        raise ValueError(
-            f"{key} must be a redis://, rediss:// or unix:// URL (or empty for in-process "
-            f"limits), got {mask_url(value)!r}"
-        )
-    return value.strip()
-
-
-def _redis_prefix(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or "{" in value or "}" in value:
-        raise ValueError(f"{key} must be a non-empty string without braces, got {value!r}")
-    return value.strip()
-
-
-def _option(default: Any, check: Check, *, show: bool = True) -> Any:
-    return field(default=default, metadata={"check": check}, repr=show)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """One app's configuration, read once by ``init_app``.
-
-    Each field is an option: its name in upper case after ``REACHLIMIT_`` is the config key,
-    its name as it is the ``ReachLimit(...)`` argument, and its metadata holds its check."""
-
-    active: int = _option(2, _whole(1))
-    queue: int = _option(8, _whole(0))
-    wait: float = _option(3.0, _seconds)
-    #: Whole seconds, or "auto": worked out per refusal from recent build times.
-    retry_after: int | str = _option(2, _retry_after)
-    cache_ttl: float = _option(300.0, _seconds)
-    cache_size: int = _option(256, _whole(1))
-    status: int = _option(429, _one_of(429, 503))
-    cancel_on_disconnect: bool = _option(True, _flag)
-    #: Prometheus metrics (``reachlimit.prometheus``, needs prometheus_client).
-    metrics: bool = _option(False, _flag)
-    #: A Redis URL: one budget shared by every process on it (``reachlimit.redis``, needs
-    #: redis-py). None or empty: in-process limits. Never shown in a repr (its password).
-    redis_url: str | None = _option(None, _redis_url, show=False)
-    #: The prefix of the shared limiter's keys (processes that share a budget share it).
-    redis_prefix: str = _option("reachlimit", _redis_prefix)
-    #: Seconds a shared build slot outlives a process that died without giving it back.
-    lease: float = _option(10.0, _seconds)
-    #: While Redis is unavailable: "local" (each process's own limits) or "refuse" (503).
-    redis_fallback: str = _option("local", _choice("local", "refuse"))
-    #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
-    #: the ReachLimit argument only) a callable ``(request) -> hashable``.
-    client: str | Callable[[Request], Hashable] = _option(CLIENT_REMOTE_ADDR, _client)
-
-    @property
-    def limiter_retry_after(self) -> int:
-        """The whole seconds the limiter puts on its refusals: the setting, or with "auto"
-        the default 2 (the extension works out each refusal's own figure instead)."""
-        return self.retry_after if isinstance(self.retry_after, int) else 2
-
-    @property
-    def threads_needed(self) -> int:
-        return self.active + self.queue + SPARE_THREADS
-
-    @property
-    def redis_where(self) -> str | None:
-        """The Redis URL with its password masked (None without Redis): for logs and errors."""
-        return mask_url(self.redis_url) if self.redis_url else None
-
-
-_CONFIG_PREFIX = "REACHLIMIT_"
-_OPTION_NAMES = frozenset(f.name for f in fields(Settings))
-
-#: Every config key the extension reads, e.g. for an app that takes them from the environment.
-CONFIG_KEYS = tuple(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings))
-
-
-def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
-    """Constructor arguments win over ``REACHLIMIT_*`` config keys, which win over defaults."""
-    values: dict[str, Any] = {}
-    for option in fields(Settings):
-        name = option.name
-        if name in overrides:
-            key, raw = name + _ARGUMENT, overrides[name]
-        else:
-            key = _CONFIG_PREFIX + name.upper()
-            raw = config.get(key, option.default)
-        values[name] = option.metadata["check"](key, raw)
-    return Settings(**values)
 
 
 class ColdRefused(HTTPException):
@@ -338,82 +138,6 @@ _REFUSAL_SENTENCES = {
     Busy.UNAVAILABLE: "The shared build limiter is unavailable right now; please retry "
     "shortly.",
 }
-
-
-class AutoRetryAfter:
-    """``REACHLIMIT_RETRY_AFTER="auto"``: each refusal's Retry-After from recent build times.
-
-    ``base = ceil(mean build time x (queued + 1) / active)``, clamped to [1, 30]: about how
-    long until the leaders ahead (``queued``) and one more have had a slot. 2 until a build
-    has been timed. Each refusal then adds ``randint(0, max(1, base // 4))`` so clients
-    refused together do not come back together; a sum above 30 takes the spread off instead
-    (``base - spread``), so every figure is a whole number of seconds in [1, 30].
-
-    Build times are this process's (per app), the last ``SAMPLES`` builds that ran, whatever
-    they returned or raised. ``clock`` (monotonic seconds) and ``randint`` (``random.randint``'s
-    signature) are attributes a test may replace: ``app.extensions["reachlimit"].retry_auto``.
-    Thread-safe: the samples are guarded by a lock taken once per build and per refusal."""
-
-    SAMPLES = 16
-    LOWEST = 1
-    HIGHEST = 30
-    #: The base before any build has been timed: the fixed default.
-    UNMEASURED = 2
-
-    def __init__(
-        self,
-        active: int,
-        queue: int,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        randint: Callable[[int, int], int] = random.randint,
-    ) -> None:
-        self.active = active
-        self.queue = queue
-        self.clock = clock
-        self.randint = randint
-        self._lock = threading.Lock()
-        self._durations: deque[float] = deque(maxlen=self.SAMPLES)  # guarded by _lock
-
-    def timed(self, build: Callable[[], Any]) -> Callable[[], Any]:
-        """``build``, recording how long each run of it takes."""
-        clock, record = self.clock, self.record
-
-        def timed_build() -> Any:
-            started = clock()
-            try:
-                return build()
-            finally:
-                record(clock() - started)
-
-        return timed_build
-
-    def record(self, seconds: float) -> None:
-        with self._lock:
-            self._durations.append(max(0.0, seconds))
-
-    def mean(self) -> float | None:
-        """The mean of the recent build times, None before the first."""
-        with self._lock:
-            if not self._durations:
-                return None
-            return sum(self._durations) / len(self._durations)
-
-    def base(self, queued: int) -> int:
-        mean = self.mean()
-        if mean is None:
-            return self.UNMEASURED
-        wait = math.ceil(mean * (queued + 1) / self.active)
-        return min(self.HIGHEST, max(self.LOWEST, wait))
-
-    def seconds(self, queued: int) -> int:
-        """One refusal's Retry-After with ``queued`` leaders waiting."""
-        base = self.base(queued)
-        spread = self.randint(0, max(1, base // 4))
-        figure = base + spread
-        if figure > self.HIGHEST:
-            figure = base - spread
-        return max(self.LOWEST, min(self.HIGHEST, figure))
 
 
 class _State:
@@ -480,42 +204,6 @@ class _State:
         return Response([body], status, headers)
 
 
-def _client_of(
-    setting: str | Callable[[Request], Hashable],
-) -> Callable[[Request], Hashable] | None:
-    """What ``_State.client_of`` holds for the ``client`` setting (see there)."""
-    if setting == CLIENT_REMOTE_ADDR:
-        return None
-    if setting == CLIENT_NONE:
-        return _nobody
-    assert callable(setting)
-    return _checked(setting)
-
-
-def _nobody(request: Request) -> None:
-    """REACHLIMIT_CLIENT="none": every request is the one anonymous client."""
-    return None
-
-
-def _checked(client: Callable[[Request], Hashable]) -> Callable[[Request], Hashable]:
-    """The app's client callable, its value checked to be hashable. Its own exceptions
-    propagate unchanged: both are the app's bug, raised before anything is held."""
-
-    def client_of(request: Request) -> Hashable:
-        name = client(request)
-        try:
-            hash(name)
-        except TypeError:
-            raise TypeError(
-                f"ReachLimit client: {getattr(client, '__qualname__', client)!r} returned "
-                f"an unhashable {type(name).__name__}; it must return a hashable name "
-                "(a str, say)"
-            ) from None
-        return name
-
-    return client_of
-
-
 def _service_stats(state: _State) -> ColdPathStats:
     stats = state.path.stats()
     counters = state.counters
@@ -561,106 +249,14 @@ def _metered_state(settings: Settings, cache: TTLCache[Any]) -> _State:
 
 
 def _shared_state(settings: Settings) -> _State:
-    """This app's state on the shared limiter of ``settings.redis_url`` (REACHLIMIT_REDIS_URL):
-    a RedisColdLimiter behind a ResilientLimiter that falls back to an in-process limiter of
-    the same figures (or refuses) while Redis is unavailable. No connection is opened here."""
-    metrics_class = _metrics_class() if settings.metrics else None
-    try:
-        from .redis import (
-            RedisColdLimiter,
-            RedisHealth,
-            ResilientLimiter,
-            SharedPathCounters,
-            connect,
-        )
-    except ImportError as exc:
-        raise ValueError(
-            f"REACHLIMIT_REDIS_URL needs redis-py: pip install 'reachlimit[redis]' ({exc})"
-        ) from None
-    url = settings.redis_url
-    assert url is not None
-    client = connect(url)
-    health = RedisHealth(url)
-    remote = RedisColdLimiter(
-        client,
-        REDIS_LIMITER_NAME,
-        settings.active,
-        settings.queue,
-        settings.wait,
-        settings.limiter_retry_after,
-        lease=settings.lease,
-        prefix=settings.redis_prefix,
+    """This app's state on the shared limiter of ``settings.redis_url`` (REACHLIMIT_REDIS_URL;
+    see ``reachlimit._flask_redis``). No connection is opened here."""
+    shared = shared_path(settings, _metrics_class() if settings.metrics else None)
+    state = _State(
+        settings, shared.path, shared.metrics, redis=shared.health, counters=shared.counters
     )
-    local = ColdLimiter(
-        settings.active, settings.queue, settings.wait, settings.limiter_retry_after
-    )
-    limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
-    cache, flight = _shared_cache_and_flight(settings, client, health)
-    metrics = None
-    if metrics_class is not None:
-        # Its gauges are read from the shared limiter when scraped, never summed per worker.
-        metrics = metrics_class(limiter=limiter, cache=cache, flight=flight)
-        path: ColdPath = metrics.path
-    else:
-        path = ColdPath(limiter, cache, flight)
-    counters = SharedPathCounters(client, path, REDIS_LIMITER_NAME, prefix=settings.redis_prefix)
-    state = _State(settings, path, metrics, redis=health, counters=counters)
-    # Counters first: their last flush needs the client, which closes last.
-    state.closers = [counters.close, limiter.close, cast(Any, flight).close, client.close]
+    state.closers = shared.closers
     return state
-
-
-def _shared_cache_and_flight(
-    settings: Settings, client: Any, health: RedisHealth
-) -> tuple[Cache, Flight]:
-    """The warm cache and the singleflight of an app on Redis, each over its in-process
-    fallback and the limiter's ``health``, so that Redis failing degrades all three at once.
-    ``client`` is the limiter's ``redis.Redis`` (made by ``reachlimit.redis.connect``).
-
-    The cache keeps ``cache_ttl`` and ``cache_size`` for the whole service, with a 1 s
-    in-process first level; values are stored with the "auto" codec (bytes as bytes,
-    anything else as JSON - never pickle), so a view must return bytes or JSON-able values.
-    The flight's lease is the limiter's: a leader whose process dies is taken over after it."""
-    from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
-
-    name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
-    local_cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
-    shared_cache = RedisCache(
-        client, name, prefix=prefix, ttl=settings.cache_ttl, size=settings.cache_size,
-        codec="auto",
-    )
-    shared_flight = RedisSingleFlight(
-        client, name, prefix=prefix, lease=settings.lease, codec="auto"
-    )
-    return (
-        ResilientCache(shared_cache, local_cache, health),
-        ResilientFlight(shared_flight, SingleFlight(), health),
-    )
-
-
-def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | None:
-    """For the parent of a worker process that died (gunicorn's ``child_exit``): free every
-    shared build slot and queue place the worker on this host held, at once, instead of
-    when their leases end. ``config`` holds the ``REACHLIMIT_*`` keys (``os.environ``, say).
-    Returns (slots freed, places removed), or None without a Redis URL. Raises ValueError
-    for bad settings and redis-py's errors when Redis cannot be reached."""
-    settings = _read_settings(config, {})
-    if not settings.redis_url:
-        return None
-    from .redis import connect, owner_prefix, release_owner
-
-    client = connect(settings.redis_url)
-    try:
-        return release_owner(
-            client,
-            owner_prefix(pid),
-            name=REDIS_LIMITER_NAME,
-            prefix=settings.redis_prefix,
-            active=settings.active,
-            lease=settings.lease,
-        )
-    finally:
-        client.close()
 
 
 def _gunicorn_threads() -> int | None:

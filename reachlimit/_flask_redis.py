@@ -1,0 +1,160 @@
+"""The Flask extension on Redis (``REACHLIMIT_REDIS_URL``): its shared cold path, and
+``release_worker`` for a dead worker's parent.
+
+design:
+
+    init_app(app) with settings.redis_url             (reachlimit.flask._shared_state)
+      shared_path(settings, metrics_class) -> SharedPath
+        limiter  ResilientLimiter(RedisColdLimiter, ColdLimiter, health, redis_fallback)
+        cache    ResilientCache(RedisCache, TTLCache, health)       _shared_cache_and_flight
+        flight   ResilientFlight(RedisSingleFlight, SingleFlight, health)
+        path     ColdPath(limiter, cache, flight), or metrics_class(...).path (metered)
+        counters SharedPathCounters: every process's hits, misses, builds and coalesced
+        closers  what ReachLimit.close() calls, in order
+
+The cold limiter is ``reachlimit.redis``'s ResilientLimiter: the shared RedisColdLimiter
+while Redis answers, an in-process ColdLimiter (or a 503 refusal) while it does not; redis-py
+is imported only here, and only then. The warm cache and the singleflight are shared too,
+each behind the same fallback and the same health, so Redis failing degrades all three at
+once. ``SharedPathCounters`` adds up every process's figures for ``rl.stats()`` and the
+health view; its thread starts with the process's first request (``cold``), so never in a
+preloading master. No connection is opened while the app is set up.
+
+No Flask here (``reachlimit.flask`` turns a ``SharedPath`` into the app's state and
+re-exports ``release_worker``): the standard library, the core and (lazily)
+``reachlimit.redis``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+from . import ColdLimiter, ColdPath, SingleFlight, TTLCache
+from ._flask_settings import Settings, _read_settings
+from ._path import Cache, Flight
+
+if TYPE_CHECKING:
+    from .prometheus import ReachMetrics
+    from .redis import RedisHealth, SharedPathCounters
+
+__all__ = ["REDIS_LIMITER_NAME", "SharedPath", "shared_path", "release_worker"]
+
+#: The name of the shared limiter under ``REACHLIMIT_REDIS_PREFIX``: every process with the
+#: same Redis URL and prefix shares one budget.
+REDIS_LIMITER_NAME = "cold"
+
+
+class SharedPath(NamedTuple):
+    """What an app on Redis is made of (see the module's design note)."""
+
+    path: ColdPath
+    metrics: ReachMetrics | None
+    health: RedisHealth
+    counters: SharedPathCounters
+    #: The stops of the background threads and the client, in the order to call them.
+    closers: list[Callable[[], None]]
+
+
+def shared_path(settings: Settings, metrics_class: type[ReachMetrics] | None) -> SharedPath:
+    """The cold path on the shared limiter of ``settings.redis_url``: a RedisColdLimiter
+    behind a ResilientLimiter that falls back to an in-process limiter of the same figures
+    (or refuses) while Redis is unavailable; metered with ``metrics_class`` when given.
+    ValueError when redis-py is missing. No connection is opened here."""
+    try:
+        from .redis import (
+            RedisColdLimiter,
+            RedisHealth,
+            ResilientLimiter,
+            SharedPathCounters,
+            connect,
+        )
+    except ImportError as exc:
+        raise ValueError(
+            f"REACHLIMIT_REDIS_URL needs redis-py: pip install 'reachlimit[redis]' ({exc})"
+        ) from None
+    url = settings.redis_url
+    assert url is not None
+    client = connect(url)
+    health = RedisHealth(url)
+    remote = RedisColdLimiter(
+        client,
+        REDIS_LIMITER_NAME,
+        settings.active,
+        settings.queue,
+        settings.wait,
+        settings.limiter_retry_after,
+        lease=settings.lease,
+        prefix=settings.redis_prefix,
+    )
+    local = ColdLimiter(
+        settings.active, settings.queue, settings.wait, settings.limiter_retry_after
+    )
+    limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
+    cache, flight = _shared_cache_and_flight(settings, client, health)
+    metrics = None
+    if metrics_class is not None:
+        # Its gauges are read from the shared limiter when scraped, never summed per worker.
+        metrics = metrics_class(limiter=limiter, cache=cache, flight=flight)
+        path: ColdPath = metrics.path
+    else:
+        path = ColdPath(limiter, cache, flight)
+    counters = SharedPathCounters(client, path, REDIS_LIMITER_NAME, prefix=settings.redis_prefix)
+    # Counters first: their last flush needs the client, which closes last.
+    closers = [counters.close, limiter.close, cast(Any, flight).close, client.close]
+    return SharedPath(path, metrics, health, counters, closers)
+
+
+
+
+def _shared_cache_and_flight(
+    settings: Settings, client: Any, health: RedisHealth
+) -> tuple[Cache, Flight]:
+    """The warm cache and the singleflight of an app on Redis, each over its in-process
+    fallback and the limiter's ``health``, so that Redis failing degrades all three at once.
+    ``client`` is the limiter's ``redis.Redis`` (made by ``reachlimit.redis.connect``).
+
+    The cache keeps ``cache_ttl`` and ``cache_size`` for the whole service, with a 1 s
+    in-process first level; values are stored with the "auto" codec (bytes as bytes,
+    anything else as JSON - never pickle), so a view must return bytes or JSON-able values.
+    The flight's lease is the limiter's: a leader whose process dies is taken over after it."""
+    from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
+
+    name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
+    local_cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
+    shared_cache = RedisCache(
+        client, name, prefix=prefix, ttl=settings.cache_ttl, size=settings.cache_size,
+        codec="auto",
+    )
+    shared_flight = RedisSingleFlight(
+        client, name, prefix=prefix, lease=settings.lease, codec="auto"
+    )
+    return (
+        ResilientCache(shared_cache, local_cache, health),
+        ResilientFlight(shared_flight, SingleFlight(), health),
+    )
+
+
+def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | None:
+    """For the parent of a worker process that died (gunicorn's ``child_exit``): free every
+    shared build slot and queue place the worker on this host held, at once, instead of
+    when their leases end. ``config`` holds the ``REACHLIMIT_*`` keys (``os.environ``, say).
+    Returns (slots freed, places removed), or None without a Redis URL. Raises ValueError
+    for bad settings and redis-py's errors when Redis cannot be reached."""
+    settings = _read_settings(config, {})
+    if not settings.redis_url:
+        return None
+    from .redis import connect, owner_prefix, release_owner
+
+    client = connect(settings.redis_url)
+    try:
+        return release_owner(
+            client,
+            owner_prefix(pid),
+            name=REDIS_LIMITER_NAME,
+            prefix=settings.redis_prefix,
+            active=settings.active,
+            lease=settings.lease,
+        )
+    finally:
+        client.close()

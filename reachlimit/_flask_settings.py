@@ -1,0 +1,269 @@
+"""The Flask extension's settings: each option's name, default and check, written once.
+
+design:
+
+    ReachLimit(**overrides) / init_app(app) / release_worker(config, pid)
+      _read_settings(config, overrides) -> Settings (frozen)
+        each field of Settings is an option: REACHLIMIT_<NAME> is its config key, <name>
+        its ReachLimit argument, its metadata["check"] turns the raw value (a string from
+        the environment, say) into the setting or raises ValueError naming the key
+        argument > config key > default
+
+The client option's meaning (``_client_of``) is here too: None for "remote_addr" (read
+inline by the extension), ``_nobody`` for "none", the app's callable checked for a hashable
+value otherwise.
+
+Standard library only, like the core: Flask's ``Request`` is never imported here, so the
+client callable's argument is typed ``Any`` (``ClientFunc``). ``reachlimit.flask`` re-exports
+``Settings`` and ``CONFIG_KEYS``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
+
+from ._urls import mask_url
+
+__all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
+           "CLIENT_REMOTE_ADDR", "CLIENT_NONE"]
+
+#: The app's client callable, ``(request) -> hashable``: the request is Flask's ``Request``
+#: (not imported here, so that this module needs only the standard library).
+ClientFunc = Callable[[Any], Hashable]
+
+#: Threads a worker needs beyond ``active + queue``: room for warm hits and fast refusals
+#: while every build slot and queue place is taken.
+SPARE_THREADS = 4
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+# -- settings: each option's name, default and check are written once, here ---------------
+
+Check = Callable[[str, Any], Any]
+
+
+def _whole(minimum: int, allowed: str | None = None) -> Check:
+    """A whole number >= minimum; numeric strings (from the environment) are accepted."""
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value, re.ASCII):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{key} must be {allowed or f'a whole number >= {minimum}'}, "
+                             f"got {value!r}")
+        return int(value)
+    return check
+
+
+def _one_of(*choices: int) -> Check:
+    allowed = " or ".join(map(str, choices))
+    whole = _whole(0, allowed)
+
+    def check(key: str, value: Any) -> int:
+        number: int = whole(key, value)
+        if number not in choices:
+            raise ValueError(f"{key} must be {allowed}, got {value!r}")
+        return number
+    return check
+
+
+def _seconds(key: str, value: Any) -> float:
+    """A finite number of seconds > 0."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number > 0 and math.isfinite(number)):
+        raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+    return number
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def _choice(*choices: str) -> Check:
+    allowed = " or ".join(repr(c) for c in choices)
+
+    def check(key: str, value: Any) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in choices:
+            raise ValueError(f"{key} must be {allowed}, got {value!r}")
+        return str(text)
+    return check
+
+
+#: The key a check is given for a ``ReachLimit(...)`` argument: "<name> (ReachLimit argument)".
+_ARGUMENT = " (ReachLimit argument)"
+
+#: REACHLIMIT_RETRY_AFTER's one word: a Retry-After worked out per refusal (AutoRetryAfter).
+RETRY_AFTER_AUTO = "auto"
+
+
+def _retry_after(key: str, value: Any) -> int | str:
+    """A whole number of seconds >= 1, or "auto"."""
+    if isinstance(value, str) and value.strip().lower() == RETRY_AFTER_AUTO:
+        return RETRY_AFTER_AUTO
+    number: int = _whole(1, "a whole number >= 1 or 'auto'")(key, value)
+    return number
+
+
+#: REACHLIMIT_CLIENT's names: the request's remote_addr, or everybody one client.
+CLIENT_REMOTE_ADDR = "remote_addr"
+CLIENT_NONE = "none"
+
+
+def _client(key: str, value: Any) -> str | ClientFunc:
+    """"remote_addr" or "none"; as the ReachLimit argument, also a callable
+    ``(request) -> hashable``. Never a header by name: which header to trust is the app's
+    decision, made in its callable or by ProxyFix."""
+    if callable(value):
+        if key.endswith(_ARGUMENT):
+            return cast("ClientFunc", value)
+        raise ValueError(
+            f"{key} must be 'remote_addr' or 'none' (a callable only as the ReachLimit "
+            f"argument client=), got {value!r}"
+        )
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text not in (CLIENT_REMOTE_ADDR, CLIENT_NONE):
+        callable_too = " or a callable (request) -> hashable" if key.endswith(_ARGUMENT) else ""
+        raise ValueError(f"{key} must be 'remote_addr' or 'none'{callable_too}, got {value!r}")
+    return str(text)
+
+
+def _redis_url(key: str, value: Any) -> str | None:
+    """None or empty: no Redis (in-process limits); else a redis://, rediss:// or unix://
+    URL. The error shows the URL with its password masked."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or not value.strip().startswith(_REDIS_SCHEMES):
+        raise ValueError(
+            f"{key} must be a redis://, rediss:// or unix:// URL (or empty for in-process "
+            f"limits), got {mask_url(value)!r}"
+        )
+    return value.strip()
+
+
+def _redis_prefix(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or "{" in value or "}" in value:
+        raise ValueError(f"{key} must be a non-empty string without braces, got {value!r}")
+    return value.strip()
+
+
+def _option(default: Any, check: Check, *, show: bool = True) -> Any:
+    return field(default=default, metadata={"check": check}, repr=show)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One app's configuration, read once by ``init_app``.
+
+    Each field is an option: its name in upper case after ``REACHLIMIT_`` is the config key,
+    its name as it is the ``ReachLimit(...)`` argument, and its metadata holds its check."""
+
+    active: int = _option(2, _whole(1))
+    queue: int = _option(8, _whole(0))
+    wait: float = _option(3.0, _seconds)
+    #: Whole seconds, or "auto": worked out per refusal from recent build times.
+    retry_after: int | str = _option(2, _retry_after)
+    cache_ttl: float = _option(300.0, _seconds)
+    cache_size: int = _option(256, _whole(1))
+    status: int = _option(429, _one_of(429, 503))
+    cancel_on_disconnect: bool = _option(True, _flag)
+    #: Prometheus metrics (``reachlimit.prometheus``, needs prometheus_client).
+    metrics: bool = _option(False, _flag)
+    #: A Redis URL: one budget shared by every process on it (``reachlimit.redis``, needs
+    #: redis-py). None or empty: in-process limits. Never shown in a repr (its password).
+    redis_url: str | None = _option(None, _redis_url, show=False)
+    #: The prefix of the shared limiter's keys (processes that share a budget share it).
+    redis_prefix: str = _option("reachlimit", _redis_prefix)
+    #: Seconds a shared build slot outlives a process that died without giving it back.
+    lease: float = _option(10.0, _seconds)
+    #: While Redis is unavailable: "local" (each process's own limits) or "refuse" (503).
+    redis_fallback: str = _option("local", _choice("local", "refuse"))
+    #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
+    #: the ReachLimit argument only) a callable ``(request) -> hashable``.
+    client: str | ClientFunc = _option(CLIENT_REMOTE_ADDR, _client)
+
+    @property
+    def limiter_retry_after(self) -> int:
+        """The whole seconds the limiter puts on its refusals: the setting, or with "auto"
+        the default 2 (the extension works out each refusal's own figure instead)."""
+        return self.retry_after if isinstance(self.retry_after, int) else 2
+
+    @property
+    def threads_needed(self) -> int:
+        return self.active + self.queue + SPARE_THREADS
+
+    @property
+    def redis_where(self) -> str | None:
+        """The Redis URL with its password masked (None without Redis): for logs and errors."""
+        return mask_url(self.redis_url) if self.redis_url else None
+
+
+_CONFIG_PREFIX = "REACHLIMIT_"
+_OPTION_NAMES = frozenset(f.name for f in fields(Settings))
+
+#: Every config key the extension reads, e.g. for an app that takes them from the environment.
+CONFIG_KEYS = tuple(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings))
+
+
+def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
+    """Constructor arguments win over ``REACHLIMIT_*`` config keys, which win over defaults."""
+    values: dict[str, Any] = {}
+    for option in fields(Settings):
+        name = option.name
+        if name in overrides:
+            key, raw = name + _ARGUMENT, overrides[name]
+        else:
+            key = _CONFIG_PREFIX + name.upper()
+            raw = config.get(key, option.default)
+        values[name] = option.metadata["check"](key, raw)
+    return Settings(**values)
+
+
+def _client_of(
+    setting: str | ClientFunc,
+) -> ClientFunc | None:
+    """What ``_State.client_of`` holds for the ``client`` setting (see there)."""
+    if setting == CLIENT_REMOTE_ADDR:
+        return None
+    if setting == CLIENT_NONE:
+        return _nobody
+    assert callable(setting)
+    return _checked(setting)
+
+
+def _nobody(request: Any) -> None:
+    """REACHLIMIT_CLIENT="none": every request is the one anonymous client."""
+    return None
+
+
+def _checked(client: ClientFunc) -> ClientFunc:
+    """The app's client callable, its value checked to be hashable. Its own exceptions
+    propagate unchanged: both are the app's bug, raised before anything is held."""
+
+    def client_of(request: Any) -> Hashable:
+        name = client(request)
+        try:
+            hash(name)
+        except TypeError:
+            raise TypeError(
+                f"ReachLimit client: {getattr(client, '__qualname__', client)!r} returned "
+                f"an unhashable {type(name).__name__}; it must return a hashable name "
+                "(a str, say)"
+            ) from None
+        return name
+
+    return client_of
