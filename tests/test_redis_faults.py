@@ -38,6 +38,7 @@ from tests.support.redis_clients import (
     client_fixture,  # noqa: F401 (the client fixture)
     make_client_fixture,  # noqa: F401 (the make_client fixture)
 )
+from tests.support.redis_limiters import server_ms
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
@@ -71,11 +72,6 @@ def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]
     yield make
     for lim in made:
         lim.close()
-
-
-def server_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def holders(client: redis.Redis, lim: RedisColdLimiter) -> dict[str, float]:
