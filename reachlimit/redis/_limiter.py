@@ -1,7 +1,9 @@
 """A cold limiter shared by every process that uses the same Redis and name.
 
 Its Lua scripts are the ``.lua`` files of ``reachlimit/redis/lua/`` (put together there); the
-waker thread is ``_waker``, the parent's release of a dead process's places ``_owners``.
+waker thread is ``_waker``, the parent's release of a dead process's places ``_owners``; the
+waiting loop is ``_wait``, the grant ``_grant``, the figures ``_stats`` and the scripts'
+replies ``_replies``.
 
 design:
 
@@ -71,17 +73,8 @@ design:
     checks for the refusal first). The poll, renew and stats scripts count everything each
     time, so a waiter's own poll repairs a state that ever broke the rule.
 
-    Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
-    ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
-    promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
-    for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
-    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
-    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
-    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
-    (``Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
-    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
-    a slice and its deadline within a few milliseconds, as the local limiter does
-    (``benchmarks/redis_handoff.py`` measures both).
+    Who wakes whom (a waiter blocks on its own doorbell; the ``Waker`` thread ends its
+    ``BLPOP`` on time): the design note of ``_wait``, which holds the waiting loop.
 
     Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
     daemon thread per limiter object, in one round trip for all its grants. A process that
@@ -117,9 +110,7 @@ import logging
 import math
 import secrets
 import threading
-import time
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
@@ -128,7 +119,7 @@ from redis.exceptions import NoScriptError
 
 from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled
-from .._limiter import Grant, LimiterFigures, LimiterStats
+from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
     check_names,
@@ -140,81 +131,24 @@ from ._common import (
     socket_timeout,
     warn_eviction,
 )
+from ._grant import RedisGrant
 from ._renewer import LeaseRenewer
+from ._replies import _FULL, _GRANTED
+from ._replies import _GIVE_UP as _GIVE_UP  # tests import it from here
+from ._replies import _STAY as _STAY  # tests import it from here
+from ._stats import RedisLimiterStats, stats_from_reply
+from ._wait import wait_for_slot
 from ._waker import Waker
 
 __all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
 
 log = logging.getLogger("reachlimit")
 
-# Replies of the scripts (small integers: cheap to send, the same with decode_responses on/off).
-_FULL, _GRANTED, _QUEUED, _GIVEN_UP = 0, 1, 2, 3
-_WAITING, _TIMEOUT, _CANCELLED, _GONE, _DISPLACED = 2, 3, 4, 5, 6  # poll replies
-#: What a displaced waiter's doorbell holds (bytes, or str with decode_responses).
-_DISPLACED_BELL = (b"d", "d")
-# What a poll tells Redis about the waiter.
-_STAY, _GIVE_UP, _ABANDON = 0, 1, 2  # abandon = leave on an error: counted nowhere
-
 #: The fixed keys, after the hash tag, in the order the scripts read KEYS.
 KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients")
 
 #: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
 _ANONYMOUS = "-"
-
-_COUNTERS = (
-    "displaced",
-    "peak_active",
-    "peak_queued",
-    "acquired",
-    "rejected_full",
-    "rejected_timeout",
-    "cancelled",
-    "lease_lost",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class RedisLimiterStats(LimiterStats):
-    """The figures of :class:`~reachlimit.LimiterStats`, for all processes together, plus
-    ``backend`` (``"redis"``), ``degraded`` (False from Redis itself; True when
-    :class:`ResilientLimiter` answers from its in-process fallback, Redis being unreachable)
-    and ``lease_lost``: grants whose lease ran out before they were released."""
-
-    backend: str = "redis"
-    degraded: bool = False
-    lease_lost: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class RedisGrant(Grant):
-    """One build slot of a :class:`RedisColdLimiter`, held as a renewed lease.
-
-    Same use as :class:`~reachlimit.Grant`: leaving the ``with`` block releases it;
-    ``release()`` releases it early; a second ``release()`` raises ``RuntimeError``. The
-    slot it frees is only ever its own: after a lost lease the release changes nothing.
-    """
-
-    __slots__ = ("_owner", "token", "_lost")
-
-    def __init__(self, owner: RedisColdLimiter, token: str) -> None:
-        self._owner = owner
-        self.token = token
-        self._held = True  # guarded by owner._lock
-        self._lost = False  # set (once) by the renewer or the release; racy read
-
-    @property
-    def lease_lost(self) -> bool:
-        """Racy read: whether this grant is known to have lost its lease."""
-        return self._lost
-
-    def _give_back(self, strict: bool) -> None:
-        self._owner._give_back(self, strict)
-
-    def _mark_lost(self) -> None:
-        """The renewer found this grant's lease gone (under the owner's lock)."""
-        self._lost = True
 
 
 class RedisColdLimiter(LimiterFigures):
@@ -393,31 +327,9 @@ class RedisColdLimiter(LimiterFigures):
             self._check()
         if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
             self._give_up_lost()
-        held, queued, flat = self._stats_script(keys=self._keys, args=self._common)
-        counters = dict.fromkeys(_COUNTERS, 0)
-        for field, value in zip(flat[::2], flat[1::2], strict=True):
-            key = field.decode() if isinstance(field, bytes) else str(field)
-            if key in counters:
-                try:
-                    counters[key] = int(value)
-                except ValueError:  # written by something else: read as 0, never an error
-                    log.warning("reachlimit: counter %r of %s is not a number: %r",
-                                key, self._keys[0], value)
-        return RedisLimiterStats(
-            active=int(held),
-            queued=int(queued),
-            # The fast path records a peak only above one: any grant made it at least one.
-            peak_active=max(counters["peak_active"], min(1, counters["acquired"])),
-            peak_queued=counters["peak_queued"],
-            acquired=counters["acquired"],
-            rejected_full=counters["rejected_full"],
-            rejected_timeout=counters["rejected_timeout"],
-            cancelled=counters["cancelled"],
-            capacity_active=self._capacity,
-            capacity_queue=self._queue_capacity,
-            wait=self._wait,
-            displaced=counters["displaced"],
-            lease_lost=counters["lease_lost"],
+        reply = self._stats_script(keys=self._keys, args=self._common)
+        return stats_from_reply(
+            reply, self._capacity, self._queue_capacity, self._wait, self._keys[0]
         )
 
     def close(self, timeout: float = 5.0) -> None:
@@ -510,55 +422,9 @@ class RedisColdLimiter(LimiterFigures):
     # -- waiting --------------------------------------------------------------------------
 
     def _wait_for_slot(self, token: str, remaining: float, cancel: CancelToken | None) -> Grant:
-        """Wait as a queued waiter until promoted, timed out, cancelled or dropped. Runs in
-        the requesting thread. The local clock only schedules the next poll; whether the wait
-        is over is decided by the poll script, on Redis's clock."""
-        bell = self._bell + token
-        slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
-        slice_cap = min(slice_cap, self._block_cap)
-        try:
-            now = time.monotonic()
-            next_poll = now + self.POLL_EVERY
-            deadline = now + remaining
-            while True:
-                if cancel is not None and cancel.is_set():
-                    # Cancelled, or already gone: either way; displaced is counted as such.
-                    if self._poll(token, _GIVE_UP)[0] == _DISPLACED:
-                        outcome = _DISPLACED
-                        break
-                    raise Cancelled()
-                now = time.monotonic()
-                block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
-                self._waker.wake_at(time.monotonic() + block)
-                rang = self._client.blpop([bell], timeout=block)
-                if rang is not None and rang[1] in _DISPLACED_BELL:
-                    outcome = _DISPLACED  # the displacer took us out of the queue
-                    break
-                now = time.monotonic()
-                if rang is None and now < next_poll and now < deadline:
-                    continue
-                outcome, remaining_ms = self._poll(token, _STAY)
-                if outcome != _WAITING:
-                    break
-                now = time.monotonic()
-                next_poll = now + self.POLL_EVERY
-                deadline = now + remaining_ms / 1000
-        except Cancelled:
-            raise
-        except BaseException:
-            # A Redis error, or an exception thrown into this thread: leave the queue (or pass
-            # on a slot handed over meanwhile). If Redis cannot be reached, it drops us anyway
-            # one presence period after our last poll.
-            try:
-                self._poll(token, _ABANDON)
-            except redis.RedisError:
-                self._lose(token)  # Redis drops us anyway, a presence period later
-            raise
-        if outcome == _GRANTED:
-            return self._granted(token)
-        if outcome == _DISPLACED:
-            raise Busy(Busy.DISPLACED, self._retry_after)
-        raise Busy(Busy.TIMEOUT, self._retry_after)  # _TIMEOUT, or _GONE: the place was lost
+        """Wait as a queued waiter until promoted, timed out, cancelled or dropped (in the
+        requesting thread; ``_wait.wait_for_slot``). A method, so that a subclass can wrap it."""
+        return wait_for_slot(self, token, remaining, cancel)
 
     # -- grants and their leases ------------------------------------------------------------
 
