@@ -1,0 +1,69 @@
+"""The wiring of the Redis fallback tests (``tests/test_redis_fallback.py`` and
+``tests/test_redis_fallback_cache.py``): :class:`Stack` (one process's worth of client, health,
+shared and local limiters behind a ``ResilientLimiter``), the ``make_stack`` fixture (stacks
+closed at teardown), the ``server`` fixture (the module's ``live_redis``), the ``runner``
+fixture (a ``ThreadRunner`` joined at teardown), and the bounds the tests assert with
+(``TIMEOUT``, ``SLACK``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from reachlimit import ColdLimiter
+from reachlimit.redis import (
+    RedisColdLimiter,
+    RedisHealth,
+    ResilientLimiter,
+    connect,
+)
+from tests.support.redis_server import RedisServer
+from tests.support.threads import ThreadRunner
+
+TIMEOUT = 0.5  # the socket timeout connect() uses by default
+#: Added to every asserted upper bound: scheduling on a loaded 2-core machine, never a speed.
+SLACK = 2.0
+
+
+@pytest.fixture(name="server")
+def server_fixture(live_redis: RedisServer) -> RedisServer:
+    return live_redis
+
+
+@pytest.fixture(name="runner")
+def runner_fixture() -> Iterator[ThreadRunner]:
+    r = ThreadRunner()
+    yield r
+    r.join_all(timeout=15)
+
+
+class Stack:
+    """One process's worth of wiring: client, health, shared and local limiters."""
+
+    def __init__(self, url: str, fallback: str = "local", **figures: Any) -> None:
+        figures = {"active": 1, "queue": 2, "wait": 3.0, **figures}
+        self.client = connect(url)
+        self.health = RedisHealth(url)
+        self.remote = RedisColdLimiter(self.client, "fb", lease=5.0, **figures)
+        self.local = ColdLimiter(**figures)
+        self.limiter = ResilientLimiter(self.remote, self.local, self.health, fallback)
+
+    def close(self) -> None:
+        self.remote.close()
+        self.client.close()
+
+
+@pytest.fixture(name="make_stack")
+def make_stack_fixture() -> Iterator[Callable[..., Stack]]:
+    made: list[Stack] = []
+
+    def make(url: str, fallback: str = "local", **figures: Any) -> Stack:
+        s = Stack(url, fallback, **figures)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
