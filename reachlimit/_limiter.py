@@ -52,17 +52,16 @@ path one dictionary look-up unless a displacement is possible.
 
 from __future__ import annotations
 
-import math
 import queue as _queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from ._cancel import POLL_INTERVAL, CancelToken
 from ._errors import Busy, Cancelled
+from ._grant import Grant, LimiterStats
+from ._grant import LimiterFigures as LimiterFigures  # where reachlimit.redis imports it from
 
 # Module-level names: the refusal path is a handful of bytecodes, and lookups show.
 _QUEUE_FULL = Busy.QUEUE_FULL
@@ -70,62 +69,6 @@ _DISPLACED = Busy.DISPLACED
 _Full = _queue.Full
 
 __all__ = ["ColdLimiter", "Grant", "LimiterStats"]
-
-
-@dataclass(frozen=True, slots=True)
-class LimiterStats:
-    """A consistent snapshot of a :class:`ColdLimiter`, taken under its lock."""
-
-    active: int
-    queued: int
-    peak_active: int
-    peak_queued: int
-    acquired: int
-    rejected_full: int
-    rejected_timeout: int
-    cancelled: int
-    capacity_active: int
-    capacity_queue: int
-    wait: float
-    #: Waiters whose place a leader of a client holding fewer places took (fair admission).
-    displaced: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Grant:
-    """One build slot, held until released: what every cold limiter's ``acquire`` returns
-    (this process's, and the shared ones of ``reachlimit.redis``).
-
-    Leaving the ``with`` block releases it, also when the body raises. ``release()`` releases
-    it early; a second ``release()`` is a programming error and raises ``RuntimeError``
-    without creating capacity. Leaving the block after an explicit ``release()`` does nothing.
-
-    A limiter's grant implements ``_give_back(strict)`` (``strict``: a second release raises)
-    and sets ``_held`` (guarded by its limiter's lock) or overrides ``held``.
-    """
-
-    __slots__ = ("_held",)
-    _held: bool
-
-    @property
-    def held(self) -> bool:
-        """Racy read: whether this grant still holds its slot."""
-        return self._held
-
-    def release(self) -> None:
-        """Give the slot back: to the next waiter if any, else to the free pool."""
-        self._give_back(strict=True)
-
-    def __enter__(self) -> Grant:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._give_back(strict=False)
-
-    def _give_back(self, strict: bool) -> None:
-        raise NotImplementedError
 
 
 class _LocalGrant(Grant):
@@ -164,51 +107,6 @@ class _Waiter:
         self.displaced = False
         self.client = client
         self.seq = seq
-
-
-class LimiterFigures:
-    """The four figures every cold limiter is built with (in-process or shared), checked
-    the same way with the same messages, and read-only afterwards."""
-
-    _capacity: int
-    _queue_capacity: int
-    _wait: float
-    _retry_after: int
-
-    def _set_figures(self, active: int, queue: int, wait: float, retry_after: int) -> None:
-        """Check the figures (``ValueError`` naming the first bad one) and keep them."""
-        if isinstance(active, bool) or not isinstance(active, int) or active < 1:
-            raise ValueError("active >= 1")
-        if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-            raise ValueError("queue >= 0")
-        if (
-            isinstance(wait, bool)
-            or not isinstance(wait, (int, float))
-            or not 0 < wait < math.inf  # NaN fails too; an infinite wait would not be bounded
-        ):
-            raise ValueError("wait > 0")
-        if isinstance(retry_after, bool) or not isinstance(retry_after, int) or retry_after < 1:
-            raise ValueError("retry_after >= 1")
-        self._capacity = active
-        self._queue_capacity = queue
-        self._wait = float(wait)
-        self._retry_after = retry_after
-
-    @property
-    def capacity_active(self) -> int:
-        return self._capacity
-
-    @property
-    def capacity_queue(self) -> int:
-        return self._queue_capacity
-
-    @property
-    def wait(self) -> float:
-        return self._wait
-
-    @property
-    def retry_after(self) -> int:
-        return self._retry_after
 
 
 class ColdLimiter(LimiterFigures):
