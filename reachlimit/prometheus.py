@@ -50,7 +50,8 @@ once; its release at the next event.) Nothing is written at import or at constru
 preloading server (gunicorn ``preload_app``) the master, which serves nothing, leaves no file
 behind for the workers it forks.
 
-The metered classes are subclasses, so the path and the limiter are the library's own, with
+The metered classes (in ``reachlimit._metered``, standard library only; re-exported here) are
+subclasses, so the path and the limiter are the library's own, with
 two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and the limiter's
 admission observer ``on_queued`` (called only for a leader the queue has just admitted, with
 the lock free: the moment to publish its new place). The fast path and the refusal path of the
@@ -76,10 +77,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from time import perf_counter
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as _values
@@ -87,10 +86,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ._cancel import CancelToken
-from ._errors import Busy, Cancelled
-from ._limiter import ColdLimiter, Grant
-from ._path import Cache, ColdPath, Flight, Limiter
+from ._errors import Busy
+from ._metered import MeteredColdPath, MeteredLimiter, MeteredSharedLimiter
+from ._path import Cache, Flight, Limiter
 
 __all__ = [
     "CONTENT_TYPE", "MeteredColdPath", "MeteredLimiter", "MeteredSharedLimiter", "ReachMetrics",
@@ -179,137 +177,6 @@ class _LimiterGauges:
                 "reachlimit_lease_lost", _HELP["lease_lost"],
                 value=int(getattr(s, "lease_lost", 0)),
             )
-
-
-class MeteredLimiter(ColdLimiter):
-    """A :class:`~reachlimit.ColdLimiter` that reports each admission and each wait to its
-    :class:`ReachMetrics` (set by it as ``metrics``). Admission itself is the parent's,
-    unchanged; so are its arguments."""
-
-    metrics: ReachMetrics
-
-    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
-        """The parent's ``acquire``, timed and counted by result. Runs in the caller's
-        thread; the metrics are written after the limiter's lock is released."""
-        metrics = self.metrics
-        started = perf_counter()
-        try:
-            grant = super().acquire(cancel, client)
-        except Busy as busy:
-            metrics.refused(busy.reason, perf_counter() - started)
-            raise
-        except Cancelled:
-            metrics.cancelled()
-            raise
-        metrics.granted(perf_counter() - started)
-        return grant
-
-    def _queued(self) -> None:
-        """The admission observer (``on_queued``): a leader the queue has just admitted, in
-        its own thread, with the lock free: publish its new place."""
-        if self.metrics.per_process:
-            self.metrics.publish(gauges=True)
-
-
-class MeteredSharedLimiter:
-    """A shared limiter (one whose ``stats()`` count the whole service) whose admissions are
-    counted and timed like :class:`MeteredLimiter`'s; everything else is the limiter's own."""
-
-    def __init__(self, inner: Limiter, metrics: ReachMetrics) -> None:
-        self.inner = inner
-        self.metrics = metrics
-
-    def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
-        metrics = self.metrics
-        started = perf_counter()
-        try:
-            grant = self.inner.acquire(cancel, client)
-        except Busy as busy:
-            metrics.refused(busy.reason, perf_counter() - started)
-            raise
-        except Cancelled:
-            metrics.cancelled()
-            raise
-        metrics.granted(perf_counter() - started)
-        return grant
-
-    def stats(self) -> Any:
-        return self.inner.stats()
-
-    # The figures every cold limiter has, the wrapped limiter's own.
-
-    @property
-    def capacity_active(self) -> int:
-        return self.inner.capacity_active
-
-    @property
-    def capacity_queue(self) -> int:
-        return self.inner.capacity_queue
-
-    @property
-    def wait(self) -> float:
-        return self.inner.wait
-
-    @property
-    def retry_after(self) -> int:
-        return self.inner.retry_after
-
-    def close(self) -> None:
-        """Close the wrapped limiter (its background threads, on Redis)."""
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
-
-
-class _TimedBuild:
-    """A build that records its duration (and that it ran) when called."""
-
-    __slots__ = ("build", "metrics", "ran")
-
-    def __init__(self, build: Callable[[], Any], metrics: ReachMetrics) -> None:
-        self.build = build
-        self.metrics = metrics
-        self.ran = False
-
-    def __call__(self) -> Any:
-        self.ran = True
-        started = perf_counter()
-        try:
-            return self.build()
-        finally:
-            self.metrics.instruments().build.observe(perf_counter() - started)
-
-
-class MeteredColdPath(ColdPath):
-    """A :class:`~reachlimit.ColdPath` whose builds are timed and whose figures are published
-    after each request (when the figures are kept per process)."""
-
-    def __init__(
-        self,
-        metrics: ReachMetrics,
-        limiter: MeteredLimiter | MeteredSharedLimiter,
-        cache: Cache | None = None,
-        flight: Flight | None = None,
-    ) -> None:
-        super().__init__(limiter, cache, flight)
-        self._metrics = metrics
-
-    def get(
-        self,
-        key: Hashable,
-        build: Callable[[], Any],
-        cancel: CancelToken | None = None,
-        client: Hashable = None,
-    ) -> Any:
-        metrics = self._metrics
-        timed = _TimedBuild(build, metrics)
-        try:
-            return super().get(key, timed, cancel, client)
-        finally:
-            if metrics.per_process:
-                # A build that ran held a slot, released before get() returned.
-                metrics.publish(gauges=timed.ran)
-
 
 
 # The ReachMetrics of this process in the several-process mode: a second one would write the
