@@ -82,7 +82,7 @@ from typing import Any
 
 import _common
 from _common import fmt, ms, open_loop, pct
-from http_load import Sample, status_counts
+from _http import Sample, status_counts
 
 from tests.support import HOST
 from tests.support.clients import http_request
@@ -579,7 +579,7 @@ def check_sources(addrs: list[str]) -> None:
 
 
 def machine(redis_port: int | None) -> dict[str, Any]:
-    from http_load import version_of
+    from _http import version_of
 
     where: dict[str, Any] = {
         **_common.machine(),

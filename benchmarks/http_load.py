@@ -48,9 +48,6 @@ with a note (in ``--json``: under ``"skipped"``).
 from __future__ import annotations
 
 import contextlib
-import http.client
-import importlib
-import importlib.metadata
 import json
 import signal
 import sys
@@ -58,21 +55,19 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
 from _common import fmt, ms, open_loop, pct
+from _http import Sample, cold_figures, fetch, get_json, importable, version_of, warm_figures
 
-from tests.support.clients import http_request
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-HOST = "127.0.0.1"
 APP = "http_app:create_app()"
 
 POLICIES = ("none", "pool2", "timed-sem", "refuse2", "flask-limiter", "reachlimit")
@@ -93,25 +88,6 @@ MAX_THREADS = 400
 #: Flask-Limiter's default strategy is a fixed window of the rate's period (1 s here): each
 #: scenario starts in a fresh window, so none inherits the previous one's count.
 FIXED_WINDOW_S = 1.05
-
-
-# -- the machine ------------------------------------------------------------------------------
-
-
-def version_of(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def importable(module: str) -> bool:
-    """Whether ``module`` imports here (the servers run this same interpreter)."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
 
 
 def machine() -> dict[str, Any]:
@@ -146,40 +122,6 @@ class Config:
     def capacity(self) -> float:
         """Builds per second the limit of ``active`` builds at once allows."""
         return self.active / self.build_s
-
-
-# -- the HTTP client --------------------------------------------------------------------------
-
-
-@dataclass
-class Sample:
-    kind: str  # "cold", "warm" or "idle"
-    start: float  # perf_counter at the start
-    latency: float  # seconds, connect to last byte of the body
-    status: int | None  # None: a transport error
-    error: str | None = None
-
-
-def fetch(port: int, path: str, kind: str, timeout: float) -> Sample:
-    """One GET on its own connection (closed afterwards); never raises."""
-    start = time.perf_counter()
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("GET", path, headers={"Connection": "close"})
-        resp = conn.getresponse()
-        resp.read()
-        return Sample(kind, start, time.perf_counter() - start, resp.status)
-    except (OSError, http.client.HTTPException) as exc:
-        return Sample(kind, start, time.perf_counter() - start, None, type(exc).__name__)
-    finally:
-        conn.close()
-
-
-def get_json(port: int, method: str, path: str, timeout: float = 5.0) -> Any:
-    reply = http_request(port, method, path, timeout=timeout, headers={"Connection": "close"})
-    if reply.status != 200:
-        raise RuntimeError(f"{method} {path}: HTTP {reply.status}: {reply.body[:200]!r}")
-    return reply.json()
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -359,47 +301,6 @@ def run_scenario(server: Server, scenario: str, cfg: Config) -> dict[str, Any]:
             for k in ("rejected_full", "rejected_timeout", "cancelled", "coalesced")
         }
     return row
-
-
-# -- figures ----------------------------------------------------------------------------------
-
-
-
-
-
-def status_counts(samples: list[Sample]) -> dict[str, int]:
-    c = Counter(
-        "error" if s.status is None
-        else "5xx" if s.status >= 500
-        else str(s.status) if s.status in (200, 429)
-        else "other"
-        for s in samples
-    )  # fmt: skip
-    return {k: c[k] for k in ("200", "429", "5xx", "other", "error")}
-
-
-def cold_figures(cold: list[Sample]) -> dict[str, Any]:
-    ok = [s.latency for s in cold if s.status == 200]
-    refused = [s.latency for s in cold if s.status == 429]
-    return {
-        "status": status_counts(cold),
-        "errors": sorted({s.error for s in cold if s.error}),
-        "admitted_p50_ms": ms(pct(ok, 50)),
-        "admitted_p99_ms": ms(pct(ok, 99)),
-        "refused_p50_ms": ms(pct(refused, 50)),
-        "refused_p99_ms": ms(pct(refused, 99)),
-    }
-
-
-def warm_figures(samples: list[Sample], prefix: str) -> dict[str, Any]:
-    """Latency of the warm requests answered 200; the others are counted, not timed."""
-    ok = [s.latency for s in samples if s.status == 200]
-    return {
-        f"{prefix}_samples": len(samples),
-        f"{prefix}_status": status_counts(samples),
-        f"{prefix}_p50_ms": ms(pct(ok, 50)),
-        f"{prefix}_p99_ms": ms(pct(ok, 99)),
-    }
 
 
 # -- goals ------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ from typing import Any
 import _common
 import redis
 from _common import fmt, ms, open_loop, pct
-from http_load import Sample, fetch, importable, status_counts, version_of, warm_figures
+from _http import Sample, fetch, importable, status_counts, version_of, warm_figures
 
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.redis_server import REDIS_SERVER, RedisServer
