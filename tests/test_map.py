@@ -35,15 +35,15 @@ from typing import Any
 
 import pytest
 
-from tests.test_browser import (
+from tests.support.browser import (
     ARTIFACTS,
     PAGE_TIMEOUT_MS,
     LiveServer,
+    browser_fixture,  # noqa: F401 (the browser fixture)
+    page_fixture,  # noqa: F401 (the page fixture, over this live_server)
     query_of,
     wait_for_report,
 )
-from tests.test_browser import browser as browser  # noqa: F401  (fixture)
-from tests.test_browser import page as page  # noqa: F401  (fixture, over this live_server)
 from webapp.meshcore import has_gps
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
