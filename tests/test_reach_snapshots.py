@@ -1,9 +1,8 @@
 """The reach service's snapshots and the data it must survive: the periodic snapshot, the node
 index, hostile rows, and a node index gone stale (refreshed, and for hidden targets).
 
-Each test builds its mesh with :class:`Mesh` in ``tmp_path`` using only the columns that
-``webapp/README.md`` lists, so the report is checked against those rules rather
-than against the demo generator.
+The meshes are hand-built in ``tmp_path`` as in ``tests/test_reach.py``
+(``tests/support/mesh.py``), never taken from the demo generator.
 """
 
 from __future__ import annotations
