@@ -12,8 +12,12 @@ cycle: each imports only those above it and the core):
     lua/         the Lua scripts (``.lua`` files) and the Python that puts them together
     _renewer     LeaseRenewer: the one lease-renewing thread of a limiter or a flight
     _waker       Waker: ends a waiter's blocking read on time
-    _limiter     RedisColdLimiter, RedisGrant, RedisLimiterStats      (_common, lua, _renewer,
-                                                                        _waker)
+    _replies     the scripts' reply codes
+    _grant       RedisGrant: one slot held as a renewed lease
+    _stats       RedisLimiterStats and the reading of the stats script's reply
+    _wait        a waiter's loop: doorbell, polls, deadline, cancel    (_replies, _waker)
+    _limiter     RedisColdLimiter                                      (_common, lua, _renewer,
+                                                                        _wait, _grant, _stats)
     _owners      release_owner: a dead process's places, freed by its parent (_limiter)
     _cache       RedisCache and its codecs                            (_common, lua)
     _flight      RedisSingleFlight                                    (_common, lua, _renewer,
