@@ -46,8 +46,10 @@ was tried first and was full; it stays full). ``queue=0`` builds no gate at all,
 ``queue.Queue(maxsize=0)`` would be unbounded.
 
 The fast path and the refusal path never read the clock and allocate nothing but the grant or
-the exception they return; the fast path does no client bookkeeping at all, and the refusal
-path one dictionary look-up unless a displacement is possible.
+the exception they return; the fast path does no client bookkeeping at all. The refusal path
+compares the caller with ``_sole`` (the one client waiting, if only one is): with one client,
+the common case of a caller that passes none, that is all it adds; otherwise one dictionary
+look-up, and a look at the other clients only when a displacement is possible.
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ class ColdLimiter(LimiterFigures):
         # is served next. A client is here exactly while it has a waiter.
         self._clients: dict[Hashable, deque[_Waiter]] = {}
         self._waiters_of = self._clients.get  # bound once: the refusal path calls it
+        # The one client with waiters while there is exactly one, else _SEVERAL (compared
+        # with "is": an equal but distinct name just takes the general look).
+        self._sole: Hashable = _SEVERAL
         self._joined = 0  # waiters ever queued: the next waiter's seq
         # A client holding more places than this can displace nobody (2c + 2 > queue).
         self._keeps_out = (queue - 2) // 2
@@ -195,16 +200,22 @@ class ColdLimiter(LimiterFigures):
             try:
                 self._gate_put(None, False)  # = put_nowait(None): never a blocking put
             except _Full:
-                # Every place is taken. A client holding c places can take one over only
-                # from a client holding c + 2 or more, which needs queue >= 2c + 2: so a
-                # client holding more than _keeps_out places is refused without a look.
-                mine = self._waiters_of(client)
-                places = 0 if mine is None else len(mine)
-                if places > self._keeps_out or not self._displace_for(places):
+                # Every place is taken. The client alone in the queue holds them all and can
+                # take none over (the one-client queue's refusal costs what it always did).
+                # Else a client holding c places can take one over only from a client
+                # holding c + 2 or more, which needs queue >= 2c + 2: so a client holding
+                # more than _keeps_out places is refused without a look at the others.
+                if client is self._sole:
                     self._rejected_full += 1
                     waiter = None
                 else:
-                    waiter = self._join(client, mine)
+                    mine = self._waiters_of(client)
+                    places = 0 if mine is None else len(mine)
+                    if places > self._keeps_out or not self._displace_for(places):
+                        self._rejected_full += 1
+                        waiter = None
+                    else:
+                        waiter = self._join(client, mine)
             else:
                 waiter = self._join(client, self._clients.get(client))
                 if len(self._waiters) > self._peak_queued:
@@ -256,6 +267,7 @@ class ColdLimiter(LimiterFigures):
         self._waiters.append(waiter)
         if mine is None:
             self._clients[client] = deque((waiter,))  # a new client waits last in turn
+            self._sole = client if len(self._clients) == 1 else _SEVERAL
         else:
             mine.append(waiter)
         return waiter
@@ -284,6 +296,8 @@ class ColdLimiter(LimiterFigures):
         waiter = mine.popleft()
         if mine:
             clients[client] = mine
+        else:
+            self._sole = next(iter(clients)) if len(clients) == 1 else _SEVERAL
         if waiter is self._waiters[0]:  # always so with one client
             self._waiters.popleft()
         else:
@@ -299,6 +313,8 @@ class ColdLimiter(LimiterFigures):
         mine.remove(waiter)
         if not mine:
             del self._clients[waiter.client]
+            clients = self._clients
+            self._sole = next(iter(clients)) if len(clients) == 1 else _SEVERAL
         self._return_gate_place()
 
     def _return_gate_place(self) -> None:
@@ -375,6 +391,10 @@ class ColdLimiter(LimiterFigures):
             self._hand_off_or_free()
         elif not waiter.displaced:  # a displaced waiter's place is the newcomer's already
             self._leave_queue(waiter)
+
+
+#: ``_sole`` when no client, or several, wait: a name nobody passes.
+_SEVERAL: Hashable = object()
 
 
 def _no_gate(item: None, block: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from reachlimit import ColdLimiter
+from reachlimit import _limiter as _limiter_module
 from tests.support import fairness, stress
 from tests.support.clock import FakeClock
 from tests.support.limiter import Attempt
@@ -48,6 +49,9 @@ def _global_fifo(self: ColdLimiter) -> Any:
     mine.remove(waiter)
     if not mine:
         del self._clients[waiter.client]
+        # The rest of the bookkeeping as the real one keeps it: only the order is wrong.
+        clients = self._clients
+        self._sole = next(iter(clients)) if len(clients) == 1 else _limiter_module._SEVERAL
     return waiter
 
 

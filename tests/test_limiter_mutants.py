@@ -63,6 +63,8 @@ def _leave_queue_keeping_the_place(self: ColdLimiter, waiter: Any) -> None:
     mine.remove(waiter)
     if not mine:
         del self._clients[waiter.client]
+        clients = self._clients
+        self._sole = next(iter(clients)) if len(clients) == 1 else _limiter_module._SEVERAL
     # mutant: forgets self._return_gate_place()
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from reachlimit import Busy, Cancelled, ColdLimiter, Grant, LimiterStats
+from reachlimit import _limiter as _limiter_module
 from tests.support.threads import JOIN_TIMEOUT, Outcome, ThreadRunner, start_call
 
 #: The figures ``LimiterStats.as_dict()`` promises (the contract of ``stats()``).
@@ -133,13 +134,20 @@ def gate_size(lim: ColdLimiter) -> int:
 
 
 def check_white_box(lim: ColdLimiter) -> None:
-    """Under the limiter's own lock: one gate place per queued waiter, and no idle slot while
-    anybody waits (a slot that is neither held nor handed on is a leak)."""
+    """Under the limiter's own lock: one gate place per queued waiter, no idle slot while
+    anybody waits (a slot that is neither held nor handed on is a leak), and the refusal
+    path's note of the one waiting client agrees with the clients that wait."""
     with lim._lock:
         waiters = len(lim._waiters)
         gate = lim._gate.qsize() if lim._gate is not None else 0
         active = lim._active
+        clients = list(lim._clients)
+        sole = lim._sole
     assert gate == waiters, f"gate holds {gate} places for {waiters} queued waiters"
+    if len(clients) == 1:
+        assert sole is clients[0], f"the sole waiting client is {clients[0]!r}, noted {sole!r}"
+    else:
+        assert sole is _limiter_module._SEVERAL, f"{len(clients)} clients wait, noted {sole!r}"
     assert waiters == 0 or active == lim.capacity_active, (
         f"{waiters} waiter(s) queued while only {active}/{lim.capacity_active} slots are held"
     )
