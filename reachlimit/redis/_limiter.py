@@ -164,13 +164,16 @@ class RedisColdLimiter(LimiterFigures):
 
     ``lease`` is how long a grant outlives its process: it is renewed in the background every
     ``lease / 3`` seconds while held. Every process must use the same ``active``, ``queue``,
-    ``wait`` and ``lease`` for a name.
+    ``wait`` and ``lease`` for a name: the first to use it records them in Redis, and any other
+    object raises ``ValueError`` (naming the setting and both values) at its first call.
 
     Errors of Redis itself (``redis.exceptions.RedisError``: connection refused, timeout)
     propagate out of ``acquire``, ``release`` and ``stats`` of this class; wrap it in
     :class:`ResilientLimiter` (as the Flask extension does) to fall back to an in-process
     limiter instead. A waiter that meets one leaves the queue (or Redis drops it within a
-    presence period); a grant whose release fails keeps its slot until its lease ends.
+    presence period); a call whose reply was lost (the script may have run) has its token
+    given up before this object's next round trip, so a slot or place it took is nobody's for
+    no longer than that.
 
     Call :meth:`close` at the end to stop its two threads, the lease renewer and the waker
     that ends waiters' blocking reads on time (daemon threads either way).
