@@ -81,11 +81,19 @@ design:
     dies stops renewing; its slots come back when their leases end (the next script of any
     process reaps them) and its waiters leave the queue one presence period after their last
     poll. A holder that was paused past its lease has lost the slot (counted once, when it is
-    reaped); its release is then a no-op in Redis. The same covers a reply lost on the way
-    back (a socket timeout after the script ran): the grant or the queue place it made is
-    nobody's, and it ends with its lease or its presence. A client that retries sends the
-    same token again: the acquire script then answers what its first run decided (claiming
-    a slot handed over in between), so a token never both holds and waits. That check is on
+    reaped); its release is then a no-op in Redis.
+
+    Lost replies: a call whose reply is lost (a socket timeout after the script ran, or
+    before it ran: the caller cannot tell) leaves its token in ``_lost_tokens``; before this
+    object's next round trip of any kind, ``limiter_give_up.lua`` frees what those tokens
+    hold or wait for and records them in ``T:gone`` for ``GIVEN_UP_FOR`` seconds, where the
+    acquire scripts refuse a late call of them (one sent on the timed-out connection and
+    read by Redis only after the give-up). So no slot or place stays nobody's for longer than
+    this object's next call (without one: the lease, or the presence).
+
+    Retries: a client that retries sends the same token again: the acquire script then
+    answers what its first run decided (claiming a slot handed over in between), so a token
+    never both holds and waits. That check is on
     the acquire script's general path only, to keep the fast grant and the refusal as cheap
     as they are: a retry that finds every slot held and every queue place taken is refused
     although its first run took a slot or a place, which then ends with its lease (counted
