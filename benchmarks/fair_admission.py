@@ -63,11 +63,8 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import os
 import random
-import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -75,21 +72,18 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
+import _http
 from _common import fmt, ms, open_loop, pct
 from _http import Sample, status_counts
 
 from tests.support import HOST
 from tests.support.clients import http_request
-from tests.support.gunicorn_server import GunicornServer, serving
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 APP = "fair_admission:create_app()"
 SETUPS = ("single", "shared")
 VARIANTS = ("none", "remote_addr")
@@ -100,7 +94,6 @@ WARM_KEYS = tuple(f"warm-{i}" for i in range(8))
 REASONS = ("queue_full", "displaced", "timeout")
 GOAL_POLITE_PCT = 95.0
 GOAL_GOODPUT_PCT = 90.0
-READY_DEADLINE_S = 30.0
 JOIN_MARGIN_S = 10.0
 
 
@@ -190,7 +183,7 @@ class Config:
         return [f"127.0.0.{POLITE_BASE + i}" for i in range(self.polite)]
 
 
-class FairServer(GunicornServer):
+class FairServer(_http.BenchGunicorn):
     """One gunicorn master serving :func:`create_app` for one variant."""
 
     def __init__(
@@ -205,29 +198,8 @@ class FairServer(GunicornServer):
         if redis_url:
             env["REACHLIMIT_REDIS_URL"] = redis_url
         super().__init__(
-            APP,
-            log_dir,
-            name,
-            env=env,
-            workers=workers,
-            threads=cfg.threads,
-            args=["--pythonpath", str(ROOT)],
-            access_log=False,
-            graceful_timeout=5,
-            ready_path="/stats",
-            token_env="BENCH_TOKEN",
-            ready_timeout=READY_DEADLINE_S,
-            stripped_env=("REACHLIMIT_", "BENCH_", "GUNICORN_CMD_ARGS"),
-            chdir=HERE,
-            die_with_parent=True,
+            APP, log_dir, name, env, workers, cfg.threads, extra_stripped=("GUNICORN_CMD_ARGS",)
         )
-
-    def stats(self) -> dict[str, Any]:
-        reply = self.request("GET", "/stats", timeout=5)
-        if reply.status != 200:
-            raise RuntimeError(f"{self.name} /stats: HTTP {reply.status}: {reply.body[:200]!r}")
-        figures: dict[str, Any] = reply.json()
-        return figures
 
 
 # -- the client side ----------------------------------------------------------------------
@@ -335,24 +307,14 @@ def warm_up(ports: list[int], cfg: Config) -> None:
 # -- one variant ----------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
 def servers_of(
     setup: str, variant: str, cfg: Config, redis_url: str | None, log_dir: Path, rnd: int
-) -> Iterator[list[FairServer]]:
+) -> contextlib.AbstractContextManager[list[FairServer]]:
     count, workers = (1, 1) if setup == "single" else (cfg.servers, cfg.workers)
-    with contextlib.ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                serving(
-                    FairServer(
-                        variant, f"{setup}-{variant}-r{rnd}-{i}", workers, cfg, redis_url,
-                        log_dir,
-                    ),
-                    check_log=False,
-                )
-            )
-            for i in range(count)
-        ]  # fmt: skip
+    return _http.all_serving(
+        FairServer(variant, f"{setup}-{variant}-r{rnd}-{i}", workers, cfg, redis_url, log_dir)
+        for i in range(count)
+    )
 
 
 def limiter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
@@ -579,25 +541,9 @@ def check_sources(addrs: list[str]) -> None:
 
 
 def machine(redis_port: int | None) -> dict[str, Any]:
-    from _http import version_of
-
-    where: dict[str, Any] = {
-        **_common.machine(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "gunicorn": version_of("gunicorn"),
-        "flask": version_of("flask"),
-        "redis_py": version_of("redis"),
-        "redis_server": None,
-    }
-    if redis_port is not None:
-        import redis
-
-        rc = redis.Redis(host=HOST, port=redis_port, socket_timeout=5)
-        try:
-            where["redis_server"] = rc.info("server").get("redis_version")
-        finally:
-            rc.close()
-    return where
+    return _http.service_machine(
+        [("gunicorn", "gunicorn"), ("flask", "flask"), ("redis_py", "redis")], redis_port
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,16 +613,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg.active, cfg.queue = defaults.active, defaults.queue
     check_sources([CRAWLER_ADDR, *cfg.polite_addrs()])
-    if "shared" in setups:
-        from tests.support.redis_server import REDIS_SERVER
+    if "shared" in setups and _http.redis_missing():
+        return 2
 
-        if shutil.which(REDIS_SERVER) is None:
-            print(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-
-    # SIGTERM unwinds like Ctrl-C: every gunicorn and the redis-server are stopped by PID.
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
+    _http.unwind_on_sigterm()
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     with (
@@ -719,8 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_met": all(all(r["met"].values()) for r in results),
         "elapsed_s": time.perf_counter() - started,
     }
-    print(json.dumps(report, indent=2) if a.json else render(report))
-    return 0
+    return _http.finish(report, a.json, render)
 
 
 if __name__ == "__main__":

@@ -60,12 +60,9 @@ machine may be shared, and the figures are only as quiet as it is (the load aver
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -78,16 +75,14 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _http
 import redis
 from _common import fmt, ms, open_loop, pct
-from _http import Sample, fetch, importable, status_counts, version_of, warm_figures
+from _http import Sample, fetch, importable, status_counts, warm_figures
 
-from tests.support.gunicorn_server import GunicornServer, serving
-from tests.support.redis_server import REDIS_SERVER, RedisServer
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 APP = "http_redis_app:create_app()"
 VARIANTS = ("process", "redis", "flask-limiter")
 WARM_KEYS = [f"warm-{i}" for i in range(16)]  # the keys http_redis_app.py pre-caches
@@ -100,7 +95,6 @@ BUILD_KEYS = {  # http_redis_app.BUILD_KEYS (not imported: that module needs Fla
 }
 GOAL_GOODPUT_PCT = 90.0
 GOAL_WARM_X_IDLE = 3.0
-READY_DEADLINE_S = 30.0
 JOIN_MARGIN_S = 10.0
 #: Bounds of the load: cold client threads, and warm requests in one phase (60 s at 20 ms).
 MAX_THREADS = 300
@@ -135,7 +129,7 @@ class Config:
 # -- processes ------------------------------------------------------------------------------
 
 
-class BenchServer(GunicornServer):
+class BenchServer(_http.BenchGunicorn):
     """One gunicorn master with ``cfg.workers`` gthread workers serving one variant."""
 
     def __init__(self, variant: str, index: int, cfg: Config, redis_url: str, log_dir: Path):
@@ -155,37 +149,16 @@ class BenchServer(GunicornServer):
             },
             workers=cfg.workers,
             threads=cfg.threads,
-            args=["--pythonpath", str(ROOT)],
-            access_log=False,
-            graceful_timeout=5,
-            ready_path="/stats",
-            token_env="BENCH_TOKEN",
-            ready_timeout=READY_DEADLINE_S,
-            stripped_env=("REACHLIMIT_", "BENCH_"),
-            chdir=HERE,
-            die_with_parent=True,
         )
 
-    def stats(self) -> dict[str, Any]:
-        reply = self.request("GET", "/stats", timeout=5)
-        if reply.status != 200:
-            raise RuntimeError(f"{self.name} /stats: HTTP {reply.status}: {reply.body[:200]!r}")
-        figures: dict[str, Any] = reply.json()
-        return figures
 
-
-@contextlib.contextmanager
 def servers_of(
     variant: str, cfg: Config, redis_url: str, log_dir: Path
-) -> Iterator[list[BenchServer]]:
+) -> contextlib.AbstractContextManager[list[BenchServer]]:
     """``cfg.servers`` servers of one variant, each stopped by PID on the way out."""
-    with contextlib.ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                serving(BenchServer(variant, i, cfg, redis_url, log_dir), check_log=False)
-            )
-            for i in range(cfg.servers)
-        ]
+    return _http.all_serving(
+        BenchServer(variant, i, cfg, redis_url, log_dir) for i in range(cfg.servers)
+    )
 
 
 # -- load -----------------------------------------------------------------------------------
@@ -606,20 +579,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def machine(rs: RedisServer) -> dict[str, Any]:
-    rc = redis.Redis(host="127.0.0.1", port=rs.port, socket_timeout=5)
-    try:
-        server_version = rc.info("server").get("redis_version")
-    finally:
-        rc.close()
-    return {
-        **_common.machine(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "gunicorn": version_of("gunicorn"),
-        "flask": version_of("flask"),
-        "flask_limiter": version_of("flask-limiter"),
-        "redis_py": version_of("redis"),
-        "redis_server": server_version,
-    }
+    return _http.service_machine(
+        [("gunicorn", "gunicorn"), ("flask", "flask"), ("flask_limiter", "flask-limiter"),
+         ("redis_py", "redis")],
+        rs.port,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,9 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --backoff-ms >= 0, --warm-ms > 0, --timeout > 0")
     if cfg.clients > MAX_THREADS:
         p.error(f"--clients is at most {MAX_THREADS}")
-    if shutil.which(REDIS_SERVER) is None:
-        print(f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)",
-              file=sys.stderr)
+    if _http.redis_missing():
         return 2
 
     skipped: dict[str, str] = {}
@@ -701,8 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             print(f"note: {skipped['flask-limiter']}", file=sys.stderr)
 
-    # SIGTERM unwinds like Ctrl-C: every gunicorn and the redis-server are stopped by PID.
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))
+    _http.unwind_on_sigterm()
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="reachlimit-http-redis-") as tmp:
@@ -728,8 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         "holders": [s["variant"] for s in summary if s["all"]],
         "elapsed_s": time.perf_counter() - started,
     }
-    print(json.dumps(report, indent=2) if a.json else render(report))
-    return 0
+    return _http.finish(report, a.json, render)
 
 
 if __name__ == "__main__":
