@@ -268,14 +268,7 @@ def test_the_fairness_rules_and_the_watch_catch_the_mutant(
 
 def test_the_watch_passes_the_real_limiter(threads: ThreadRunner) -> None:
     make, made = watched()
-    for check in (
-        fairness.check_one_client_alone,
-        fairness.check_newest_of_the_biggest_is_displaced,
-        fairness.check_two_more_places_not_one,
-        fairness.check_ties_go_to_the_newest_waiter,
-        fairness.check_round_robin_across_clients,
-        fairness.check_a_client_that_comes_back_waits_its_turn,
-    ):
+    for check in fairness.RULES:
         check(threads, make)
     assert made and all(not lim.violations and not lim.check() for lim in made)
     assert sum(lim.counts["displaced"] for lim in made) >= 3

@@ -24,14 +24,7 @@ def make(active: int, queue: int) -> ColdLimiter:
 
 @pytest.mark.parametrize(
     "check",
-    [
-        fairness.check_one_client_alone,
-        fairness.check_newest_of_the_biggest_is_displaced,
-        fairness.check_two_more_places_not_one,
-        fairness.check_ties_go_to_the_newest_waiter,
-        fairness.check_round_robin_across_clients,
-        fairness.check_a_client_that_comes_back_waits_its_turn,
-    ],
+    fairness.RULES,
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_fair_admission_rule(threads: ThreadRunner, check: Any) -> None:

@@ -8,7 +8,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +22,9 @@ from tests.support.redis_clients import (
     client_fixture,  # noqa: F401 (the client fixture)
     make_client_fixture,  # noqa: F401 (the make_client fixture)
 )
+from tests.support.redis_limiters import (
+    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
+)
 from tests.support.redis_server import (
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
@@ -34,35 +37,20 @@ _names = itertools.count()
 
 
 @pytest.fixture
-def make(client: CountingRedis) -> Iterator[Callable[..., RedisColdLimiter]]:
+def make(make_limiter: Callable[..., RedisColdLimiter]) -> Callable[..., RedisColdLimiter]:
     """``make(active, queue, **kwargs)``: a limiter on a fresh name (a minute's wait unless
     given), closed at teardown."""
-    made: list[RedisColdLimiter] = []
 
     def build(active: int, queue: int, **kwargs: Any) -> RedisColdLimiter:
         kwargs.setdefault("wait", 60.0)
-        cls = kwargs.pop("cls", RedisColdLimiter)
-        lim: RedisColdLimiter = cls(
-            kwargs.pop("client", client), f"fair{next(_names)}", active, queue, **kwargs
-        )
-        made.append(lim)
-        return lim
+        return make_limiter(name=f"fair{next(_names)}", active=active, queue=queue, **kwargs)
 
-    yield build
-    for lim in made:
-        lim.close()
+    return build
 
 
 @pytest.mark.parametrize(
     "check",
-    [
-        fairness.check_one_client_alone,
-        fairness.check_newest_of_the_biggest_is_displaced,
-        fairness.check_two_more_places_not_one,
-        fairness.check_ties_go_to_the_newest_waiter,
-        fairness.check_round_robin_across_clients,
-        fairness.check_a_client_that_comes_back_waits_its_turn,
-    ],
+    fairness.RULES,
     ids=lambda check: check.__name__.removeprefix("check_"),
 )
 def test_fair_admission_rule(

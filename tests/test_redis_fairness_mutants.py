@@ -11,18 +11,20 @@ the rule of ``tests/support/fairness.py`` it breaks while passing one it leaves 
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 
 from reachlimit.redis import RedisColdLimiter, lua
 from tests.support import fairness
 from tests.support.redis_clients import (
     client_fixture,  # noqa: F401 (the client fixture)
     make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
+from tests.support.redis_limiters import (
+    factory_fixture,  # noqa: F401 (the factory fixture)
+    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture, which factory needs)
 )
 from tests.support.redis_server import (
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -44,26 +46,6 @@ GLOBAL_FIFO = mutant(((_BY_CLIENT, "  while false do\n"),), tuple(SCRIPTS))
 DISPLACES_THE_OLDEST = mutant(
     ((_NEWEST, _NEWEST.replace("-1, -1, 'WITHSCORES'", "0, 0, 'WITHSCORES'")),), tuple(SCRIPTS)
 )
-
-
-@pytest.fixture
-def factory(client: redis.Redis) -> Iterator[Callable[[type[RedisColdLimiter]], Any]]:
-    """``factory(cls)``: ``make(active, queue)`` for the fairness checks, making ``cls`` on a
-    fresh name each call; every limiter made is closed at teardown."""
-    made: list[RedisColdLimiter] = []
-    names = itertools.count()
-
-    def for_class(cls: type[RedisColdLimiter]) -> Callable[[int, int], RedisColdLimiter]:
-        def make(active: int, queue: int) -> RedisColdLimiter:
-            lim = cls(client, f"fair-mutant-{next(names)}", active, queue, wait=60.0)
-            made.append(lim)
-            return lim
-
-        return make
-
-    yield for_class
-    for lim in made:
-        lim.close()
 
 
 @pytest.mark.parametrize(

@@ -14,16 +14,16 @@ Mutants:
   it in the queue too;
 * the release script leaves the holder where it is (the slot is never given back).
 
-The factory below stands for ``ColdLimiter(active, queue, wait, clock=...)``: each call makes
-a limiter on a fresh name (so no check sees another's leftovers). A ``FakeClock`` that steps
+The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
+``ColdLimiter(active, queue, wait, clock=...)``: each call makes a limiter on a fresh name (so
+no check sees another's leftovers). A ``FakeClock`` that steps
 on every read means "the wait runs out at once" in the checks; on Redis, whose clock cannot
 be faked, that becomes a 50 ms wait; otherwise the wait is a minute.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +40,10 @@ from tests.support.limiter_checks import (
 from tests.support.redis_clients import (
     client_fixture,  # noqa: F401 (the client fixture)
     make_client_fixture,  # noqa: F401 (the make_client fixture)
+)
+from tests.support.redis_limiters import (
+    factory_fixture,  # noqa: F401 (the factory fixture)
+    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture, which factory needs)
 )
 from tests.support.redis_server import (
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -139,31 +143,6 @@ RELEASE_KEEPS_SLOT = mutant(
     ),
     ("_release_script",),
 )
-
-
-@pytest.fixture
-def factory(client: redis.Redis) -> Iterator[Callable[[type[RedisColdLimiter]], Any]]:
-    """``factory(cls)``: a limiter factory with ColdLimiter's signature, making ``cls`` on a
-    fresh name each call; every limiter made is closed at teardown."""
-    made: list[RedisColdLimiter] = []
-    names = itertools.count()
-
-    def for_class(cls: type[RedisColdLimiter]) -> Callable[..., RedisColdLimiter]:
-        def make(
-            active: int = 2, queue: int = 8, wait: float = 3.0, clock: Any = None, **_: Any
-        ) -> RedisColdLimiter:
-            runs_out = getattr(clock, "step", 0) > 0
-            lim = cls(
-                client, f"check-{next(names)}", active, queue, wait=0.05 if runs_out else 60.0
-            )
-            made.append(lim)
-            return lim
-
-        return make
-
-    yield for_class
-    for lim in made:
-        lim.close()
 
 
 ALL_CHECKS = (

@@ -185,3 +185,14 @@ def check_a_client_that_comes_back_waits_its_turn(threads: ThreadRunner, make: M
     # After a1: b's turn; a waits again, behind b, and c behind a.
     assert queue.promoted == ["a1", "b1", "a2", "c1", "b2"]
     wait_until("drained", lambda: (lim.stats().active, lim.stats().queued) == (0, 0))
+
+
+#: Every rule above, in order, for a test that runs them all on one kind of limiter.
+RULES = (
+    check_one_client_alone,
+    check_newest_of_the_biggest_is_displaced,
+    check_two_more_places_not_one,
+    check_ties_go_to_the_newest_waiter,
+    check_round_robin_across_clients,
+    check_a_client_that_comes_back_waits_its_turn,
+)

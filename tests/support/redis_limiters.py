@@ -1,16 +1,22 @@
 """Limiters on the test Redis and reads of what they keep there, shared by the Redis test
 modules: the ``make_limiter`` fixture (``make_limiter(**kwargs)``: a ``RedisColdLimiter`` on
 the test's ``client``, or on ``client=``, or a subclass as ``cls=``; every one made is closed at
-teardown), ``server_ms`` (Redis's own clock in ms) and ``state_of`` (every key matching a
-pattern with its full content). A module using the fixture imports it::
+teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
+``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
+``tests/support/fairness.py``, each limiter on a fresh name), ``server_ms`` (Redis's own clock
+in ms) and ``state_of`` (every key matching a pattern with its full content). A module using
+the fixture imports it::
 
     from tests.support.redis_limiters import (
         make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
     )
+
+(and ``factory_fixture`` next to it for the ``factory`` fixture, which needs ``make_limiter``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +42,31 @@ def make_limiter_fixture(client: CountingRedis) -> Iterator[Callable[..., RedisC
     yield make
     for lim in made:
         lim.close()
+
+
+@pytest.fixture(name="factory")
+def factory_fixture(
+    make_limiter: Callable[..., RedisColdLimiter],
+) -> Callable[[type[RedisColdLimiter]], Callable[..., RedisColdLimiter]]:
+    """``factory(cls)``: a limiter factory with ColdLimiter's signature
+    (``make(active, queue, wait, clock)``), making ``cls`` on a fresh name each call. Every
+    wait is a minute, except with a ``clock`` that steps on each read (a check that needs its
+    waits to run out): then 0.05 s. Every limiter made is closed at teardown."""
+    names = itertools.count()
+
+    def for_class(cls: type[RedisColdLimiter]) -> Callable[..., RedisColdLimiter]:
+        def make(
+            active: int = 2, queue: int = 8, wait: float = 3.0, clock: Any = None, **_: Any
+        ) -> RedisColdLimiter:
+            runs_out = getattr(clock, "step", 0) > 0
+            return make_limiter(
+                cls=cls, name=f"check-{next(names)}", active=active, queue=queue,
+                wait=0.05 if runs_out else 60.0,
+            )  # fmt: skip
+
+        return make
+
+    return for_class
 
 
 def server_ms(client: redis.Redis) -> int:
