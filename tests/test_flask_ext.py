@@ -18,9 +18,10 @@ import pytest
 from flask import Flask, abort, jsonify
 from werkzeug.test import TestResponse
 
-from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, ColdPath, Grant, TTLCache
+from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, Grant, TTLCache
 from reachlimit.flask import ReachLimit, Settings
 from tests.apps.slow_app import add_cold_routes
+from tests.support.flask_ext import ExtensionReads
 from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, slots_held
 from tests.support.waiting import wait_until
 
@@ -28,7 +29,7 @@ DEADLINE = 10.0
 
 
 
-class Harness:
+class Harness(ExtensionReads):
     """A small app with one cold endpoint, ``/report/<key>``, and ``/health``.
 
     A build records its key in ``built`` and returns ``{"key", "build"}``; ``hooks[key]``
@@ -63,24 +64,8 @@ class Harness:
             return hook()
         return {"key": key, "build": number}
 
-    @property
-    def path(self) -> ColdPath:
-        path = self.app.extensions["reachlimit"].path
-        assert isinstance(path, ColdPath)
-        return path
-
-    @property
-    def limiter(self) -> ColdLimiter:
-        limiter = self.path.limiter
-        assert isinstance(limiter, ColdLimiter)
-        return limiter
-
     def get(self, key: str) -> TestResponse:
         return self.app.test_client().get(f"/report/{key}")
-
-    def stats(self) -> dict[str, Any]:
-        with self.app.app_context():
-            return self.rl.stats().as_dict()
 
     def settings(self) -> Settings:
         with self.app.app_context():

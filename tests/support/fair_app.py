@@ -15,12 +15,13 @@ import pytest
 from flask import Flask, jsonify
 from werkzeug.test import TestResponse
 
-from reachlimit import Busy, ColdLimiter, ColdPath
+from reachlimit import Busy
 from reachlimit.flask import (
     _REFUSAL_SENTENCES,
     ReachLimit,
 )
 from tests.apps.slow_app import add_cold_routes
+from tests.support.flask_ext import ExtensionReads
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import DEADLINE, wait_until
 
@@ -77,7 +78,7 @@ class Builds:
         wait_until(f"the build of {key!r} to start", lambda: key in self.started)
 
 
-class App:
+class App(ExtensionReads):
     """A Flask app with ``/report/<key>`` (blocking builds) and ``/health``; requests from
     any address, each in a thread of ``threads``."""
 
@@ -104,26 +105,6 @@ class App:
         def server_error(e: Any) -> Any:
             self.server_errors.append(e.original_exception)
             return jsonify(error="internal"), 500
-
-    @property
-    def state(self) -> Any:
-        return self.app.extensions["reachlimit"]
-
-    @property
-    def path(self) -> ColdPath:
-        path = self.state.path
-        assert isinstance(path, ColdPath)
-        return path
-
-    @property
-    def limiter(self) -> ColdLimiter:
-        limiter = self.path.limiter
-        assert isinstance(limiter, ColdLimiter)
-        return limiter
-
-    def stats(self) -> dict[str, Any]:
-        with self.app.app_context():
-            return self.rl.stats().as_dict()
 
     def get(self, key: str, addr: str = CRAWLER, headers: dict[str, str] | None = None
             ) -> TestResponse:
