@@ -369,20 +369,8 @@ def test_redis_thread_storm(
             daemon=True,
         ),
     ]
-    started = time.monotonic()
     try:
-        for thread in helpers + workers:
-            thread.start()
-        bound = 30.0 + ops * wait * 4
-        deadline = time.monotonic() + bound
-        for thread in workers:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        storm.stop.set()
-        for thread in helpers:
-            thread.join(stress.STEP_TIMEOUT)
-        elapsed = time.monotonic() - started
-        stuck = [t.name for t in workers + helpers if t.is_alive()]
-        assert not stuck, f"threads did not finish within {bound:.0f} s: {stuck}"
+        elapsed = stress.run_storm_threads(workers, helpers, storm.stop, 30.0 + ops * wait * 4)
 
         tally: Counter[str] = sum(tallies, Counter())
         operations = ops * threads

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
@@ -47,6 +48,28 @@ class TokenBroken(Exception):
 
 class BodyError(Exception):
     """Raised inside a grant's with-block on purpose."""
+
+
+def run_storm_threads(
+    workers: list[threading.Thread], helpers: list[threading.Thread], stop: threading.Event,
+    bound: float,
+) -> float:
+    """Start ``helpers`` and ``workers``, join the workers within ``bound`` seconds in all,
+    then set ``stop`` and join the helpers (each within ``STEP_TIMEOUT``). Fails naming every
+    thread still alive; returns the seconds from the start to the last join."""
+    started = time.monotonic()
+    for thread in helpers + workers:
+        thread.start()
+    deadline = time.monotonic() + bound
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stop.set()
+    for thread in helpers:
+        thread.join(STEP_TIMEOUT)
+    elapsed = time.monotonic() - started
+    stuck = [t.name for t in workers + helpers if t.is_alive()]
+    assert not stuck, f"threads did not finish within {bound:.0f} s: {stuck}"
+    return elapsed
 
 
 def leave_grant(grant: Any, mode: str, work: Callable[[], object] | None = None) -> str:
