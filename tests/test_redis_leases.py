@@ -50,6 +50,12 @@ from tests.support.redis_clients import (
     make_client_fixture,  # noqa: F401 (the make_client fixture)
 )
 from tests.support.redis_limiters import (
+    FULL,
+    GRANTED,
+    POLL_CANCELLED,
+    POLL_GRANTED,
+    POLL_WAITING,
+    QUEUED,
     make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
     server_ms,
 )
@@ -61,8 +67,6 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-GRANTED, QUEUED, FULL = 1, 2, 0
-POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
 
 
 # -- leases, dead waiters, restarts -----------------------------------------------------------

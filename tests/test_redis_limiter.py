@@ -39,6 +39,11 @@ from tests.support.redis_clients import (
     make_client_fixture,  # noqa: F401 (the make_client fixture)
 )
 from tests.support.redis_limiters import (
+    GRANTED,
+    POLL_CANCELLED,
+    POLL_GRANTED,
+    POLL_TIMEOUT,
+    QUEUED,
     make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
     server_ms,
     state_of,
@@ -50,8 +55,6 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-GRANTED, QUEUED, FULL = 1, 2, 0
-POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
 
 # Redis's read-only commands that a script may call on the refusal path.
 READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget", "hgetall"}

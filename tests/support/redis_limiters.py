@@ -3,8 +3,9 @@ modules: the ``make_limiter`` fixture (``make_limiter(**kwargs)``: a ``RedisCold
 the test's ``client``, or on ``client=``, or a subclass as ``cls=``; every one made is closed at
 teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
-``tests/support/fairness.py``, each limiter on a fresh name), ``server_ms`` (Redis's own clock
-in ms) and ``state_of`` (every key matching a pattern with its full content). A module using
+``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
+(``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``), ``server_ms`` (Redis's own clock in ms) and
+``state_of`` (every key matching a pattern with its full content). A module using
 the fixture imports it::
 
     from tests.support.redis_limiters import (
@@ -25,6 +26,10 @@ import redis
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.redis_clients import CountingRedis
+
+#: What the limiter's scripts answer: an acquire (granted, queued, refused full) and a poll.
+GRANTED, QUEUED, FULL = 1, 2, 0
+POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
 
 
 @pytest.fixture(name="make_limiter")
