@@ -56,24 +56,33 @@ class MeteredLimiter(ColdLimiter):
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """The parent's ``acquire``, timed and counted by result. Runs in the caller's
         thread; the metrics are written after the limiter's lock is released."""
-        metrics = self.metrics
-        started = perf_counter()
-        try:
-            grant = super().acquire(cancel, client)
-        except Busy as busy:
-            metrics.refused(busy.reason, perf_counter() - started)
-            raise
-        except Cancelled:
-            metrics.cancelled()
-            raise
-        metrics.granted(perf_counter() - started)
-        return grant
+        return _timed_admission(self.metrics, super().acquire, cancel, client)
 
     def _queued(self) -> None:
         """The admission observer (``on_queued``): a leader the queue has just admitted, in
         its own thread, with the lock free: publish its new place."""
         if self.metrics.per_process:
             self.metrics.publish(gauges=True)
+
+
+def _timed_admission(
+    metrics: Meter,
+    acquire: Callable[[CancelToken | None, Hashable], Grant],
+    cancel: CancelToken | None,
+    client: Hashable,
+) -> Grant:
+    """``acquire(cancel, client)``, timed and counted by result (both metered limiters')."""
+    started = perf_counter()
+    try:
+        grant = acquire(cancel, client)
+    except Busy as busy:
+        metrics.refused(busy.reason, perf_counter() - started)
+        raise
+    except Cancelled:
+        metrics.cancelled()
+        raise
+    metrics.granted(perf_counter() - started)
+    return grant
 
 
 class MeteredSharedLimiter:
@@ -85,18 +94,7 @@ class MeteredSharedLimiter:
         self.metrics = metrics
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
-        metrics = self.metrics
-        started = perf_counter()
-        try:
-            grant = self.inner.acquire(cancel, client)
-        except Busy as busy:
-            metrics.refused(busy.reason, perf_counter() - started)
-            raise
-        except Cancelled:
-            metrics.cancelled()
-            raise
-        metrics.granted(perf_counter() - started)
-        return grant
+        return _timed_admission(self.metrics, self.inner.acquire, cancel, client)
 
     def stats(self) -> Any:
         return self.inner.stats()
