@@ -30,6 +30,22 @@ if str(ROOT) not in sys.path:  # the helpers live in tests/, beside this file
 from tests.support.clock import FakeClock  # noqa: E402
 from tests.support.threads import ThreadRunner  # noqa: E402
 
+#: The helper modules whose fixtures every test module may ask for by name, registered once
+#: here instead of imported (with a noqa for the unused name) into each module using them. A
+#: fixture is only set up for a test that asks for it, and a module's own fixture of the same
+#: name (``client`` in ``tests/test_redis_stress.py``, say) still wins over these.
+pytest_plugins = (
+    "tests.support.redis_server",  # redis_server (module-scoped)
+    "tests.support.redis_clients",  # make_client, client, live_redis
+    "tests.support.redis_limiters",  # make_limiter, factory
+    "tests.support.redis_procs",  # start_workers
+    "tests.support.redis_fallback",  # make_stack, server, runner
+    "tests.support.fair_app",  # make
+    "tests.support.browser",  # live_server, slot, browser, page
+    "tests.support.mesh",  # mesh
+    "tests.support.reach_app",  # busy_repeater
+)
+
 
 @pytest.fixture
 def threads() -> Iterator[ThreadRunner]:

@@ -39,13 +39,9 @@ from tests.support.browser import (
     HeldSlot,
     LiveServer,
     assert_report_matches,
-    browser_fixture,  # noqa: F401 (the browser fixture)
     build_test_db,
-    live_server_fixture,  # noqa: F401 (the live_server fixture)
-    page_fixture,  # noqa: F401 (the page fixture)
     query_of,
     screenshot,
-    slot_fixture,  # noqa: F401 (the slot fixture)
     status_text,
     wait_for_report,
     wait_for_status,

@@ -40,7 +40,6 @@ from tests.support.fair_app import (
     TIMEOUT,
     App,
     fill,
-    make_fixture,  # noqa: F401 (the make fixture)
     refusal,
     response,
 )

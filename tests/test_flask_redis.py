@@ -24,13 +24,7 @@ from tests.support import clients
 from tests.support.clients import close_one_by_one
 from tests.support.limiter import LIMITER_FIELDS
 from tests.support.processes import free_port
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import DEADLINE, wait_until
 from tests.support.werkzeug_server import werkzeug_serving
 

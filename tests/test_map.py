@@ -39,8 +39,6 @@ from tests.support.browser import (
     ARTIFACTS,
     PAGE_TIMEOUT_MS,
     LiveServer,
-    browser_fixture,  # noqa: F401 (the browser fixture)
-    page_fixture,  # noqa: F401 (the page fixture, over this live_server)
     query_of,
     wait_for_report,
 )

@@ -24,13 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from reachlimit import Busy
 from reachlimit.prometheus import MeteredSharedLimiter, ReachMetrics
 from reachlimit.redis import RedisColdLimiter, RedisLimiterStats
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

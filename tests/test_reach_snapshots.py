@@ -21,7 +21,6 @@ from tests.support.mesh import (
     Mesh,
     h,
     links_by_key,
-    mesh_fixture,  # noqa: F401 (the mesh fixture)
     pk,
 )
 from webapp import db, scan, snapshot

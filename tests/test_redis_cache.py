@@ -20,14 +20,7 @@ from reachlimit import TTLCache
 from reachlimit.redis import RedisCache
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
-from tests.support.redis_clients import (
-    CountingRedis,
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_clients import CountingRedis
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

@@ -16,10 +16,7 @@ import redis
 from reachlimit import ColdLimiter, ColdPath
 from reachlimit.redis import SharedPathCounters
 from tests.support.processes import pid_alive
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

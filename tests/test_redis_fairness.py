@@ -17,17 +17,7 @@ from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter, client_id
 from tests.support import fairness
 from tests.support.limiter import assert_exact_capacity, start_acquire
-from tests.support.redis_clients import (
-    CountingRedis,
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_limiters import (
-    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_clients import CountingRedis
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 

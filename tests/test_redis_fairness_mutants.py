@@ -18,17 +18,6 @@ import pytest
 
 from reachlimit.redis import RedisColdLimiter, lua
 from tests.support import fairness
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_limiters import (
-    factory_fixture,  # noqa: F401 (the factory fixture)
-    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture, which factory needs)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
 from tests.support.threads import ThreadRunner
 from tests.test_redis_mutants import SCRIPTS, mutant
 

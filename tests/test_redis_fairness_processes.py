@@ -16,17 +16,9 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisColdLimiter
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
-    start_workers_fixture,  # noqa: F401 (the start_workers fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
 from tests.support.waiting import wait_until
 

@@ -28,21 +28,12 @@ from reachlimit.redis import (
 )
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-)
 from tests.support.redis_fallback import (
     SLACK,
     TIMEOUT,
     Stack,
-    make_stack_fixture,  # noqa: F401 (the make_stack fixture)
-    runner_fixture,  # noqa: F401 (the runner fixture)
-    server_fixture,  # noqa: F401 (the server fixture)
 )
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner, start_call
 from tests.support.waiting import wait_until
 

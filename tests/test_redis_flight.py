@@ -31,15 +31,8 @@ from reachlimit import (
 from reachlimit._path import LEADER_CANCELLED
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.processes import free_port
-from tests.support.redis_clients import (
-    CountingRedis,
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_clients import CountingRedis
+from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner, start_call
 from tests.support.waiting import wait_until
 

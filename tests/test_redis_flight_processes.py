@@ -22,10 +22,7 @@ import redis
 from reachlimit.redis import RedisSingleFlight
 from tests.support.processes import pid_alive
 from tests.support.redis_procs import LineProcess
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]

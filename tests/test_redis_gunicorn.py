@@ -38,13 +38,7 @@ from tests.apps.file_gate_app import build_pids, running_counts
 from tests.support.clients import Herd, Reply, check_refusal, http_request
 from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, reach_service, serving
 from tests.support.limiter import LIMITER_FIELDS
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.gunicorn, pytest.mark.timeout(180)]

@@ -20,12 +20,6 @@ import pytest
 from tests.apps.file_gate_app import running_counts
 from tests.support.clients import Herd, http_request
 from tests.support.gunicorn_server import serving
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
 from tests.support.waiting import wait_until
 from tests.test_redis_gunicorn import (  # noqa: F401 (the fixtures)
     Watch,

@@ -11,14 +11,8 @@ from flask import Flask
 
 from reachlimit.flask import ReachLimit
 from tests.apps.slow_app import create_app
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-    restart_if_stopped,
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_clients import restart_if_stopped
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

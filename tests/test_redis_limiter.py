@@ -33,23 +33,15 @@ from tests.support.limiter import (
     start_acquire,
     try_acquire_now,
 )
-from tests.support.redis_clients import (
-    CountingRedis,
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
+from tests.support.redis_clients import CountingRedis
 from tests.support.redis_limiters import (
     GRANTED,
     POLL_CANCELLED,
     POLL_GRANTED,
     POLL_TIMEOUT,
     QUEUED,
-    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
     server_ms,
     state_of,
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
 from tests.support.waiting import wait_until
 

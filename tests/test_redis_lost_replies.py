@@ -23,13 +23,7 @@ from reachlimit import Cancelled
 from reachlimit.redis import RedisColdLimiter
 from tests.support import HOST
 from tests.support.limiter import ProbeCancel, assert_exact_capacity
-from tests.support.redis_clients import (
-    live_redis_fixture,  # noqa: F401 (the live_redis fixture)
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]

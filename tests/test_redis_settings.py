@@ -27,14 +27,7 @@ from reachlimit.redis import (
     release_owner,
 )
 from tests.support.limiter import assert_exact_capacity, start_acquire
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 

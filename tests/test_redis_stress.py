@@ -42,10 +42,7 @@ import tests.test_storms as local_storms
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
 from tests.support import stress
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.test_redis_mutants import PROMOTION_KEEPS_PLACE
 
 pytestmark = [pytest.mark.redis, *stress.MARKS]

@@ -21,7 +21,6 @@ from tests.support.reach_app import (
     NOT_FOUND,
     UNKNOWN,
     Factory,
-    busy_repeater_fixture,  # noqa: F401 (the busy_repeater fixture)
     health,
     query,
 )

@@ -1,12 +1,7 @@
 """Clients of the test Redis that count what they send.
 
-A test module that proves a round-trip count imports the fixtures it uses::
-
-    from tests.support.redis_clients import (
-        CountingRedis,
-        client_fixture,  # noqa: F401 (the client fixture)
-        make_client_fixture,  # noqa: F401 (the make_client fixture)
-    )
+The fixtures are registered for the whole suite by ``tests/conftest.py``
+(``pytest_plugins``): a test module asks for them by name.
 
 ``make_client(**options)`` makes a client of the module's ``redis_server`` with short socket
 timeouts (0.5 s, as the library advises), closed at teardown; ``client`` is one of those on an

@@ -5,14 +5,8 @@ teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
 ``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
 (``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``), ``server_ms`` (Redis's own clock in ms) and
-``state_of`` (every key matching a pattern with its full content). A module using
-the fixture imports it::
-
-    from tests.support.redis_limiters import (
-        make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
-    )
-
-(and ``factory_fixture`` next to it for the ``factory`` fixture, which needs ``make_limiter``).
+``state_of`` (every key matching a pattern with its full content). The fixtures are
+registered for the whole suite by ``tests/conftest.py`` (``pytest_plugins``).
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class Worker(LineProcess):
 def start_workers_fixture(redis_server: RedisServer) -> Iterator[Callable[..., list[Worker]]]:
     """``start_workers(n, name="procs", env=None, options=(), **settings)``: ``n`` workers,
     each ready (it reported ``ready`` with its own PID); every one killed by PID at teardown.
-    A test module gets it with ``from tests.support.redis_procs import start_workers_fixture``."""
+    Registered for the whole suite by ``tests/conftest.py`` (``pytest_plugins``)."""
     started: list[Worker] = []
 
     def start(

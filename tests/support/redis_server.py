@@ -10,7 +10,7 @@ and starts a new, empty one on the same port: what a Redis restarted without per
 
 Without ``redis-server`` the tests that need it are skipped, except under CI (``$CI`` set),
 where a missing server is a failure (``require_redis_server``). The fixture ``redis_server``
-(module-scoped) is imported by the test modules that use it.
+(module-scoped) is registered for the whole suite by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class RedisServer:
 @pytest.fixture(name="redis_server", scope="module")
 def redis_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A :class:`RedisServer` for the test module, stopped (by PID) after its last test.
-    A test module gets it with ``from tests.support.redis_server import redis_server_fixture``."""
+    Registered for the whole suite by ``tests/conftest.py`` (``pytest_plugins``)."""
     server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
     server.start()
     try:
