@@ -7,39 +7,30 @@ themselves compare against baselines timed in the same run.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.support.bench_scripts import run_json, run_script
+
 POLICIES = ["none", "pool(2)", "timed-sem", "refuse@2", "reachlimit"]
 SCENARIOS = ["burst", "steady", "herd", "mixed"]
 
 
-def run_script(name: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=BENCHMARKS.parent,
-        check=False,
-    )
+def require_gunicorn_and_redis() -> None:
+    """Skip (fail under CI, for redis-server) the test of a script that starts gunicorn
+    servers on a Redis when any of them is missing."""
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("redis")
+    from tests.support.redis_server import require_redis_server
 
-
-def run_json(name: str) -> dict[str, Any]:
-    proc = run_script(name, "--quick", "--json")
-    assert proc.returncode == 0, proc.stderr
-    report: dict[str, Any] = json.loads(proc.stdout)
-    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
-    return report
+    require_redis_server()
 
 
 @pytest.mark.parametrize(
-    "name", ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py"]
+    "name",
+    ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py", "http_load.py",
+     "http_redis.py", "fair_admission.py"],
 )
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
@@ -112,12 +103,6 @@ def test_threaded_burst_quick_json() -> None:
 
 HTTP_POLICIES = ["none", "pool2", "timed-sem", "refuse2", "flask-limiter", "reachlimit"]
 HTTP_SCENARIOS = ["arrival", "burst", "steady", "herd"]
-
-
-def test_http_load_help() -> None:
-    proc = run_script("http_load.py", "--help", timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--json" in proc.stdout
 
 
 @pytest.mark.gunicorn
@@ -196,21 +181,11 @@ def test_reach_cold_quick_json() -> None:
 REDIS_VARIANTS = ["process", "redis", "flask-limiter"]
 
 
-def test_http_redis_help() -> None:
-    proc = run_script("http_redis.py", "--help", timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--json" in proc.stdout
-
-
 @pytest.mark.redis
 @pytest.mark.gunicorn
 @pytest.mark.timeout(240)
 def test_http_redis_quick_json() -> None:
-    pytest.importorskip("gunicorn")
-    pytest.importorskip("redis")
-    from tests.support.redis_server import require_redis_server
-
-    require_redis_server()
+    require_gunicorn_and_redis()
     # Tiny settings; the script's own bounds end it well inside the subprocess timeout.
     proc = run_script(
         "http_redis.py", "--quick", "--json", "--clients", "6", "--burst-s", "0.5",
@@ -289,21 +264,11 @@ FAIR_SETUPS = ["single", "shared"]
 FAIR_VARIANTS = ["none", "remote_addr"]
 
 
-def test_fair_admission_help() -> None:
-    proc = run_script("fair_admission.py", "--help", timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--json" in proc.stdout
-
-
 @pytest.mark.redis
 @pytest.mark.gunicorn
 @pytest.mark.timeout(240)
 def test_fair_admission_quick_json() -> None:
-    pytest.importorskip("gunicorn")
-    pytest.importorskip("redis")
-    from tests.support.redis_server import require_redis_server
-
-    require_redis_server()
+    require_gunicorn_and_redis()
     # A shorter measured phase than --quick's; the script's own bounds end it well inside the
     # subprocess timeout.
     proc = run_script("fair_admission.py", "--quick", "--json", "--duration", "2", timeout=200)

@@ -34,20 +34,12 @@ from redis.retry import Retry
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import assert_exact_capacity, start_acquire
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
 from tests.support.redis_limiters import server_ms
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
-    start_workers_fixture,  # noqa: F401 (the start_workers fixture)
 )
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
@@ -312,6 +304,44 @@ def test_a_process_whose_clock_is_a_minute_off_keeps_every_promise(
 # -- 5. Redis restarted empty under a holder and a waiter ------------------------------------
 
 
+def holder_and_waiter(
+    start_workers: Callable[..., list[Worker]],
+    make_watch: Callable[..., RedisColdLimiter],
+    client_option: str,
+) -> tuple[Worker, Worker, RedisColdLimiter]:
+    """Two workers (their clients ``client_option``) on a budget of one slot and one place:
+    the first holds the slot (``h``), the second waits (``w``); and the test's watch."""
+    holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=(client_option,))
+    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
+    holder.ask("acquire h", "granted")
+    waiter.send("acquire w")
+    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    return holder, waiter, watch
+
+
+def check_recovered(
+    client: redis.Redis, watch: RedisColdLimiter, holder: Worker, waiter: Worker, timeouts: int
+) -> None:
+    """After Redis came back empty: the holder's renewer marks its grant lost without
+    recreating it, its release frees nothing, the next acquires work in every process with
+    the full capacity, and nothing is left in Redis (``timeouts`` counted in the new one)."""
+    wait_until(
+        "the holder's renewer found its grant gone",
+        lambda: holder.ask("status h", "status")["lease_lost"],
+        timeout=DEADLINE,
+    )
+    assert holders(client, watch) == {}, "a lost grant was recreated"
+    # The next acquires work, in the other process and in this one.
+    assert waiter.ask("acquire w2", "granted")["building"] == 1
+    assert holder.ask("release h", "released")["lease_lost"] is True  # frees nothing
+    assert watch.stats().active == 1
+    waiter.ask("release w2", "released")
+    assert_exact_capacity(watch)
+    s = watch.stats()
+    assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, timeouts), s
+    assert_no_state_left(client, watch)
+
+
 def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     client: redis.Redis,
     redis_server: RedisServer,
@@ -331,31 +361,13 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     The holder's renewer finds its grant unknown, marks it lost and does not recreate it; its
     release is then a no-op. Next acquires work at once, in every process, with the full
     capacity, and nothing is left stuck in Redis."""
-    holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=("patient",))
-    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
-    holder.ask("acquire h", "granted")
-    waiter.send("acquire w")
-    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    holder, waiter, watch = holder_and_waiter(start_workers, make_watch, "patient")
 
     redis_server.restart_empty()
 
     ended = waiter.wait_outcome("w")
     assert ended["event"] == "timeout", ended
-    wait_until(
-        "the holder's renewer found its grant gone",
-        lambda: holder.ask("status h", "status")["lease_lost"],
-        timeout=DEADLINE,
-    )
-    assert holders(client, watch) == {}, "a lost grant was recreated"
-    # The next acquires work, in the other process and in this one.
-    assert waiter.ask("acquire w2", "granted")["building"] == 1
-    assert holder.ask("release h", "released")["lease_lost"] is True  # frees nothing
-    assert watch.stats().active == 1
-    waiter.ask("release w2", "released")
-    assert_exact_capacity(watch)
-    s = watch.stats()
-    assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, 1), s
-    assert_no_state_left(client, watch)
+    check_recovered(client, watch, holder, waiter, timeouts=1)
 
 
 def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error(
@@ -368,11 +380,7 @@ def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error
     gone and gets ``redis.ConnectionError`` out of ``acquire``: a clear error, never a grant
     and never a hang. Redis stays down until that error is seen, so the ending is certain.
     Redis then comes back empty on the same port and everything works again without help."""
-    holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=("impatient",))
-    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
-    holder.ask("acquire h", "granted")
-    waiter.send("acquire w")
-    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    holder, waiter, watch = holder_and_waiter(start_workers, make_watch, "impatient")
     port = redis_server.port
 
     redis_server.stop()
@@ -381,20 +389,7 @@ def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error
     finally:
         redis_server.start(port=port, attempts=1)
     assert ended["event"] == "error" and "ConnectionError" in ended["error"], ended
-
-    wait_until(
-        "the holder's renewer found its grant gone",
-        lambda: holder.ask("status h", "status")["lease_lost"],
-        timeout=DEADLINE,
-    )
-    assert holders(client, watch) == {}
-    assert waiter.ask("acquire w2", "granted")["building"] == 1
-    assert holder.ask("release h", "released")["lease_lost"] is True
-    waiter.ask("release w2", "released")
-    assert_exact_capacity(watch)
-    s = watch.stats()
-    assert (s.active, s.queued, s.acquired, s.rejected_timeout) == (0, 0, 2, 0), s
-    assert_no_state_left(client, watch)
+    check_recovered(client, watch, holder, waiter, timeouts=0)
 
 
 # -- a reply lost on the way back, and the client's retry -------------------------------------

@@ -2,16 +2,11 @@
 and their renewal, dead waiters and lost leases, a Redis restarted empty, names and keys, and
 the scripts against a model.
 
-The server is started once for the module (``tests/support/redis_server.py``) and
-flushed before each test. Several limiter objects on the same name stand for several
-processes; the tests that need real processes are in ``tests/test_redis_processes.py``.
-
-Some tests drive the scripts directly (``_admit``, ``_poll``): a *ghost* is an attempt
-admitted by the acquire script that never polls and never renews, which is exactly what a
-process that died looks like from Redis, and which leaves the test in full control of when
-each script runs. Waits are for states (``wait_until``), including states of Redis's own clock
-(``server_ms``); nothing sleeps to make a test pass. The first half of the limiter's tests
-(construction, the fast path, waiting) is ``tests/test_redis_limiter.py``.
+This is the second half of the limiter's tests; the first half (construction, the fast path,
+waiting) is ``tests/test_redis_limiter.py``, whose docstring says how both run: one server for
+the module, flushed before each test, several limiter objects on one name standing for several
+processes, *ghosts* (attempts the acquire script admitted that never poll nor renew) driven
+through the scripts directly, and waits for states, never sleeps.
 """
 
 from __future__ import annotations
@@ -44,11 +39,7 @@ from tests.support.limiter import (
     assert_exact_capacity,
     start_acquire,
 )
-from tests.support.redis_clients import (
-    CountingRedis,
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
+from tests.support.redis_clients import CountingRedis
 from tests.support.redis_limiters import (
     FULL,
     GRANTED,
@@ -56,13 +47,9 @@ from tests.support.redis_limiters import (
     POLL_GRANTED,
     POLL_WAITING,
     QUEUED,
-    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture)
     server_ms,
 )
-from tests.support.redis_server import (
-    RedisServer,
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -120,6 +107,18 @@ class BlockSpy(CountingRedis):
         return super().blpop(keys, timeout=timeout)
 
 
+def holder_and_spied_waiter(
+    make_client: Callable[..., CountingRedis],
+    make_limiter: Callable[..., RedisColdLimiter],
+    wait: float,
+) -> tuple[BlockSpy, RedisColdLimiter, RedisColdLimiter]:
+    """A :class:`BlockSpy`, a limiter (the holder's) and another on the same budget (one
+    active, one queued, ``wait``) whose client is the spy (the waiter's)."""
+    spy = make_client(BlockSpy)
+    lim = make_limiter(active=1, queue=1, wait=wait)
+    return spy, lim, make_limiter(client=spy, active=1, queue=1, wait=wait)
+
+
 def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_place(
     make_client: Callable[..., CountingRedis],
     make_limiter: Callable[..., RedisColdLimiter],
@@ -127,9 +126,7 @@ def test_a_waiter_with_a_cancel_token_blocks_in_short_slices_and_returns_its_pla
 ) -> None:
     """Blocked on its doorbell, a waiter looks at its cancel token at least every
     ``CANCEL_POLL_INTERVAL`` (the local limiter's 50 ms slice): each BLPOP is that short."""
-    spy = make_client(BlockSpy)
-    lim = make_limiter(active=1, queue=1, wait=60.0)
-    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    spy, lim, waiting = holder_and_spied_waiter(make_client, make_limiter, wait=60.0)
     with lim.acquire():
         cancel = threading.Event()
         attempt = start_acquire(threads, waiting, cancel, name="cancelled")
@@ -156,9 +153,7 @@ def test_a_blocked_waiter_has_redis_nudged_when_each_slice_ends(
     """Redis ends a timed-out BLPOP only when its event loop runs (on an idle server, at its
     next cron tick): the limiter's waker sends a PING after each slice's end, so that the
     slice ends on time. Here: PINGs come while a waiter blocks, and stop when it is gone."""
-    spy = make_client(BlockSpy)
-    lim = make_limiter(active=1, queue=1, wait=60.0)
-    waiting = make_limiter(client=spy, active=1, queue=1, wait=60.0)
+    spy, lim, waiting = holder_and_spied_waiter(make_client, make_limiter, wait=60.0)
     with lim.acquire():
         cancel = threading.Event()
         attempt = start_acquire(threads, waiting, cancel, name="nudged")
@@ -177,9 +172,7 @@ def test_a_waiter_notices_its_deadline_while_blocked_on_its_doorbell(
 ) -> None:
     """No block outlasts the deadline by more than a millisecond, and no slice is longer
     than the cancel slice while a cancel token is watched: the timeout comes in time."""
-    spy = make_client(BlockSpy)
-    lim = make_limiter(active=1, queue=1, wait=0.3)  # the budget's settings: the waiter's
-    waiting = make_limiter(client=spy, active=1, queue=1, wait=0.3)
+    spy, lim, waiting = holder_and_spied_waiter(make_client, make_limiter, wait=0.3)
     with lim.acquire():
         with pytest.raises(Busy) as info:
             waiting.acquire(threading.Event())

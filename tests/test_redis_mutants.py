@@ -37,17 +37,6 @@ from tests.support.limiter_checks import (
     check_queue_bound,
     check_slots_come_back,
 )
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_limiters import (
-    factory_fixture,  # noqa: F401 (the factory fixture)
-    make_limiter_fixture,  # noqa: F401 (the make_limiter fixture, which factory needs)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-)
 from tests.support.threads import ThreadRunner
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -168,39 +157,32 @@ TIMEOUT, CANCEL, PROMOTION = (
 )
 
 
+def case(
+    cls: type[RedisColdLimiter],
+    check: Callable[..., None],
+    reason: str,
+    name: str,
+    left_out: tuple[Callable[..., None], ...] = (),
+) -> Any:
+    """A row of the table below: the mutant, the check it must fail with ``reason``, and the
+    checks it must pass: every other one of ALL_CHECKS, in that order, but ``left_out``."""
+    intact = tuple(c for c in ALL_CHECKS if c is not check and c not in left_out)
+    return pytest.param(cls, check, reason, intact, id=name)
+
+
 @pytest.mark.parametrize(
     ("cls", "check", "reason", "intact"),
     [
-        pytest.param(
-            TIMEOUT_KEEPS_PLACE,
-            TIMEOUT,
-            "gate place not returned after timeout",
-            (check_queue_bound, CANCEL, PROMOTION, check_slots_come_back),
-            id="timeout-keeps-place",
-        ),
-        pytest.param(
-            GIVE_UP_KEEPS_PLACE,
-            CANCEL,
-            "gate place not returned after cancel",
-            (check_queue_bound, TIMEOUT, PROMOTION, check_slots_come_back),
-            id="give-up-keeps-place",
-        ),
-        pytest.param(
-            PROMOTION_KEEPS_PLACE,
-            PROMOTION,
-            "gate place not returned after promotion",
-            (check_queue_bound, TIMEOUT, CANCEL, check_slots_come_back),
-            id="promotion-keeps-place",
-        ),
+        case(TIMEOUT_KEEPS_PLACE, TIMEOUT, "gate place not returned after timeout",
+             "timeout-keeps-place"),
+        case(GIVE_UP_KEEPS_PLACE, CANCEL, "gate place not returned after cancel",
+             "give-up-keeps-place"),
+        case(PROMOTION_KEEPS_PLACE, PROMOTION, "gate place not returned after promotion",
+             "promotion-keeps-place"),
         # No release at all: the promotion check would only wait for a hand-off that never
         # comes, so it is left out; the others never need a holder to leave.
-        pytest.param(
-            RELEASE_KEEPS_SLOT,
-            check_slots_come_back,
-            "slot not returned after release",
-            (check_queue_bound, TIMEOUT, CANCEL),
-            id="release-keeps-slot",
-        ),
+        case(RELEASE_KEEPS_SLOT, check_slots_come_back, "slot not returned after release",
+             "release-keeps-slot", left_out=(PROMOTION,)),
     ],
 )
 def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(

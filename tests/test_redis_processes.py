@@ -10,12 +10,8 @@ Waits are for states, with a bounded ``wait_until``; nothing is timed.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,24 +19,13 @@ import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
-from tests.support.redis_clients import (
-    client_fixture,  # noqa: F401 (the client fixture)
-    make_client_fixture,  # noqa: F401 (the make_client fixture)
-)
-from tests.support.redis_procs import (
-    DEADLINE,
-    Worker,
-    start_workers_fixture,  # noqa: F401 (the start_workers fixture)
-)
-from tests.support.redis_server import (
-    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
-    require_redis_server,
-)
+from tests.support.bench_scripts import run_json
+from tests.support.redis_procs import DEADLINE, Worker
+from tests.support.redis_server import require_redis_server
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -225,17 +210,7 @@ def test_the_redis_micro_benchmark_runs() -> None:
     """benchmarks/redis_micro.py, as a process with its own redis-server: it finishes and
     reports what it promises (never its speed)."""
     require_redis_server()
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "redis_micro.py"), "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=REPO,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
+    report = run_json("redis_micro.py")
     for key in ("fast_path", "refusal"):
         row = report["results"][key]
         assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
@@ -246,24 +221,7 @@ def test_the_redis_handoff_benchmark_runs() -> None:
     """benchmarks/redis_handoff.py, as a process with its own redis-server and its own child
     process: it finishes and reports what it promises (never its speed)."""
     require_redis_server()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "redis_handoff.py"),
-            "--quick",
-            "--json",
-            "--handoffs",
-            "6",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=REPO,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert {"platform", "cpu", "cores", "python"} <= set(report["machine"])
+    report = run_json("redis_handoff.py", "--handoffs", "6")
     handoff = report["results"]["handoff"]
     for side in ("limiter", "doorbell"):
         row = handoff[side]

@@ -1,9 +1,7 @@
 """webapp: the reach service against hostile data and its own edges, through Flask's test
 client: rows a review found could break a report, the integer parser, a stale node index, and
-the warm path that touches no database.
-
-Most tests run on the session's tiny demo database (``reach_demo_db`` in conftest.py), with
-report windows ending at its fixed ``now``.
+the warm path that touches no database. The database and the report windows are those of
+``tests/test_webapp.py``.
 """
 
 from __future__ import annotations
@@ -17,13 +15,7 @@ import pytest
 
 import webapp.api
 import webapp.report
-from tests.support.reach_app import (
-    UNKNOWN,
-    Factory,
-    busy_repeater_fixture,  # noqa: F401 (the busy_repeater fixture)
-    health,
-    query,
-)
+from tests.support.reach_app import UNKNOWN, Factory, health, query
 from webapp import reach_state
 
 # -- review findings -------------------------------------------------------------------------
