@@ -26,10 +26,9 @@ from typing import Any
 import pytest
 
 from reachlimit import ColdLimiter
-from reachlimit import _limiter as _limiter_module
 from tests.support import fairness, stress
 from tests.support.clock import FakeClock
-from tests.support.limiter import Attempt
+from tests.support.limiter import Attempt, leave_queue_keeping_the_place
 from tests.support.threads import ThreadRunner
 from tests.test_limiter_state_machine import LimiterMachine
 
@@ -44,14 +43,10 @@ def _never_displaces(self: ColdLimiter, places: int) -> bool:
 
 
 def _global_fifo(self: ColdLimiter) -> Any:
-    waiter = self._waiters.popleft()  # mutant: the oldest of all, not the next client's
-    mine = self._clients[waiter.client]
-    mine.remove(waiter)
-    if not mine:
-        del self._clients[waiter.client]
-        # The rest of the bookkeeping as the real one keeps it: only the order is wrong.
-        clients = self._clients
-        self._sole = next(iter(clients)) if len(clients) == 1 else _limiter_module._SEVERAL
+    waiter = self._waiters[0]  # mutant: the oldest of all, not the next client's
+    # Out of the queue with the real bookkeeping (its gate place is returned by the hand-off,
+    # as after the real method): only the order is wrong.
+    leave_queue_keeping_the_place(self, waiter)
     return waiter
 
 

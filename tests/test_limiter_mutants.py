@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import queue
 import types
-from typing import Any
 
 import pytest
 
 from reachlimit import ColdLimiter
 from reachlimit import _limiter as _limiter_module
+from tests.support.limiter import leave_queue_keeping_the_place
 from tests.support.limiter_checks import (
     check_gate_place_returned_after_cancel,
     check_gate_place_returned_after_promotion,
@@ -54,18 +54,9 @@ def test_a_limiter_without_the_gate_fails_the_queue_bound_check(
 
 
 # Each mutant below is the limiter's own method less one line; the bookkeeping of fair
-# admission (each client's queue, the turn) is kept, so only the forgotten line shows.
-
-
-def _leave_queue_keeping_the_place(self: ColdLimiter, waiter: Any) -> None:
-    self._waiters.remove(waiter)
-    mine = self._clients[waiter.client]
-    mine.remove(waiter)
-    if not mine:
-        del self._clients[waiter.client]
-        clients = self._clients
-        self._sole = next(iter(clients)) if len(clients) == 1 else _limiter_module._SEVERAL
-    # mutant: forgets self._return_gate_place()
+# admission (each client's queue, the turn) is kept, so only the forgotten line shows. The
+# one of ``_leave_queue`` is the real method run with the forgotten call made a no-op
+# (``leave_queue_keeping_the_place``), so that it follows any change of the real one.
 
 
 def _hand_off_keeping_the_place(self: ColdLimiter) -> None:
@@ -80,7 +71,7 @@ def _hand_off_keeping_the_place(self: ColdLimiter) -> None:
 def test_a_limiter_keeping_the_place_of_a_waiter_that_gives_up_fails(
     monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
 ) -> None:
-    monkeypatch.setattr(ColdLimiter, "_leave_queue", _leave_queue_keeping_the_place)
+    monkeypatch.setattr(ColdLimiter, "_leave_queue", leave_queue_keeping_the_place)
     with pytest.raises(AssertionError, match="gate place not returned after timeout"):
         check_gate_place_returned_after_timeout(ColdLimiter, threads)
     with pytest.raises(AssertionError, match="gate place not returned after cancel"):

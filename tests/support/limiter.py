@@ -16,6 +16,23 @@ from reachlimit import Busy, Cancelled, ColdLimiter, Grant, LimiterStats
 from reachlimit import _limiter as _limiter_module
 from tests.support.threads import JOIN_TIMEOUT, Outcome, ThreadRunner, start_call
 
+#: The real method, taken before any test patches a mutant over it.
+_REAL_LEAVE_QUEUE = ColdLimiter._leave_queue
+
+
+def leave_queue_keeping_the_place(lim: ColdLimiter, waiter: Any) -> None:
+    """``ColdLimiter._leave_queue`` less its last step, for the mutants of
+    ``tests/test_limiter_mutants.py`` and ``tests/test_fairness_mutants.py``: the waiter is
+    taken out of the queue and out of its client's by the real bookkeeping (each client's
+    queue, the sole client), and its gate place is kept (``_return_gate_place`` is a no-op for
+    the call). Called with the limiter's lock held, as the real method is."""
+    lim._return_gate_place = lambda: None  # type: ignore[method-assign]
+    try:
+        _REAL_LEAVE_QUEUE(lim, waiter)
+    finally:
+        del lim._return_gate_place
+
+
 #: The figures ``LimiterStats.as_dict()`` promises (the contract of ``stats()``).
 LIMITER_FIELDS = frozenset(
     {
