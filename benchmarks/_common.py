@@ -121,7 +121,7 @@ def scenario_tables(
     for scenario, title in titles.items():
         rows = [r for r in results if r["scenario"] == scenario]
         if rows:
-            out += [title, head, "-" * len(head), *(line(r) for r in rows), ""]
+            out += [title, *ruled(head), *(line(r) for r in rows), ""]
     return out
 
 
@@ -129,6 +129,24 @@ def holders(goals: list[dict[str, Any]]) -> str:
     """The closing line of a goals table."""
     names = [g["policy"] for g in goals if g["all"]]
     return f"policies holding every goal: {', '.join(names) or 'none'}"
+
+
+def skipped_notes(report: dict[str, Any]) -> list[str]:
+    """A ``note:`` line, and a blank one, for each variant the run skipped (and why)."""
+    out: list[str] = []
+    for note in report["skipped"].values():
+        out += [f"note: {note}", ""]
+    return out
+
+
+def ruled(head: str) -> list[str]:
+    """A table's head line and the rule under it."""
+    return [head, "-" * len(head)]
+
+
+def closing(out: list[str], report: dict[str, Any]) -> str:
+    """The text report: ``out``'s lines and the run's total time last."""
+    return "\n".join([*out, f"total time {report['elapsed_s']:.1f} s"])
 
 
 # -- the command line every script shares ----------------------------------------------------
@@ -140,6 +158,14 @@ def parser(description: str, quick: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def redis_parser(description: str, quick: str) -> argparse.ArgumentParser:
+    """:func:`parser` and ``--url``, for the scripts that start a redis-server of their own
+    unless they are given one."""
+    p = parser(description, quick)
+    p.add_argument("--url", help="an existing Redis (its database is flushed)")
     return p
 
 

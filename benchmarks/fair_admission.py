@@ -482,7 +482,7 @@ def render(report: dict[str, Any]) -> str:
         f"{'builds':>6} {'goodput':>7} {'peak':>4} {'polite 429s':>11} {'crawler 429s':>14} "
         f"{'limiter: full/displ/tmo':>23}"
     )
-    out += [head, "-" * len(head)]
+    out += _common.ruled(head)
     for r in report["results"]:
 
         def trio(d: dict[str, int]) -> str:
@@ -526,8 +526,7 @@ def render(report: dict[str, Any]) -> str:
     out.append(
         "polite ok and crawler served are judged with remote_addr only (none is the baseline)"
     )
-    out.append(f"total time {report['elapsed_s']:.1f} s")
-    return "\n".join(out)
+    return _common.closing(out, report)
 
 
 # -- main -----------------------------------------------------------------------------------

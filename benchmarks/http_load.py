@@ -406,8 +406,7 @@ def render(report: dict[str, Any]) -> str:
         "cold requests were outstanding, answered 200; warm !200 = warm requests refused",
         "",
     ]
-    for note in report["skipped"].values():
-        out += [f"note: {note}", ""]
+    out += _common.skipped_notes(report)
     head = (
         f"{'policy':<13} {'inflt':>5} {'req':>4} {'200':>4} {'429':>4} {'5xx':>4} {'err':>4} "
         f"{'ok p50':>7} {'p99':>7} {'429 p50':>7} {'p99':>7} {'warm p50':>8} {'p99':>7} "
@@ -482,8 +481,7 @@ def render(report: dict[str, Any]) -> str:
         )
     out.append("herd: builds of the one key (b) and requests refused (r); not judged")
     out.append(_common.holders(report["goals"]))
-    out.append(f"total time {report['elapsed_s']:.1f} s")
-    return "\n".join(out)
+    return _common.closing(out, report)
 
 
 # -- main -------------------------------------------------------------------------------------

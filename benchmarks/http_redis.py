@@ -506,15 +506,14 @@ def render(report: dict[str, Any]) -> str:
         "s or more after the clients' release (without their first wave); x idle = / idle p99",
         "",
     ]
-    for note in report["skipped"].values():
-        out += [f"note: {note}", ""]
+    out += _common.skipped_notes(report)
     head = (
         f"{'rnd':>3} {'variant':<13} {'load':>5} {'inflt':>5} {'builds':>6} {'goodput':>7} "
         f"{'cold':>5} {'200':>4} {'429':>4} {'5xx':>3} {'err':>3} {'ok p50':>7} {'p99':>7} "
         f"{'429 p50':>7} {'p99':>6} {'warm p50':>8} {'p99':>6} {'idle p99':>8} {'x idle':>6} "
         f"{'sust p99':>8} {'x idle':>6}"
     )
-    out += [head, "-" * len(head)]
+    out += _common.ruled(head)
     for r in report["results"]:
         st = r["cold_status"]
         extra = ""
@@ -571,8 +570,7 @@ def render(report: dict[str, Any]) -> str:
         "request answered 200); errors: any round;\nwarm p99 is over the whole burst, its "
         "first wave included; sust p99 without it (see above)"
     )
-    out.append(f"total time {report['elapsed_s']:.1f} s")
-    return "\n".join(out)
+    return _common.closing(out, report)
 
 
 # -- main -----------------------------------------------------------------------------------

@@ -240,6 +240,8 @@ rate, exempt_when=lambda: request.args.get("key") in cache)
 
     app.add_url_rule("/report", "report", guard(report))
 
+    # Kept apart from benchmarks/http_app.py's /stats: other figures (variant, Redis path,
+    # shared limiter) for another report; only the no-store JSON answer is alike.
     @app.get("/stats")
     def stats() -> Any:
         response = jsonify(

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from _common import machine, ms, pct
+from _common import machine, ms, pct, redis_parser
 from redis_micro import own_redis_server
 
 from reachlimit import Busy, Cancelled, ColdLimiter
@@ -353,10 +353,7 @@ def fmt(row: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    parser.add_argument("--url", help="an existing Redis (its database is flushed)")
+    parser = redis_parser(__doc__.split("\n\n")[0], "fewer samples")
     parser.add_argument("--handoffs", type=int, help="hand-offs of each kind (default 400)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -24,31 +24,18 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import redis
-from _common import alternating, machine, ratios
+from _common import alternating, machine, ratios, redis_parser
 from redis_micro import own_redis_server
 
 from reachlimit import ColdLimiter, ColdPath, TTLCache
 from reachlimit.redis import RedisCache
+from tests.support.redis_clients import CountingRedis  # the suite's: counts by command name
 
 GOAL = 1.2
 KEYS = 16
-
-
-class CountingRedis(redis.Redis):
-    """Counts the commands it sends, by name."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: Counter[str] = Counter()
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent[str(args[0]).upper()] += 1
-        return super().execute_command(*args, **options)
 
 
 def never() -> Any:
@@ -104,12 +91,7 @@ def run(url: str, number: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    parser.add_argument("--url", help="an existing Redis (its database is flushed)")
+    parser = redis_parser(__doc__.split("\n\n")[0], "fewer, shorter rounds")
     parser.add_argument("--number", type=int, help="warm gets per round and side")
     parser.add_argument("--rounds", type=int, help="alternating rounds")
     args = parser.parse_args()

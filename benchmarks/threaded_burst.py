@@ -546,8 +546,7 @@ def render(report: dict[str, Any]) -> str:
                 + ("holds all" if g["all"] else "misses some")
             )
         out.append(_common.holders(report["goals"]))
-    out.append(f"total time {report['elapsed_s']:.1f} s")
-    return "\n".join(out)
+    return _common.closing(out, report)
 
 
 # -- main -------------------------------------------------------------------------------------
