@@ -89,37 +89,6 @@ def key_digest(key: Any) -> str:
     return sha256(b"".join(parts)).hexdigest()
 
 
-def _check_names(name: str, prefix: str) -> None:
-    for label, value in (("name", name), ("prefix", prefix)):
-        if not isinstance(value, str) or not value or "{" in value or "}" in value:
-            raise ValueError(f"{label} must be a non-empty string without braces")
-
-
-def _check_client(client: Any) -> None:
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    if kwargs.get("decode_responses"):
-        raise ValueError("the client must not decode responses (decode_responses=False)")
-
-
-def _positive(label: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{label} > 0")
-    return float(value)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
-
-
-def _socket_timeout(client: Any) -> float | None:
-    """The socket timeout the client's connections read with, if it can be found."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    value = kwargs.get("socket_timeout")
-    return float(value) if value else None
-
-
 def client_id(client: Hashable) -> str:
     """The id under which Redis knows ``client`` (str, bytes, int or a tuple of those): the
     same in every process and on every host, short and of bounded size whatever the name
