@@ -275,6 +275,8 @@ ALL_CHANGED = {
     "REACHLIMIT_STATUS": 503,
     "REACHLIMIT_CANCEL_ON_DISCONNECT": False,
 }
+# Kept apart from test_defaults' Settings(...): the same fields with other values, each
+# written out as what its own test expects.
 ALL_CHANGED_SETTINGS = Settings(
     active=3,
     queue=5,

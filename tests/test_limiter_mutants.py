@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import types
+from typing import Any
 
 import pytest
 
@@ -68,27 +69,38 @@ def _hand_off_keeping_the_place(self: ColdLimiter) -> None:
         self._active -= 1
 
 
-def test_a_limiter_keeping_the_place_of_a_waiter_that_gives_up_fails(
-    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
-) -> None:
-    monkeypatch.setattr(ColdLimiter, "_leave_queue", leave_queue_keeping_the_place)
-    with pytest.raises(AssertionError, match="gate place not returned after timeout"):
-        check_gate_place_returned_after_timeout(ColdLimiter, threads)
-    with pytest.raises(AssertionError, match="gate place not returned after cancel"):
-        check_gate_place_returned_after_cancel(ColdLimiter, threads)
-    # The mutant is caught for the right reason: the promotion path is intact.
-    check_gate_place_returned_after_promotion(ColdLimiter, threads)
+TIMEOUT = (check_gate_place_returned_after_timeout, "gate place not returned after timeout")
+CANCEL = (check_gate_place_returned_after_cancel, "gate place not returned after cancel")
+PROMOTION = (check_gate_place_returned_after_promotion, "gate place not returned after promotion")
 
 
-def test_a_limiter_keeping_the_place_of_a_promoted_waiter_fails(
-    monkeypatch: pytest.MonkeyPatch, threads: ThreadRunner
+@pytest.mark.parametrize(
+    ("attribute", "broken", "failing", "intact"),
+    [
+        # Keeps the place of a waiter that gives up: the promotion path is intact.
+        pytest.param("_leave_queue", leave_queue_keeping_the_place, (TIMEOUT, CANCEL),
+                     (PROMOTION,), id="waiter-that-gives-up"),
+        # Keeps the place of a promoted waiter: the timeout and cancel paths are intact.
+        pytest.param("_hand_off_or_free", _hand_off_keeping_the_place, (PROMOTION,),
+                     (TIMEOUT, CANCEL), id="promoted-waiter"),
+    ],
+)
+def test_a_limiter_keeping_a_gate_place_fails_the_check_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+    threads: ThreadRunner,
+    attribute: str,
+    broken: Any,
+    failing: tuple[tuple[Any, str], ...],
+    intact: tuple[tuple[Any, str], ...],
 ) -> None:
-    monkeypatch.setattr(ColdLimiter, "_hand_off_or_free", _hand_off_keeping_the_place)
-    with pytest.raises(AssertionError, match="gate place not returned after promotion"):
-        check_gate_place_returned_after_promotion(ColdLimiter, threads)
-    # The timeout and cancel paths are intact, so those checks still pass.
-    check_gate_place_returned_after_timeout(ColdLimiter, threads)
-    check_gate_place_returned_after_cancel(ColdLimiter, threads)
+    """The mutant fails each check of the path it broke, with that check's message, and
+    passes the checks of the paths it left intact (it is caught for the right reason)."""
+    monkeypatch.setattr(ColdLimiter, attribute, broken)
+    for check, reason in failing:
+        with pytest.raises(AssertionError, match=reason):
+            check(ColdLimiter, threads)
+    for check, _ in intact:
+        check(ColdLimiter, threads)
 
 
 def test_a_limiter_whose_release_frees_nothing_fails_the_slots_check(

@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
-from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import seed
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -53,7 +53,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from reachlimit import ColdLimiter
@@ -547,21 +546,12 @@ def test_limiter_state_machine() -> None:
     MACHINE_COUNTS.clear()
     started = time.monotonic()
     try:
-        run_state_machine_as_test(
+        stress.run_machine(
             LimiterMachine,
-            settings=settings(
-                max_examples=3000 if stress.LONG else 250,
-                stateful_step_count=80 if stress.LONG else 50,
-                database=None,
-                deadline=None,
-                print_blob=True,
-                phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate],
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
+            examples=3000 if stress.LONG else 250,
+            steps=80 if stress.LONG else 50,
+            shrink=SHRINK,
         )
-    except BaseException as exc:
-        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={stress.SEED}")
-        raise
     finally:
         elapsed = time.monotonic() - started
         races = {k: v for k, v in sorted(MACHINE_COUNTS.items()) if k.startswith("race")}

@@ -459,6 +459,8 @@ def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any) -> None:
     log = BuildLog()
     holder = lim.acquire()
     build = log.build("k")
+    # Kept apart from the like start in tests/test_flight.py: that one holds a SingleFlight's
+    # leader in its fn, this one a ColdPath's leader at the limiter's door (SpyLimiter).
     leader = start_get(threads, path, "k", build, name="leader")
     assert spy.entered.wait(5.0)
     followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(4)]

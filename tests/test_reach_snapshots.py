@@ -71,6 +71,22 @@ def held_reload(values: list[str]) -> tuple[PeriodicSnapshot[str], Any]:
     return snap, Handle
 
 
+
+def report_never_reloading(mesh: Mesh, target: str, why: str) -> Any:
+    """The 7-day report of ``target`` on a node index loaded now, whose reload fails the test
+    (with ``why`` it was not needed) if the report asks for it."""
+    conn = db.open_readonly(mesh.path)
+    try:
+        index = snapshot.load_node_index(conn)
+
+        def reload(c: sqlite3.Connection) -> NodeIndex:
+            raise AssertionError(why)
+
+        return build_report(conn, target, 7, now=NOW, visibility=Visibility(), index=index,
+                            reload_index=reload)
+    finally:
+        conn.close()
+
 class TestPeriodicSnapshot:
     def test_reloads_at_most_once_per_interval(self) -> None:
         clock = FakeClock()
@@ -317,18 +333,7 @@ class TestStaleIndex:
     def test_an_index_that_agrees_with_the_target_is_not_reloaded(self, mesh: Mesh) -> None:
         target = mesh.node(pk("a1a1"), "T")
         mesh.conn.commit()
-        conn = db.open_readonly(mesh.path)
-        try:
-            index = snapshot.load_node_index(conn)
-
-            def reload(c: sqlite3.Connection) -> NodeIndex:
-                raise AssertionError("no reload needed")
-
-            report = build_report(conn, target, 7, now=NOW, visibility=Visibility(),
-                                  index=index, reload_index=reload)
-        finally:
-            conn.close()
-        assert report is not None
+        assert report_never_reloading(mesh, target, "no reload needed") is not None
 
 
 class TestSnapshotRefresh:
@@ -411,14 +416,6 @@ class TestStaleIndexForHiddenTargets:
 
     def test_an_unknown_target_missing_from_the_index_reloads_nothing(self, mesh: Mesh) -> None:
         mesh.conn.commit()
-        conn = db.open_readonly(mesh.path)
-        try:
-            index = snapshot.load_node_index(conn)
-
-            def reload(c: sqlite3.Connection) -> NodeIndex:
-                raise AssertionError("the index agrees: the node is in neither")
-
-            assert build_report(conn, pk("ff"), 7, now=NOW, visibility=Visibility(),
-                                index=index, reload_index=reload) is None
-        finally:
-            conn.close()
+        assert report_never_reloading(
+            mesh, pk("ff"), "the index agrees: the node is in neither"
+        ) is None

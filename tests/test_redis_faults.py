@@ -419,6 +419,13 @@ class LosesOneReply(redis.Redis):
             raise redis.TimeoutError("the reply was lost")
         return reply
 
+    @classmethod
+    def retrying(cls, server: RedisServer) -> LosesOneReply:
+        """A client of ``server`` with the library's socket timeout and one retry."""
+        return cls(
+            host="127.0.0.1", port=server.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1)
+        )
+
 
 def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_run(
     redis_server: RedisServer, client: redis.Redis
@@ -427,10 +434,7 @@ def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_ru
     second time with the same token. Taking the last slot, the first run granted it; the retry
     must say so again, not queue the token behind its own slot (which left it both holding and
     queued, counted twice, and let a later promotion cut its lease to a claim's)."""
-    retrying = LosesOneReply(
-        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5,
-        retry=Retry(NoBackoff(), 1),
-    )
+    retrying = LosesOneReply.retrying(redis_server)
     lim = RedisColdLimiter(retrying, "lost-reply", active=1, queue=2, wait=60.0)
     try:
         lim.stats()  # loads the scripts: the lost reply below is the acquire script's
@@ -459,10 +463,7 @@ def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
     """The first run queued the token; before the retry, the holder left and the slot was
     handed to it. The retry claims that slot: a full lease (not the short claim lease that
     would run out under its holder), the hand-off counted once, no doorbell left."""
-    retrying = LosesOneReply(
-        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5,
-        retry=Retry(NoBackoff(), 1),
-    )
+    retrying = LosesOneReply.retrying(redis_server)
     watch = make_watch(1, 2, wait=60.0)
     lim = RedisColdLimiter(retrying, "procs", active=1, queue=2, wait=60.0)
     try:
@@ -499,10 +500,7 @@ def test_a_poll_retried_after_its_grant_reply_was_lost_counts_the_grant_once(
     make_watch: Callable[..., RedisColdLimiter],
     threads: Any,
 ) -> None:
-    retrying = LosesOneReply(
-        host="127.0.0.1", port=redis_server.port, socket_timeout=0.5,
-        retry=Retry(NoBackoff(), 1),
-    )
+    retrying = LosesOneReply.retrying(redis_server)
     watch = make_watch(1, 1, wait=60.0)
     lim = RedisColdLimiter(retrying, "procs", active=1, queue=1, wait=60.0)
     try:

@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import seed
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule
 
 import tests.test_limiter_state_machine as local_machine
 import tests.test_storms as local_storms
@@ -203,21 +203,12 @@ def test_redis_limiter_state_machine(client: redis.Redis) -> None:
     MACHINE_CLIENT[:] = [client]
     started = time.monotonic()
     try:
-        run_state_machine_as_test(
+        stress.run_machine(
             RedisLimiterMachine,
-            settings=settings(
-                max_examples=400 if stress.LONG else 40,
-                stateful_step_count=60 if stress.LONG else 40,
-                database=None,
-                deadline=None,
-                print_blob=True,
-                phases=[Phase.generate, Phase.shrink] if stress.LONG else [Phase.generate],
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
+            examples=400 if stress.LONG else 40,
+            steps=60 if stress.LONG else 40,
+            shrink=stress.LONG,
         )
-    except BaseException as exc:
-        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={stress.SEED}")
-        raise
     finally:
         MACHINE_CLIENT.clear()
         races = {k: v for k, v in sorted(counts.items()) if k.startswith("race")}

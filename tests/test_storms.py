@@ -433,6 +433,8 @@ def test_limiter_thread_storm(
     # Bounded: each operation waits at most `wait`, plus a hold of at most 1.5 x wait.
     elapsed = stress.run_storm_threads(workers, helpers, storm.stop, 30.0 + ops * wait * 4)
 
+    # Kept apart from the like summary of tests/test_redis_stress.py: this one also prints the
+    # local limiter's queue counts, which a Redis limiter does not keep.
     tally: Counter[str] = sum(tallies, Counter())
     operations = ops * threads
     print(

@@ -34,6 +34,8 @@ def leave_queue_keeping_the_place(lim: ColdLimiter, waiter: Any) -> None:
 
 
 #: The figures ``LimiterStats.as_dict()`` promises (the contract of ``stats()``).
+# Kept apart from the list in reachlimit/redis/_stats.py: this is the contract the tests
+# hold the library to, so it is written out here, never read from the library.
 LIMITER_FIELDS = frozenset(
     {
         "active",

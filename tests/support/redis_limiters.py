@@ -30,6 +30,8 @@ POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
 def make_limiter_fixture(client: CountingRedis) -> Iterator[Callable[..., RedisColdLimiter]]:
     """``make_limiter(**kwargs)``: a limiter on the test's client (or ``client=``, or a
     subclass as ``cls=``); every one made is closed at teardown."""
+    # Kept apart from make_client's like body (redis_clients.py): other objects, other
+    # arguments; only "close every one made at teardown" is alike.
     made: list[RedisColdLimiter] = []
 
     def make(**kwargs: Any) -> RedisColdLimiter:

@@ -50,6 +50,31 @@ class BodyError(Exception):
     """Raised inside a grant's with-block on purpose."""
 
 
+def run_machine(machine: Any, examples: int, steps: int, shrink: bool) -> None:
+    """Run a Hypothesis state machine as the suite's state-machine tests do: ``examples``
+    programs of up to ``steps`` steps, no example database, no deadline, shrinking a failure
+    only if ``shrink``; a failure carries the seed that replays it (``SEED``)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=steps,
+                database=None,
+                deadline=None,
+                print_blob=True,
+                phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    except BaseException as exc:
+        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={SEED}")
+        raise
+
+
 def run_storm_threads(
     workers: list[threading.Thread], helpers: list[threading.Thread], stop: threading.Event,
     bound: float,
