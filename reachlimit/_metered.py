@@ -164,6 +164,7 @@ class MeteredColdPath(ColdPath):
         cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Any:
+        # Kept alike with ColdPath.get (_path.py): the signature of the method overridden.
         metrics = self._metrics
         timed = _TimedBuild(build, metrics)
         try:

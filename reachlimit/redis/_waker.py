@@ -53,6 +53,8 @@ class Waker:
             elif self._due[0] < earliest:
                 self._cond.notify()
 
+    # Kept apart from Renewer.close and Renewer._run (_renewer.py): the same stop-and-join
+    # steps, but on another condition and another loop (deadlines due, not leases held).
     def close(self, timeout: float) -> None:
         with self._cond:
             self._closed = True
