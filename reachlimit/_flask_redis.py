@@ -36,7 +36,7 @@ from ._path import Cache, Flight
 
 if TYPE_CHECKING:
     from .prometheus import ReachMetrics
-    from .redis import RedisHealth, SharedPathCounters
+    from .redis import RedisColdLimiter, RedisHealth, SharedPathCounters
 
 __all__ = ["REDIS_LIMITER_NAME", "SharedPath", "shared_path", "release_worker"]
 
@@ -91,7 +91,7 @@ def shared_path(settings: Settings, metrics_class: type[ReachMetrics] | None) ->
         settings.active, settings.queue, settings.wait, settings.limiter_retry_after
     )
     limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
-    cache, flight = _shared_cache_and_flight(settings, client, health)
+    cache, flight = _shared_cache_and_flight(settings, client, health, remote)
     metrics = None
     if metrics_class is not None:
         # Its gauges are read from the shared limiter when scraped, never summed per worker.
@@ -108,7 +108,7 @@ def shared_path(settings: Settings, metrics_class: type[ReachMetrics] | None) ->
 
 
 def _shared_cache_and_flight(
-    settings: Settings, client: Any, health: RedisHealth
+    settings: Settings, client: Any, health: RedisHealth, limiter: RedisColdLimiter
 ) -> tuple[Cache, Flight]:
     """The warm cache and the singleflight of an app on Redis, each over its in-process
     fallback and the limiter's ``health``, so that Redis failing degrades all three at once.
@@ -117,7 +117,10 @@ def _shared_cache_and_flight(
     The cache keeps ``cache_ttl`` and ``cache_size`` for the whole service, with a 1 s
     in-process first level; values are stored with the "auto" codec (bytes as bytes,
     anything else as JSON - never pickle), so a view must return bytes or JSON-able values.
-    The flight's lease is the limiter's: a leader whose process dies is taken over after it."""
+    The flight's lease is the limiter's: a leader whose process dies is taken over after it.
+    The flight is fused with the shared cache and ``limiter`` (the cold lead), so a cold
+    request makes two round trips before its build or its refusal: its cache miss, then one
+    script that claims the flight, rechecks the cache and acquires."""
     from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
 
     name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
@@ -129,6 +132,7 @@ def _shared_cache_and_flight(
     shared_flight = RedisSingleFlight(
         client, name, prefix=prefix, lease=settings.lease, codec="auto"
     )
+    shared_flight.fuse(shared_cache, limiter)
     return (
         ResilientCache(shared_cache, local_cache, health),
         ResilientFlight(shared_flight, SingleFlight(), health),

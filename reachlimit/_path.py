@@ -80,7 +80,13 @@ class Flight(Protocol):
     ``(value, shared)``: ``shared`` is False for the caller that ran ``fn``. Followers get the
     leader's value or a refusal or error; a follower whose ``cancel`` is set raises
     ``Cancelled``. ``fn`` may return :data:`LEADER_CANCELLED`: it must reach the followers as
-    a value (a shared flight passes it across processes), so that they go round again."""
+    a value (a shared flight passes it across processes), so that they go round again.
+
+    A flight may also have ``do_cold(key, lead, cancel, client)``, which ColdPath then calls
+    instead of ``do``, with the same contract: ``lead`` is ColdPath's leader step (recheck
+    the cache, acquire from the limiter for ``client``, build), so a shared flight may do the
+    recheck and the acquire in its own round trip and hand their answers to the path's cache
+    and limiter (``reachlimit.redis``'s cold lead)."""
 
     def do(
         self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
@@ -205,8 +211,12 @@ class ColdPath:
                 led = True
                 return self._lead(key, build, cancel, client)
 
+            do_cold = getattr(self.flight, "do_cold", None)
             try:
-                value, shared = self.flight.do(key, lead, cancel)
+                if do_cold is not None:
+                    value, shared = do_cold(key, lead, cancel, client)
+                else:
+                    value, shared = self.flight.do(key, lead, cancel)
             except Cancelled:
                 raise  # our own client left while following: nothing was shared with us
             except BaseException:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import redis
@@ -40,6 +41,7 @@ import redis
 from .._cache import TTLCache
 from . import lua
 from ._common import LogOnce, check_client, check_names, check_settings, key_digest, ms, positive
+from ._lead import HandOver
 
 __all__ = ["CODECS", "Codec", "RedisCache"]
 
@@ -140,6 +142,8 @@ class RedisCache:
         self._settings_key = f"{tag}:settings"
         self._checked = False  # racy: set once the settings were checked against Redis
         self._undecodable = LogOnce()
+        # A miss the cold lead saw, for the recheck that follows in the same thread.
+        self._missed: HandOver[tuple[Hashable]] = HandOver()
 
     @property
     def name(self) -> str:
@@ -170,7 +174,16 @@ class RedisCache:
             raise
         if value is not None:
             return value
+        missed = self._missed.take()
+        if missed is not None and missed[0] == key:
+            return None  # the cold lead's script found no entry a moment ago
         return self.fetch(key)
+
+    def missed(self, key: Hashable) -> AbstractContextManager[None]:
+        """For the length of a ``with`` block, the next :meth:`get` of ``key`` in this thread
+        that its first level cannot answer is a miss without a GET: the cold lead has just
+        looked (``reachlimit.redis._lead``)."""
+        return self._missed.give((key,))
 
     def set(self, key: Hashable, value: Any) -> None:
         """Store ``value`` (None stores nothing: it means "no value"). TypeError for a key
@@ -207,7 +220,15 @@ class RedisCache:
         if not self._checked:
             self._check()
         entry = self._entry_prefix + key_digest(key)
-        data = self._client.get(entry)
+        return self._adopt(key, entry, self._client.get(entry))
+
+    def adopt(self, key: Hashable, data: Any) -> Any:
+        """The value of an entry of ``key`` that Redis sent (``data``, None for none), as
+        :meth:`fetch` answers it: decoded, copied into the first level; None for a miss or
+        an entry that does not decode (logged once)."""
+        return self._adopt(key, self.key_of(key), data)
+
+    def _adopt(self, key: Hashable, entry: str, data: Any) -> Any:
         if data is None:
             return None
         try:

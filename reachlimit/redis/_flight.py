@@ -68,7 +68,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -79,7 +79,12 @@ from .._path import LEADER_CANCELLED, NOT_FOUND
 from . import lua
 from ._cache import Codec
 from ._common import LogOnce, check_client, check_names, key_digest, ms, positive, socket_timeout
+from ._lead import DONE, FOLLOW, HIT, LEAD, UNCLAIMED
 from ._renewer import LeaseRenewer
+
+if TYPE_CHECKING:
+    from ._cache import RedisCache
+    from ._limiter import RedisColdLimiter
 
 __all__ = ["MESSAGE_LIMIT", "RedisSingleFlight"]
 
@@ -89,8 +94,6 @@ log = logging.getLogger("reachlimit")
 MESSAGE_LIMIT = 1000
 
 
-
-_LEAD, _FOLLOW, _DONE = 0, 1, 2  # replies of join and check: {status, flight[, outcome]}
 
 class _Claim:
     """A flight this process leads: what the renewer needs to renew it."""
@@ -175,6 +178,13 @@ class RedisSingleFlight:
         #: Called with the error when publishing an outcome or renewing claims fails (both
         #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
         self.on_redis_error: Callable[[BaseException], None] | None = None
+        self._fused: tuple[RedisCache, RedisColdLimiter] | None = None
+
+    def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> None:
+        """Lead cold paths in one round trip (:meth:`do_cold`; ``reachlimit.redis._lead``):
+        ``cache`` and ``limiter`` must be the very ones the path's recheck and acquire end
+        in, on the same Redis as this flight. A single Redis only (not a Cluster)."""
+        self._fused = (cache, limiter)
 
     @property
     def name(self) -> str:
@@ -199,19 +209,39 @@ class RedisSingleFlight:
         while it waited, or ``LeaderFailed`` when the leader raised anything else (in this
         process: the very exception). Errors of Redis propagate.
         """
+        return self._do(key, lambda: self._shared_do(key, fn, cancel), cancel)
+
+    def do_cold(
+        self,
+        key: Hashable,
+        lead: Callable[[], Any],
+        cancel: CancelToken | None = None,
+        client: Hashable = None,
+    ) -> tuple[Any, bool]:
+        """:meth:`do` for a cold path's leader step ``lead`` (ColdPath's: recheck the cache,
+        acquire for ``client``, build): once fused (:meth:`fuse`), the flight's claim, the
+        recheck and the acquire are one round trip, and a refused leader claims nothing
+        and publishes nothing. Unfused, just :meth:`do`."""
+        if self._fused is None:
+            return self.do(key, lead, cancel)
+        return self._do(key, lambda: self._shared_lead(key, lead, cancel, client), cancel)
+
+    def _do(
+        self, key: Hashable, shared: Callable[[], tuple[Any, bool, bool]],
+        cancel: CancelToken | None,
+    ) -> tuple[Any, bool]:
+        """The local flight over ``shared`` (this process's part of the shared flight)."""
         if self._claims.closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("flight closed")
         key_digest(key)  # a key with no encoding fails here, before any flight
-        (value, shared, gave_up), local_shared = self._local.do(
-            key, lambda: self._shared_do(key, fn, cancel), cancel
-        )
+        (value, shared_, gave_up), local_shared = self._local.do(key, shared, cancel)
         if gave_up:
             if not local_shared:
                 raise Cancelled()  # our own client left while we followed in Redis
             return LEADER_CANCELLED, True  # our local leader's left: go round
         if isinstance(value, _Outcome):
             raise value.error
-        return value, shared or local_shared
+        return value, shared_ or local_shared
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the renewer thread, for good: claims still held are no longer renewed, and
@@ -233,16 +263,51 @@ class RedisSingleFlight:
         self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None
     ) -> tuple[Any, bool, bool]:
         """Run by the local leader: (value or _Outcome, shared, gave up waiting)."""
+        keys, common = self._flight_keys(key)
+        return self._joined(self._join_script(keys=keys, args=common), keys, common, fn, cancel)
+
+    def _shared_lead(
+        self, key: Hashable, lead: Callable[[], Any], cancel: CancelToken | None,
+        client: Hashable,
+    ) -> tuple[Any, bool, bool]:
+        """``_shared_do`` through the cold lead (:meth:`do_cold`)."""
+        assert self._fused is not None
+        cache, limiter = self._fused
+        keys, common = self._flight_keys(key)
+        reply = limiter.lead(keys, common, cache.key_of(key), client)
+        if reply.status == HIT:
+            value = cache.adopt(key, reply.data)
+            if value is not None:
+                return value, False, False
+            # An entry that does not decode: the general path (which will build it again).
+            return self._shared_do(key, lead, cancel)
+        if reply.status in (LEAD, UNCLAIMED):
+            assert reply.admitted is not None
+            with cache.missed(key), limiter.hand_over(reply.token, reply.admitted):
+                if reply.status == UNCLAIMED:  # refused: nobody follows, nothing to publish
+                    return lead(), False, False
+                claim = _Claim(keys, str(common[0]), str(common[1]), reply.flight)
+                return self._lead(claim, lead), False, False
+        return self._joined([reply.status, reply.flight, reply.data], keys, common, lead, cancel)
+
+    def _flight_keys(self, key: Hashable) -> tuple[list[str], list[str | int]]:
+        """The two keys and four arguments every script of ``key``'s flight starts with (the
+        last: a fresh token of ours)."""
         base = self.base_of(key)
-        keys = [base + "lead", base + "n"]
         token = secrets.token_hex(12)
-        common: list[str | int] = [base, token, self._lease_ms, self._keep_ms]
-        reply = self._join_script(keys=keys, args=common)
+        return [base + "lead", base + "n"], [base, token, self._lease_ms, self._keep_ms]
+
+    def _joined(
+        self, reply: Any, keys: list[str], common: list[str | int], fn: Callable[[], Any],
+        cancel: CancelToken | None,
+    ) -> tuple[Any, bool, bool]:
+        """After the join's ``reply``: lead, take the outcome, or follow until one of those."""
+        base, token = str(common[0]), str(common[1])
         while True:
             status, flight = int(reply[0]), int(reply[1])
-            if status == _LEAD:
+            if status == LEAD:
                 return self._lead(_Claim(keys, base, token, flight), fn), False, False
-            if status == _DONE:
+            if status == DONE:
                 return self._decode_outcome(reply[2], base), True, False
             try:
                 reply = self._follow(keys, common, flight, cancel)
@@ -267,7 +332,7 @@ class RedisSingleFlight:
             if rang is None and time.monotonic() < next_check:
                 continue
             reply = self._check_script(keys=keys, args=[*common, flight])
-            if int(reply[0]) != _FOLLOW or int(reply[1]) != flight:
+            if int(reply[0]) != FOLLOW or int(reply[1]) != flight:
                 return reply
             next_check = time.monotonic() + self.POLL_EVERY
 

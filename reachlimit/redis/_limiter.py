@@ -7,71 +7,12 @@ replies ``_replies``.
 
 design:
 
-    Keys (one hash tag, ``T = {<prefix>:<name>}``, so every script touches one Cluster slot):
+    Keys and scripts: the limiter's state lives in Redis under one hash tag, ``T =
+    {<prefix>:<name>}``, and only its Lua scripts change it; the keys, the fair queue, the
+    reaping and every script are described in ``lua/README.md``, beside the scripts.
 
-      T:holders    ZSET  grant token -> lease end (ms, Redis time)      the slots held
-      T:queue      ZSET  waiter token -> ticket                          the waiters, FIFO
-      T:alive      ZSET  waiter token -> presence end (ms, Redis time)   waiters still polling
-      T:deadline   HASH  waiter token -> wait deadline (ms, Redis time)
-      T:seq        STR   the ticket counter (INCR)
-      T:stats      HASH  counters and peaks
-      T:clientof   HASH  waiter token -> its client's id
-      T:clients    ZSET  client id -> turn stamp: the waiting clients, in turn order
-      T:c:<id>     ZSET  waiter token -> ticket: one client's waiters, FIFO
-      T:w:<token>  LIST  a waiter's doorbell: pushed once, "1" when it is promoted, "d" when
-                         it is displaced
-
-    Fair admission (the rules of ``reachlimit._limiter``, the same here): a client's id is a
-    short hash of the name the caller gave (``client_id``). A client gets a turn stamp (a
-    number from ``seq``) when its first waiter joins; promotion takes the oldest waiter of the
-    client with the lowest stamp, and that client, if it still waits, gets a new stamp (the
-    back of the turn). That is round-robin across clients in the order their waits began and
-    FIFO within each, exactly the in-process limiter's turn list; with one client it is the
-    ticket order (and its stamp is left alone). A newcomer that finds the queue full displaces
-    the newest waiter of the client holding most places (ties: whose newest waiter has the
-    higher ticket) if that client holds two places more than its own: the victim leaves the
-    queue in the same script, its doorbell gets "d" (it learns at once, blocked in BLPOP, or at
-    its next poll), and the newcomer joins in its place; the displacement is counted there, so
-    a victim whose process died loses nothing.
-
-    A token is random (made by the client) and names one attempt for good, also across a
-    Redis that restarts empty; the ticket that orders the queue comes from Redis (INCR).
-    A token is in at most one of ``holders`` and ``queue``, and only a script moves it.
-
-    Every script first reaps and refills, so no state depends on a process staying alive:
-      reap   holders whose lease ended are removed (counted ``lease_lost``); waiters whose
-             presence ended (they stopped polling: their process died) leave the queue
-      fill   while fewer than ``active`` slots are held, the oldest waiter is promoted: it is
-             moved into ``holders`` with a short claim lease (one presence period) and its
-             doorbell is pushed; its next poll turns the claim into a full lease
-
-    Scripts (each one EVALSHA, one round trip; time is ``TIME`` inside the script):
-      acquire   a free slot -> hold it (fast path); the queue full -> count ``rejected_full``
-                and answer at once (nothing else is written, unless reaping found a dead
-                holder or waiter); else INCR a ticket and join the queue
-      poll      run by a waiter after its doorbell rang, every ``POLL_EVERY`` seconds and
-                when its cancel token is set: promoted -> keep the slot (or, when giving up,
-                pass it on); deadline passed -> leave (timeout); giving up -> leave
-                (cancelled); neither -> refresh presence. All in one script, so a promotion
-                racing a timeout or a cancel ends in exactly one outcome and the slot is
-                kept or passed on, never lost and never counted twice.
-      release   remove the grant's token from ``holders`` (only its own: a token reaped for
-                a lost lease is gone, so a late release frees nothing) and fill
-      renew     push the lease end of the tokens still held; a reaped token is not revived
-      stats     reap, fill, and read the figures
-
-    Cost: a call to Redis inside a script costs a few microseconds, and a script's argument
-    a little more to pack and parse than it seems, so the hot scripts (acquire and release)
-    are lean. They are made per limiter with its settings written into the text (a call
-    sends the SHA, the keys and the token); they answer their common cases before building
-    the general steps, making the calls those steps would have made and no more. The rule
-    that makes this cheap: every script ends with nobody waiting while a slot is free, so
-    fewer entries in ``holders`` than ``active`` at the start of a script means an empty
-    queue. Per call, besides ``TIME``: a fast acquire with no slot held is ZCARD, ZADD and
-    HINCRBY; a release with a slot still free ZCARD, ZCOUNT and ZREM; a refusal ZCARD, two
-    ZCOUNT and HINCRBY (two ZCOUNT and HINCRBY in the variant sent after a refusal, which
-    checks for the refusal first). The poll, renew and stats scripts count everything each
-    time, so a waiter's own poll repairs a state that ever broke the rule.
+    Cost: the hot scripts (acquire, release, the cold lead) are made per limiter with its
+    settings written in, and answer their common cases first: the design note of ``lua``.
 
     Who wakes whom (a waiter blocks on its own doorbell; the ``Waker`` thread ends its
     ``BLPOP`` on time): the design note of ``_wait``, which holds the waiting loop.
@@ -119,6 +60,7 @@ import math
 import secrets
 import threading
 from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import redis
@@ -140,6 +82,7 @@ from ._common import (
     warn_eviction,
 )
 from ._grant import RedisGrant
+from ._lead import HandOver, LeadReply, lead_scripts
 from ._renewer import LeaseRenewer
 from ._replies import _FULL, _GRANTED
 from ._replies import _GIVE_UP as _GIVE_UP  # tests import it from here
@@ -241,6 +184,7 @@ class RedisColdLimiter(LimiterFigures):
             "ACTIVE": active, "QUEUE": queue, "LEASE_MS": int(self._common[2]),
             "PRESENCE_MS": int(self._common[3]), "WAIT_MS": self._wait_ms,
         }
+        self._hot = hot
         self._acquire_script = client.register_script(lua.hot_acquire(hot))
         # The same, checking for the refusal first: sent while the last acquire was refused.
         self._refusing_script = client.register_script(lua.hot_acquire(hot, refusal_first=True))
@@ -277,6 +221,10 @@ class RedisColdLimiter(LimiterFigures):
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._leases.paused
         self._waker = Waker(client)
+        # The cold lead's two scripts (as the acquire's two), registered on its first use.
+        self._lead_scripts: tuple[Script, Script] | None = None
+        # An admission the cold lead made, for the acquire that follows in the same thread.
+        self._handed: HandOver[tuple[str, int]] = HandOver(self._undo_admission)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -311,26 +259,73 @@ class RedisColdLimiter(LimiterFigures):
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        if self._leases.closed:  # racy read: close() is meant for the end of the process
-            raise RuntimeError("limiter closed")
-        who = _ANONYMOUS if client is None else client_id(client)
-        if not self._checked:
-            self._check()
-        token = owner_prefix() + secrets.token_hex(12)
-        try:
+        handed = self._handed.take()
+        if handed is not None:  # the cold lead acquired already (see ``lead``)
+            token, status = handed
+        else:
+            token, who = self._attempt(client)
             if self._refusing:
-                status = self._evalsha(self._refusing_script, self._refusing_head, token, who)
+                status = self._send(token, self._refusing_script, self._refusing_head, token, who)
             else:
-                status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
-        except redis.RedisError:
-            self._lose(token)  # it may have run: what it made is given up next time
-            raise
-        self._refusing = status == _FULL
+                status = self._send(token, self._acquire_script, self._acquire_head, token, who)
+            self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
         return self._wait_for_slot(token, self._wait_ms / 1000, cancel)
+
+    def lead(
+        self, flight_keys: list[str], flight_args: list[str | int], entry: str, client: Hashable
+    ) -> LeadReply:
+        """The cold lead (``reachlimit.redis._lead``): one script that claims a flight (its
+        two keys and four arguments, as ``RedisSingleFlight`` sends them to its join),
+        rechecks the cache ``entry`` (its Redis key) and acquires for ``client``. What it
+        acquired is this thread's to take with :meth:`hand_over`. A single Redis only (the
+        keys span three hash tags). Errors of Redis propagate (the token is then given up).
+        """
+        token, who = self._attempt(client)
+        if self._lead_scripts is None:
+            self._lead_scripts = lead_scripts(self._client, self._hot)
+        script = self._lead_scripts[1 if self._refusing else 0]
+        head = (script.sha.encode(), b"11", *self._acquire_head[2:])
+        reply = self._send(token, script, head, *flight_keys, entry, token, who, *flight_args)
+        answer = LeadReply.of(reply, token)
+        if answer.admitted is not None:
+            self._refusing = answer.admitted == _FULL
+        return answer
+
+    def _attempt(self, client: Hashable) -> tuple[str, str]:
+        """A new acquire's token and client id (TypeError for a client with no id), after
+        the checks of a first call. RuntimeError once closed."""
+        if self._leases.closed:  # racy read: close() is meant for the end of the process
+            raise RuntimeError("limiter closed")
+        who = _ANONYMOUS if client is None else client_id(client)
+        if not self._checked:
+            self._check()
+        return owner_prefix() + secrets.token_hex(12), who
+
+    def _send(self, token: str, script: Script, head: tuple[bytes, ...], *args: Any) -> Any:
+        """An acquire of ``token`` (``_evalsha``); a lost reply loses the token (whatever the
+        script did is given up next time)."""
+        try:
+            return self._evalsha(script, head, *args)
+        except redis.RedisError:
+            self._lose(token)
+            raise
+
+    def hand_over(self, token: str, admitted: int) -> AbstractContextManager[None]:
+        """For the length of a ``with`` block, the next :meth:`acquire` in this thread
+        answers the cold lead's admission (``token``, ``admitted``) instead of asking Redis.
+        One not taken by then is given up."""
+        return self._handed.give((token, admitted))
+
+    def _undo_admission(self, admission: tuple[str, int]) -> None:
+        self._lose(admission[0])
+        try:
+            self._give_up_lost()
+        except redis.RedisError:
+            pass  # kept for the next round trip
 
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together (one round trip, which also reaps)."""
@@ -363,7 +358,7 @@ class RedisColdLimiter(LimiterFigures):
 
     # -- the scripts ----------------------------------------------------------------------
 
-    def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes) -> Any:
+    def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes | int) -> Any:
         """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
         common arguments, encoded; ``args`` follow. A Redis that does not know the script
         (restarted, flushed) gets it loaded and the call made again, as ``Script`` does.

@@ -330,6 +330,29 @@ class ResilientFlight(Generic[T]):
     def do(
         self, key: Hashable, fn: Callable[[], T], cancel: CancelToken | None = None
     ) -> tuple[T, bool]:
+        return self._do(key, fn, cancel, lambda tracked: self.remote.do(key, tracked, cancel))
+
+    def do_cold(
+        self,
+        key: Hashable,
+        lead: Callable[[], T],
+        cancel: CancelToken | None = None,
+        client: Hashable = None,
+    ) -> tuple[T, bool]:
+        """``do`` for ColdPath's leader step: the shared flight's ``do_cold`` when it has one
+        (the cold lead), so a cold request stays at two round trips."""
+        do_cold = getattr(self.remote, "do_cold", None)
+        if do_cold is None:
+            return self.do(key, lead, cancel)
+        return self._do(key, lead, cancel, lambda tracked: do_cold(key, tracked, cancel, client))
+
+    def _do(
+        self,
+        key: Hashable,
+        fn: Callable[[], T],
+        cancel: CancelToken | None,
+        remote_do: Callable[[Callable[[], T]], tuple[T, bool]],
+    ) -> tuple[T, bool]:
         health = self.health
         if not health.available():
             return self.local.do(key, fn, cancel)
@@ -350,7 +373,7 @@ class ResilientFlight(Generic[T]):
 
         since = health.failures
         try:
-            result = self.remote.do(key, tracked, cancel)
+            result = remote_do(tracked)
         except FAILURES as exc:
             if _raised_by_a_build(exc) or (len(outcome) == 2 and outcome[1] is exc):
                 # fn's own error - here, or a local leader's that its followers share: the

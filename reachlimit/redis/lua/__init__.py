@@ -17,9 +17,29 @@ design:
         limiter_steps           reap, promote, the fair queue; runs reap() and promote()
         the script's own        ``limiter_acquire``, ``limiter_poll``, ...
 
+    Cost: a call to Redis inside a script costs a few microseconds, and a script's argument
+    a little more to pack and parse than it seems, so the hot scripts (acquire and release)
+    are lean. They are made per limiter with its settings written into the text (a call
+    sends the SHA, the keys and the token); they answer their common cases before building
+    the general steps, making the calls those steps would have made and no more. The rule
+    that makes this cheap: every script ends with nobody waiting while a slot is free, so
+    fewer entries in ``holders`` than ``active`` at the start of a script means an empty
+    queue. Per call, besides ``TIME``: a fast acquire with no slot held is ZCARD, ZADD and
+    HINCRBY; a release with a slot still free ZCARD, ZCOUNT and ZREM; a refusal ZCARD, two
+    ZCOUNT and HINCRBY (two ZCOUNT and HINCRBY in the variant sent after a refusal, which
+    checks for the refusal first). The poll, renew and stats scripts count everything each
+    time, so a waiter's own poll repairs a state that ever broke the rule.
+
     :data:`PRELUDE` is every sent-settings script's start; :func:`hot_script` makes the two
     hot scripts (acquire and release) for one limiter's settings. The flight's scripts are
     ``flight_prelude`` plus their own; the cache's set is one file.
+
+    The cold lead (:func:`cold_lead`) is a hot acquire of one limiter made into a function,
+    between ``flight_prelude`` with ``cold_lead_head`` (claim or follow, recheck the cache)
+    and ``cold_lead_tail`` (claim only for a leader that builds or waits): the flight's keys
+    and arguments follow the limiter's, so the prelude is told where they start (``K``,
+    ``A``). Its keys span three hash tags (the limiter's, the flight key's, the cache's): it
+    runs on a single Redis, not on a Cluster.
 
     The texts are module constants so that a test can build a mutant from the real text
     (``tests/test_redis_mutants.py``): :data:`FRAGMENTS` holds every file by name.
@@ -44,6 +64,7 @@ __all__ = [
     "RENEW",
     "SETTINGS",
     "STATS",
+    "cold_lead",
     "hot_acquire",
     "hot_release",
 ]
@@ -75,10 +96,17 @@ STATS = PRELUDE + FRAGMENTS["limiter_stats"]
 RELEASE_OWNER = PRELUDE + FRAGMENTS["limiter_release_owner"]
 GIVE_UP = PRELUDE + FRAGMENTS["limiter_give_up"]
 
-FLIGHT_JOIN = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_join"]
-FLIGHT_CHECK = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_check"]
-FLIGHT_PUBLISH = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_publish"]
-FLIGHT_RENEW = FRAGMENTS["flight_prelude"] + FRAGMENTS["flight_renew"]
+
+def _flight_at(keys: int, args: int) -> str:
+    """Where ``flight_prelude`` finds the flight's first key and argument, less one."""
+    return f"local K, A = {keys}, {args}\n"
+
+
+_FLIGHT = _flight_at(0, 0) + FRAGMENTS["flight_prelude"]
+FLIGHT_JOIN = _FLIGHT + FRAGMENTS["flight_join"]
+FLIGHT_CHECK = _FLIGHT + FRAGMENTS["flight_check"]
+FLIGHT_PUBLISH = _FLIGHT + FRAGMENTS["flight_publish"]
+FLIGHT_RENEW = _FLIGHT + FRAGMENTS["flight_renew"]
 
 CACHE_SET = FRAGMENTS["cache_set"]
 CACHE_CLEAR = FRAGMENTS["cache_clear"]
@@ -88,15 +116,25 @@ SETTINGS = FRAGMENTS["settings"]
 _HOT_BELL = "local bell = string.sub(holders, 1, -8) .. 'w:'\n"
 
 
-def _hot_script(first: str, own: str, settings: dict[str, int], refusal_first: bool) -> str:
-    """A hot script for these ``settings`` (ACTIVE, QUEUE, LEASE_MS, PRESENCE_MS, WAIT_MS):
-    its common cases (``first``), then the general steps and its own part (``own``)."""
+def _built_in(settings: dict[str, int]) -> str:
+    """The settings fragment with these ``settings`` (ACTIVE, QUEUE, LEASE_MS, PRESENCE_MS,
+    WAIT_MS) written in."""
     text = FRAGMENTS["limiter_built_in_settings"]
     for name, value in settings.items():
         text = text.replace(f"@{name}@", str(int(value)))
     assert "@" not in text, "a setting of the hot scripts was not given"
+    return text
+
+
+def _hot_body(first: str, own: str, refusal_first: bool) -> str:
+    """A hot script after its keys, settings and clock: its common cases (``first``), then
+    the general steps and its own part (``own``)."""
     head = FRAGMENTS["limiter_refusal_first"] if refusal_first else ""
-    return _KEYS + text + _CLOCK + head + _COUNT + first + _HOT_BELL + _STEPS + own
+    return head + _COUNT + first + _HOT_BELL + _STEPS + own
+
+
+def _hot_script(first: str, own: str, settings: dict[str, int], refusal_first: bool) -> str:
+    return _KEYS + _built_in(settings) + _CLOCK + _hot_body(first, own, refusal_first)
 
 
 def hot_acquire(settings: dict[str, int], refusal_first: bool = False) -> str:
@@ -111,4 +149,18 @@ def hot_release(settings: dict[str, int]) -> str:
     """The release script of one limiter."""
     return _hot_script(
         FRAGMENTS["limiter_release_first"], FRAGMENTS["limiter_release"], settings, False
+    )
+
+
+def cold_lead(settings: dict[str, int], refusal_first: bool = False) -> str:
+    """The cold lead of one limiter (its ``settings`` as for :func:`hot_acquire`): the
+    flight's claim, the cache's recheck and the acquire in one script (module design)."""
+    acquire = _hot_body(
+        FRAGMENTS["limiter_acquire_first"], FRAGMENTS["limiter_acquire"], refusal_first
+    )
+    return (
+        _KEYS + _built_in(settings) + _CLOCK
+        + _flight_at(8, 2) + FRAGMENTS["flight_prelude"] + FRAGMENTS["cold_lead_head"]
+        + "local function acquire()\n" + acquire + "\nend\n"
+        + FRAGMENTS["cold_lead_tail"]
     )

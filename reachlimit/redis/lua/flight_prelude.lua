@@ -1,8 +1,10 @@
 -- Common to the flight scripts: KEYS[1] F:lead, KEYS[2] F:n; ARGV[1] the key base "F:", ARGV[2]
 -- our token, ARGV[3] lease (ms), ARGV[4] how long the counter outlives the last write (ms).
-local lead, counter = KEYS[1], KEYS[2]
-local base, token = ARGV[1], ARGV[2]
-local lease, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Counted from K and A (0 and 0 in the flight's own scripts; the cold lead, whose limiter
+-- keys and arguments come first, sets them further on): KEYS[K + 1], ARGV[A + 1], ...
+local lead, counter = KEYS[K + 1], KEYS[K + 2]
+local base, token = ARGV[A + 1], ARGV[A + 2]
+local lease, keep = tonumber(ARGV[A + 3]), tonumber(ARGV[A + 4])
 
 local function flight_of(claim)
   return tonumber(string.match(claim, '^(%d+):'))

@@ -1,0 +1,20 @@
+-- A cold leader's one round trip (after its cache miss): claim the key's flight, recheck the
+-- cache, acquire a build slot, in one go. KEYS[1..8] the limiter's, KEYS[9] F:lead, KEYS[10]
+-- F:n, KEYS[11] the cache entry; ARGV[1] the limiter token, ARGV[2] the client id, ARGV[3..6]
+-- the flight's (base, token, lease, keep). Replies {status, flight, outcome or entry or
+-- admission}:
+--   {0, n, a}  flight n claimed, and the acquire answered a: 1 granted, 2 queued
+--   {1, n}     follow flight n (someone leads it)            as the flight's join answers
+--   {2, n, o}  flight n has ended with outcome o              as the flight's join answers
+--   {3, 0, e}  no flight, and the cache holds e now: nothing claimed, nothing acquired
+--   {4, 0, a}  no flight, and the acquire answered a (0 refused, 3 token given up): nothing
+--              claimed, so nobody can follow, and no outcome is ever published
+local current = read_claim()
+if current then
+  local n = flight_of(current)
+  local out = outcome(n)
+  if out then return {2, n, out} end
+  return follow(n)
+end
+local entry = redis.call('GET', KEYS[K + 3])
+if entry then return {3, 0, entry} end

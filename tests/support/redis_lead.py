@@ -1,0 +1,126 @@
+"""What the tests of the cold lead (``reachlimit/redis/_lead.py``) share: an app of
+``tests/apps/slow_app.py`` on the module's redis-server (one slot, one queue place, a lease of
+two minutes, so nothing is renewed while a test counts), the test's own limiter to fill that
+budget, the flight keys of the app, and the commands clients send (``MONITOR``).
+
+A test module gets the fixtures with::
+
+    from tests.support.redis_lead import (
+        app_fixture,  # noqa: F401 (the app fixture)
+        watcher_fixture,  # noqa: F401 (the watcher fixture)
+    )
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+from flask import Flask
+
+from reachlimit.flask import ReachLimit
+from reachlimit.redis import RedisColdLimiter
+from tests.apps.slow_app import create_app
+from tests.support import HOST
+from tests.support.redis_limiters import GRANTED, QUEUED
+from tests.support.redis_server import RedisServer
+
+
+def make_app(server: RedisServer, prefix: str) -> Flask:
+    """An app on ``server``'s budget ``prefix``: two apps of one prefix are two processes'
+    worth of state on one budget."""
+    return create_app(
+        REACHLIMIT_REDIS_URL=server.url(),
+        REACHLIMIT_REDIS_PREFIX=prefix,
+        REACHLIMIT_ACTIVE=1,
+        REACHLIMIT_QUEUE=1,
+        REACHLIMIT_LEASE=120,
+    )
+
+
+def close_app(app: Flask) -> None:
+    app.extensions["slow_app"].gate.set()
+    ReachLimit().close(app)
+
+
+@pytest.fixture(name="watcher")
+def watcher_fixture(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the module's redis-server, emptied first."""
+    client = redis.Redis(host=HOST, port=redis_server.port, socket_timeout=5)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(name="app")
+def app_fixture(redis_server: RedisServer, watcher: redis.Redis) -> Iterator[Flask]:
+    made = make_app(redis_server, "rt" + uuid.uuid4().hex[:8])
+    yield made
+    close_app(made)
+
+
+class Patient(RedisColdLimiter):
+    """The test's own holder and waiter on the app's budget: its waiter is never dropped
+    for not polling (it never polls) while the test runs."""
+
+    PRESENCE = 120.0
+
+
+class Commands:
+    """What clients send to Redis from now on (``MONITOR``), script-inner calls left out:
+    one entry per round trip, by command name."""
+
+    def __init__(self, watcher: redis.Redis) -> None:
+        self._watcher = watcher
+        watcher.ping()  # the marker's connection is open before MONITOR takes another
+        self._monitor = redis.Redis(connection_pool=redis.ConnectionPool(
+            host=HOST, port=watcher.connection_pool.connection_kwargs["port"], socket_timeout=5,
+        )).monitor()
+        self._monitor.__enter__()  # MONITOR is in force once this returns (its OK was read)
+
+    def until_now(self) -> Counter[str]:
+        """The commands sent so far, read up to a marker the watcher sends now."""
+        marker = uuid.uuid4().hex
+        self._watcher.echo(marker)
+        seen: Counter[str] = Counter()
+        try:
+            while True:
+                entry = self._monitor.next_command()
+                command = str(entry["command"])
+                if command == f"ECHO {marker}":
+                    return seen
+                if entry["client_type"] != "lua":
+                    seen[command.split(" ", 1)[0].upper()] += 1
+        finally:
+            self._monitor.__exit__()
+            self._monitor.connection_pool.disconnect()
+
+
+def quiet(app: Flask) -> None:
+    """Stop the one thread of the app that talks to Redis on its own (it flushes first)."""
+    counters = app.extensions["reachlimit"].counters
+    assert counters is not None
+    counters.close()
+
+
+def ghosts_fill(app: Flask, watcher: redis.Redis) -> Patient:
+    """Take the budget's one slot and its one queue place with the test's own limiter, so
+    that every cold request of the app is refused (queue full)."""
+    settings = app.extensions["reachlimit"].settings
+    ghosts = Patient(
+        watcher, "cold", 1, 1, settings.wait, lease=120.0, prefix=settings.redis_prefix
+    )
+    assert ghosts._admit("holder")[0] == GRANTED
+    assert ghosts._admit("waiter")[0] == QUEUED
+    return ghosts
+
+
+def flight_keys(watcher: redis.Redis, app: Flask) -> list[bytes]:
+    """Every key of every flight of the app (``{<prefix>:cold:<digest of the key>}:...``)."""
+    flight = app.extensions["reachlimit"].path.flight.remote
+    base = flight.base_of("any")  # "{<prefix>:cold:" + 64 hex digits + "}:"
+    pattern = base[: -(64 + 2)] + "?" * 64 + "}:*"
+    return sorted(watcher.keys(pattern))

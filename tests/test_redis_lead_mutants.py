@@ -1,0 +1,167 @@
+"""The cold lead's checks catch a broken cold lead script.
+
+Each check passes with the real script (``reachlimit/redis/lua/cold_lead_*.lua``, put together
+by ``lua.cold_lead``) and fails, for the reason it names, with a mutant: the real text with one
+piece replaced, the piece asserted to be there exactly once (so a change of the real script
+fails here loudly instead of quietly testing the unchanged code). A mutant is installed on the
+app's ``RedisColdLimiter`` in place of both variants of its lead script.
+
+Mutants:
+
+* the tail claims the flight for a refused leader too (followers in other processes would
+  follow a flight whose outcome nobody publishes, until its lease ends);
+* the head does not recheck the cache (an entry another process has just stored is built
+  again);
+* the tail never claims (a same-key request of another process leads a second build).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from reachlimit.redis import RedisColdLimiter, lua
+from tests.support.redis_lead import (
+    app_fixture,  # noqa: F401 (the app fixture)
+    close_app,
+    flight_keys,
+    ghosts_fill,
+    make_app,
+    watcher_fixture,  # noqa: F401 (the watcher fixture)
+)
+from tests.support.redis_server import (
+    RedisServer,
+    redis_server_fixture,  # noqa: F401 (the redis_server fixture)
+)
+from tests.support.waiting import DEADLINE, wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+
+def shared_limiter(app: Flask) -> RedisColdLimiter:
+    remote = app.extensions["reachlimit"].path.limiter.remote
+    assert isinstance(remote, RedisColdLimiter)
+    return remote
+
+
+def install(app: Flask, old: str, new: str) -> None:
+    """The app's lead scripts, both variants, with ``old`` replaced by ``new``."""
+    limiter = shared_limiter(app)
+    client = limiter._client
+    scripts = []
+    for refusal_first in (False, True):
+        text = lua.cold_lead(limiter._hot, refusal_first=refusal_first)
+        assert text.count(old) == 1, f"the cold lead no longer holds {old!r} once"
+        scripts.append(client.register_script(text.replace(old, new)))
+    limiter._lead_scripts = (scripts[0], scripts[1])
+
+
+_CLAIM_ONLY_ADMITTED = "if admitted == 1 or admitted == 2 then"
+_RECHECK = "if entry then return {3, 0, entry} end"
+
+#: (old, new) of each mutant, and the check it must fail.
+MUTANTS = {
+    "refused_leader_claims": (_CLAIM_ONLY_ADMITTED, "if true then"),
+    "no_recheck": (_RECHECK, "entry = nil"),
+    "never_claims": (_CLAIM_ONLY_ADMITTED, "if false then"),
+}
+for _old, _new in MUTANTS.values():
+    assert lua.cold_lead({"ACTIVE": 1, "QUEUE": 1, "LEASE_MS": 1, "PRESENCE_MS": 1,
+                          "WAIT_MS": 1}).count(_old) == 1
+
+
+def check_refusal_leaves_no_flight(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:
+    ghosts_fill(app, watcher)
+    assert app.test_client().get("/report/refused").status_code == 429
+    assert flight_keys(watcher, app) == [], "a refused leader claimed a flight"
+
+
+def check_lead_rechecks_the_cache(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:
+    path = app.extensions["reachlimit"].path
+    shared = path.cache.remote
+    shared.set("k", {"key": "k", "build": 99, "pid": 0})  # another process's build
+    shared.local.clear()
+    reads: list[Any] = []
+    inner = path.cache
+
+    class Blind:
+        """The first read misses, as if it came just before the other process's build."""
+
+        def get(self, key: Any) -> Any:
+            reads.append(key)
+            return None if len(reads) == 1 else inner.get(key)
+
+        def set(self, key: Any, value: Any) -> None:
+            inner.set(key, value)
+
+    path.cache = Blind()
+    answer = app.test_client().get("/report/k").get_json()
+    assert app.extensions["slow_app"].figures()["total"] == 0, "built though it was cached"
+    assert answer["build"] == 99
+
+
+def check_one_build_across_apps(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:
+    other = make_app(server, app.extensions["reachlimit"].settings.redis_prefix)
+    try:
+        gate = app.extensions["slow_app"]
+        gate.gate.clear()
+        answers: dict[str, Any] = {}
+
+        def ask(name: str, which: Flask) -> None:
+            answers[name] = which.test_client().get("/report/herd")
+
+        first = threading.Thread(target=ask, args=("first", app))
+        first.start()
+        wait_until("the first app builds", lambda: gate.figures()["in_flight"] == 1)
+        second = threading.Thread(target=ask, args=("second", other))
+        second.start()
+        limiter = shared_limiter(app)
+        base = other.extensions["reachlimit"].path.flight.remote.base_of("herd")
+        # The second request follows the flight (counted in F:w:<n>) or, without a claim to
+        # follow, waits in the queue for the one slot.
+        wait_until("the second request is in Redis", lambda: watcher.keys(base + "w:*")
+                   or limiter.stats().queued == 1)
+        gate.gate.set()
+        first.join(DEADLINE)
+        second.join(DEADLINE)
+        assert not first.is_alive() and not second.is_alive()
+        assert answers["first"].get_json() == answers["second"].get_json()
+        assert other.extensions["slow_app"].figures()["total"] == 0, "built twice"
+    finally:
+        close_app(other)
+
+
+Check = Callable[[Flask, redis.Redis, RedisServer], None]
+#: Each check, the mutant it must catch, and what its failure says.
+CHECKS: dict[str, tuple[Check, str, str]] = {
+    "refusal_leaves_no_flight": (
+        check_refusal_leaves_no_flight, "refused_leader_claims", "claimed a flight"
+    ),
+    "lead_rechecks_the_cache": (
+        check_lead_rechecks_the_cache, "no_recheck", "built though it was cached"
+    ),
+    "one_build_across_apps": (check_one_build_across_apps, "never_claims", "built twice"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_check_passes_with_the_real_script(
+    name: str, app: Flask, watcher: redis.Redis, redis_server: RedisServer
+) -> None:
+    check, _, _ = CHECKS[name]
+    check(app, watcher, redis_server)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_check_fails_with_its_mutant(
+    name: str, app: Flask, watcher: redis.Redis, redis_server: RedisServer
+) -> None:
+    check, mutant, failure = CHECKS[name]
+    install(app, *MUTANTS[mutant])
+    with pytest.raises(AssertionError, match=failure):
+        check(app, watcher, redis_server)
