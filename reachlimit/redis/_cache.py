@@ -40,7 +40,16 @@ import redis
 
 from .._cache import TTLCache
 from . import lua
-from ._common import LogOnce, check_client, check_names, check_settings, key_digest, ms, positive
+from ._common import (
+    LogOnce,
+    Named,
+    check_client,
+    check_names,
+    check_settings,
+    key_digest,
+    ms,
+    positive,
+)
 from ._lead import HandOver
 
 __all__ = ["CODECS", "Codec", "RedisCache"]
@@ -93,7 +102,7 @@ class Codec:
 
 
 
-class RedisCache:
+class RedisCache(Named):
     """A warm cache shared by every process on the same Redis and ``name``, with a short
     in-process first level in front. See the module's design note.
 
@@ -144,10 +153,6 @@ class RedisCache:
         self._undecodable = LogOnce()
         # A miss the cold lead saw, for the recheck that follows in the same thread.
         self._missed: HandOver[tuple[Hashable]] = HandOver()
-
-    @property
-    def name(self) -> str:
-        return self._name
 
     @property
     def ttl(self) -> float:

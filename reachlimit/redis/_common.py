@@ -30,6 +30,7 @@ from typing import Any
 from . import lua
 
 __all__ = [
+    "Leased", "Named",
     "BOOT_ID", "BOOT_ID_VARIABLE", "LogOnce", "check_client", "check_names", "check_settings",
     "client_id", "key_digest", "ms", "owner_prefix", "positive", "socket_timeout",
     "warn_eviction",
@@ -205,3 +206,22 @@ def warn_eviction(client: Any) -> None:
             "for the Redis that holds the budgets", policy,
         )
 
+
+class Named:
+    """The ``name`` every shared object of this package is made with (its Redis keys' name)."""
+
+    _name: str
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+
+class Leased(Named):
+    """A shared object whose claims or grants outlive their process by ``lease`` seconds."""
+
+    _lease: float
+
+    @property
+    def lease(self) -> float:
+        return self._lease

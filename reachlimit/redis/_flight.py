@@ -78,7 +78,16 @@ from .._flight import SingleFlight
 from .._path import LEADER_CANCELLED, NOT_FOUND
 from . import lua
 from ._cache import Codec
-from ._common import LogOnce, check_client, check_names, key_digest, ms, positive, socket_timeout
+from ._common import (
+    Leased,
+    LogOnce,
+    check_client,
+    check_names,
+    key_digest,
+    ms,
+    positive,
+    socket_timeout,
+)
 from ._lead import DONE, FOLLOW, HIT, LEAD, UNCLAIMED
 from ._renewer import LeaseRenewer
 
@@ -116,7 +125,7 @@ class _Outcome:
         self.error = error
 
 
-class RedisSingleFlight:
+class RedisSingleFlight(Leased):
     """:class:`~reachlimit.SingleFlight`'s contract across every process on the same Redis
     and ``name``: one leader per key at a time in all of them, followers anywhere get its
     outcome. See the module's design note.
@@ -185,14 +194,6 @@ class RedisSingleFlight:
         ``cache`` and ``limiter`` must be the very ones the path's recheck and acquire end
         in, on the same Redis as this flight. A single Redis only (not a Cluster)."""
         self._fused = (cache, limiter)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def lease(self) -> float:
-        return self._lease
 
     def base_of(self, key: Any) -> str:
         """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""

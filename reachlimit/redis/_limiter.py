@@ -72,6 +72,7 @@ from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
+    Leased,
     check_names,
     check_settings,
     client_id,
@@ -102,7 +103,7 @@ KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq", "client
 _ANONYMOUS = "-"
 
 
-class RedisColdLimiter(LimiterFigures):
+class RedisColdLimiter(Leased, LimiterFigures):
     """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
     Redis and ``name``: at most ``active`` grants held in all of them together, at most
     ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
@@ -227,14 +228,6 @@ class RedisColdLimiter(LimiterFigures):
         self._handed: HandOver[tuple[str, int]] = HandOver(self._undo_admission)
 
     # -- public ---------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def lease(self) -> float:
-        return self._lease
 
     @property
     def keys(self) -> list[str]:

@@ -9,12 +9,7 @@
 --   {3, 0, e}  no flight, and the cache holds e now: nothing claimed, nothing acquired
 --   {4, 0, a}  no flight, and the acquire answered a (0 refused, 3 token given up): nothing
 --              claimed, so nobody can follow, and no outcome is ever published
-local current = read_claim()
-if current then
-  local n = flight_of(current)
-  local out = outcome(n)
-  if out then return {2, n, out} end
-  return follow(n)
-end
+local joined = join_claimed()
+if joined then return joined end
 local entry = redis.call('GET', KEYS[K + 3])
 if entry then return {3, 0, entry} end

@@ -35,3 +35,14 @@ local function claim(n)
   redis.call('PEXPIRE', counter, keep)
   return {0, n}
 end
+
+-- The join's answer when a flight is claimed: take its outcome if it has one, else follow it
+-- (counted in its followers). nil when no flight is claimed.
+local function join_claimed()
+  local current = read_claim()
+  if not current then return nil end
+  local n = flight_of(current)
+  local out = outcome(n)
+  if out then return {2, n, out} end
+  return follow(n)
+end
