@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Grant", "LimiterFigures", "LimiterStats"]
+__all__ = ["FiguresOf", "Grant", "LimiterFigures", "LimiterStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +112,41 @@ class LimiterFigures:
     @property
     def retry_after(self) -> int:
         return self._retry_after
+
+
+class _HasFigures(Protocol):
+    @property
+    def capacity_active(self) -> int: ...
+
+    @property
+    def capacity_queue(self) -> int: ...
+
+    @property
+    def wait(self) -> float: ...
+
+    @property
+    def retry_after(self) -> int: ...
+
+
+class FiguresOf:
+    """A wrapper of a cold limiter (metered, resilient) that shows the four figures of the
+    limiter it wraps, read from :meth:`_figures_source` each time."""
+
+    def _figures_source(self) -> _HasFigures:
+        raise NotImplementedError
+
+    @property
+    def capacity_active(self) -> int:
+        return self._figures_source().capacity_active
+
+    @property
+    def capacity_queue(self) -> int:
+        return self._figures_source().capacity_queue
+
+    @property
+    def wait(self) -> float:
+        return self._figures_source().wait
+
+    @property
+    def retry_after(self) -> int:
+        return self._figures_source().retry_after

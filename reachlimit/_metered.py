@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
+from ._grant import FiguresOf
 from ._limiter import ColdLimiter, Grant
 from ._path import Cache, ColdPath, Flight, Limiter
 
@@ -85,7 +86,7 @@ def _timed_admission(
     return grant
 
 
-class MeteredSharedLimiter:
+class MeteredSharedLimiter(FiguresOf):
     """A shared limiter (one whose ``stats()`` count the whole service) whose admissions are
     counted and timed like :class:`MeteredLimiter`'s; everything else is the limiter's own."""
 
@@ -99,23 +100,8 @@ class MeteredSharedLimiter:
     def stats(self) -> Any:
         return self.inner.stats()
 
-    # The figures every cold limiter has, the wrapped limiter's own.
-
-    @property
-    def capacity_active(self) -> int:
-        return self.inner.capacity_active
-
-    @property
-    def capacity_queue(self) -> int:
-        return self.inner.capacity_queue
-
-    @property
-    def wait(self) -> float:
-        return self.inner.wait
-
-    @property
-    def retry_after(self) -> int:
-        return self.inner.retry_after
+    def _figures_source(self) -> Limiter:
+        return self.inner  # the figures every cold limiter has: the wrapped limiter's own
 
     def close(self) -> None:
         """Close the wrapped limiter (its background threads, on Redis)."""

@@ -50,6 +50,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
+from .._grant import FiguresOf
 from .._limiter import ColdLimiter, Grant, LimiterStats
 from ._health import FAILURES, RedisHealth
 from ._limiter import RedisColdLimiter, RedisLimiterStats
@@ -113,7 +114,7 @@ class _SharedGrant(Grant):
             )
 
 
-class ResilientLimiter:
+class ResilientLimiter(FiguresOf):
     """A shared (Redis) cold limiter that falls back when Redis fails (module design).
 
     ``fallback="local"``: the in-process ``local`` limiter takes over (each process then has
@@ -134,21 +135,8 @@ class ResilientLimiter:
         self.health = health
         self.fallback = fallback
 
-    @property
-    def capacity_active(self) -> int:
-        return self.remote.capacity_active
-
-    @property
-    def capacity_queue(self) -> int:
-        return self.remote.capacity_queue
-
-    @property
-    def wait(self) -> float:
-        return self.remote.wait
-
-    @property
-    def retry_after(self) -> int:
-        return self.remote.retry_after
+    def _figures_source(self) -> RedisColdLimiter:
+        return self.remote  # the figures are the shared limiter's (the fallback's are equal)
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot: the shared limiter's while Redis works, else the fallback's
