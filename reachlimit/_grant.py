@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-__all__ = ["FiguresOf", "Grant", "LimiterFigures", "LimiterStats"]
+__all__ = ["FiguresOf", "Grant", "HasFigures", "LimiterFigures", "LimiterStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,9 @@ class LimiterFigures:
         return self._retry_after
 
 
-class _HasFigures(Protocol):
+class HasFigures(Protocol):
+    """The four figures every cold limiter shows (the ``Limiter`` protocol has them too)."""
+
     @property
     def capacity_active(self) -> int: ...
 
@@ -132,7 +134,7 @@ class FiguresOf:
     """A wrapper of a cold limiter (metered, resilient) that shows the four figures of the
     limiter it wraps, read from :meth:`_figures_source` each time."""
 
-    def _figures_source(self) -> _HasFigures:
+    def _figures_source(self) -> HasFigures:
         raise NotImplementedError
 
     @property

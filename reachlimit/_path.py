@@ -32,6 +32,7 @@ from ._cache import TTLCache
 from ._cancel import CancelToken
 from ._errors import Cancelled
 from ._flight import SingleFlight
+from ._grant import HasFigures
 from ._limiter import Grant, LimiterStats
 
 __all__ = [
@@ -93,25 +94,14 @@ class Flight(Protocol):
     ) -> tuple[Any, bool]: ...
 
 
-class Limiter(Protocol):
-    """What ColdPath needs of a cold limiter. ``client`` names whoever asks, for fair
-    admission (a hashable; None is one anonymous client)."""
+class Limiter(HasFigures, Protocol):
+    """What ColdPath needs of a cold limiter: its four figures (``HasFigures``), ``acquire``
+    and ``stats``. ``client`` names whoever asks, for fair admission (a hashable; None is one
+    anonymous client)."""
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant: ...
 
     def stats(self) -> LimiterStats: ...
-
-    @property
-    def capacity_active(self) -> int: ...
-
-    @property
-    def capacity_queue(self) -> int: ...
-
-    @property
-    def wait(self) -> float: ...
-
-    @property
-    def retry_after(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
