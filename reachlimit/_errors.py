@@ -6,6 +6,8 @@ clause; only the Flask layer turns them into HTTP responses.
 
 from __future__ import annotations
 
+from ._attrs import arg
+
 __all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed"]
 
 
@@ -32,14 +34,8 @@ class Busy(ReachLimitError):
     # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap
     # (a Python __init__ would more than double the cost of raising).
     args: tuple[str, int]
-
-    @property
-    def reason(self) -> str:
-        return self.args[0]
-
-    @property
-    def retry_after(self) -> int:
-        return self.args[1]
+    reason: str = arg(0)
+    retry_after: int = arg(1)
 
     def __str__(self) -> str:
         return f"busy ({self.reason}); retry after {self.retry_after} s"
@@ -61,14 +57,8 @@ class LeaderFailed(ReachLimitError):
     """
 
     args: tuple[str, str]
-
-    @property
-    def type_name(self) -> str:
-        return self.args[0]
-
-    @property
-    def message(self) -> str:
-        return self.args[1]
+    type_name: str = arg(0)
+    message: str = arg(1)
 
     def __str__(self) -> str:
         return f"the leader's build failed: {self.type_name}: {self.message}"

@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from ._attrs import shown
+
 __all__ = ["FiguresOf", "Grant", "HasFigures", "LimiterFigures", "LimiterStats"]
 
 
@@ -97,21 +99,10 @@ class LimiterFigures:
         self._wait = float(wait)
         self._retry_after = retry_after
 
-    @property
-    def capacity_active(self) -> int:
-        return self._capacity
-
-    @property
-    def capacity_queue(self) -> int:
-        return self._queue_capacity
-
-    @property
-    def wait(self) -> float:
-        return self._wait
-
-    @property
-    def retry_after(self) -> int:
-        return self._retry_after
+    capacity_active: int = shown("_capacity")
+    capacity_queue: int = shown("_queue_capacity")
+    wait: float = shown("_wait")
+    retry_after: int = shown("_retry_after")
 
 
 class HasFigures(Protocol):
@@ -132,23 +123,10 @@ class HasFigures(Protocol):
 
 class FiguresOf:
     """A wrapper of a cold limiter (metered, resilient) that shows the four figures of the
-    limiter it wraps, read from :meth:`_figures_source` each time."""
+    limiter it wraps, which a subclass names as ``_wrapped`` (read each time)."""
 
-    def _figures_source(self) -> HasFigures:
-        raise NotImplementedError
-
-    @property
-    def capacity_active(self) -> int:
-        return self._figures_source().capacity_active
-
-    @property
-    def capacity_queue(self) -> int:
-        return self._figures_source().capacity_queue
-
-    @property
-    def wait(self) -> float:
-        return self._figures_source().wait
-
-    @property
-    def retry_after(self) -> int:
-        return self._figures_source().retry_after
+    _wrapped: HasFigures
+    capacity_active: int = shown("_wrapped.capacity_active")
+    capacity_queue: int = shown("_wrapped.capacity_queue")
+    wait: float = shown("_wrapped.wait")
+    retry_after: int = shown("_wrapped.retry_after")

@@ -130,11 +130,7 @@ class ColdLimiter(LimiterFigures):
     on_queued: Callable[[], None] | None = None
 
     def __init__(
-        self,
-        active: int = 2,
-        queue: int = 8,
-        wait: float = 3.0,
-        retry_after: int = 2,
+        self, active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable
 from time import perf_counter
 from typing import Any, Protocol
 
+from ._attrs import shown
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._grant import FiguresOf
@@ -100,8 +101,8 @@ class MeteredSharedLimiter(FiguresOf):
     def stats(self) -> Any:
         return self.inner.stats()
 
-    def _figures_source(self) -> Limiter:
-        return self.inner  # the figures every cold limiter has: the wrapped limiter's own
+    #: The figures every cold limiter has: the wrapped limiter's own.
+    _wrapped: Limiter = shown("inner")
 
     def close(self) -> None:
         """Close the wrapped limiter (its background threads, on Redis)."""
@@ -144,10 +145,7 @@ class MeteredColdPath(ColdPath):
         self._metrics = metrics
 
     def get(
-        self,
-        key: Hashable,
-        build: Callable[[], Any],
-        cancel: CancelToken | None = None,
+        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Any:
         # Kept alike with ColdPath.get (_path.py): the signature of the method overridden.

@@ -171,10 +171,7 @@ class ColdPath:
         self._coalesced = 0  # guarded by _lock
 
     def get(
-        self,
-        key: Hashable,
-        build: Callable[[], Any],
-        cancel: CancelToken | None = None,
+        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Any:
         """Return the value for ``key``: from the cache, from a concurrent caller's build,

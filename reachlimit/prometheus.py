@@ -201,11 +201,7 @@ class ReachMetrics:
     content_type = CONTENT_TYPE
 
     def __init__(
-        self,
-        active: int = 2,
-        queue: int = 8,
-        wait: float = 3.0,
-        retry_after: int = 2,
+        self, active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
         *,
         cache: Cache | None = None,
         clock: Callable[[], float] = time.monotonic,

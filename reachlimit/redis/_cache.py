@@ -38,13 +38,12 @@ from typing import Any
 
 import redis
 
+from .._attrs import shown
 from .._cache import TTLCache
 from . import lua
 from ._common import (
     LogOnce,
     Named,
-    check_client,
-    check_names,
     check_settings,
     key_digest,
     ms,
@@ -119,9 +118,7 @@ class RedisCache(Named):
     """
 
     def __init__(
-        self,
-        client: redis.Redis,
-        name: str = "reachlimit",
+        self, client: redis.Redis, name: str = "reachlimit",
         *,
         prefix: str = "reachlimit",
         ttl: float = 300.0,
@@ -130,16 +127,13 @@ class RedisCache(Named):
         local_size: int = 256,
         codec: str = "json",
     ) -> None:
-        check_names(name, prefix)
-        check_client(client)
+        self._bind(client, name, prefix)
         for label, value in (("size", size), ("local_size", local_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} >= 1")
         self._ttl = positive("ttl", ttl)
         local_ttl = positive("local_ttl", local_ttl)
         self._codec = Codec(codec)
-        self._client = client
-        self._name = name
         self._size = size
         tag = "{" + prefix + ":" + name + ":cache}"
         self._index = f"{tag}:index"
@@ -154,18 +148,9 @@ class RedisCache(Named):
         # A miss the cold lead saw, for the recheck that follows in the same thread.
         self._missed: HandOver[tuple[Hashable]] = HandOver()
 
-    @property
-    def ttl(self) -> float:
-        return self._ttl
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def local(self) -> TTLCache[Any]:
-        """The in-process first level."""
-        return self._local
+    ttl: float = shown("_ttl")
+    size: int = shown("_size")
+    local: TTLCache[Any] = shown("_local", "The in-process first level.")
 
     def key_of(self, key: Any) -> str:
         """The Redis key of the entry of ``key`` (TypeError for a key type with no encoding)."""

@@ -27,6 +27,7 @@ from collections.abc import Hashable
 from hashlib import sha256
 from typing import Any
 
+from .._attrs import shown
 from . import lua
 
 __all__ = [
@@ -211,17 +212,21 @@ class Named:
     """The ``name`` every shared object of this package is made with (its Redis keys' name)."""
 
     _name: str
+    _client: Any
+    name: str = shown("_name")
 
-    @property
-    def name(self) -> str:
-        return self._name
+    def _bind(self, client: Any, name: str, prefix: str, *, stores_bytes: bool = True) -> None:
+        """Check ``name`` and ``prefix`` (and, for an object that stores encoded values, that
+        ``client`` hands back bytes), then keep ``client`` and ``name``."""
+        check_names(name, prefix)
+        if stores_bytes:
+            check_client(client)
+        self._client = client
+        self._name = name
 
 
 class Leased(Named):
     """A shared object whose claims or grants outlive their process by ``lease`` seconds."""
 
     _lease: float
-
-    @property
-    def lease(self) -> float:
-        return self._lease
+    lease: float = shown("_lease")

@@ -81,8 +81,6 @@ from ._cache import Codec
 from ._common import (
     Leased,
     LogOnce,
-    check_client,
-    check_names,
     key_digest,
     ms,
     positive,
@@ -147,22 +145,17 @@ class RedisSingleFlight(Leased):
     CANCEL_POLL_INTERVAL = POLL_INTERVAL
 
     def __init__(
-        self,
-        client: redis.Redis,
-        name: str = "reachlimit",
+        self, client: redis.Redis, name: str = "reachlimit",
         *,
         prefix: str = "reachlimit",
         lease: float = 10.0,
         outcome_ttl: float = 5.0,
         codec: str = "json",
     ) -> None:
-        check_names(name, prefix)
-        check_client(client)
+        self._bind(client, name, prefix)
         self._lease = positive("lease", lease)
         self._outcome_ttl = positive("outcome_ttl", outcome_ttl)
         self._codec = Codec(codec)
-        self._client = client
-        self._name = name
         self._prefix = prefix
         self._lease_ms = ms(self._lease)
         self._outcome_ms = ms(self._outcome_ttl)
@@ -213,10 +206,7 @@ class RedisSingleFlight(Leased):
         return self._do(key, lambda: self._shared_do(key, fn, cancel), cancel)
 
     def do_cold(
-        self,
-        key: Hashable,
-        lead: Callable[[], Any],
-        cancel: CancelToken | None = None,
+        self, key: Hashable, lead: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> tuple[Any, bool]:
         """:meth:`do` for a cold path's leader step ``lead`` (ColdPath's: recheck the cache,

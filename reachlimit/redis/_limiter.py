@@ -73,7 +73,6 @@ from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
     Leased,
-    check_names,
     check_settings,
     client_id,
     ms,
@@ -153,22 +152,13 @@ class RedisColdLimiter(Leased, LimiterFigures):
     GIVEN_UP_FOR = 60.0
 
     def __init__(
-        self,
-        client: redis.Redis,
-        name: str = "reachlimit",
-        active: int = 2,
-        queue: int = 8,
-        wait: float = 3.0,
-        retry_after: int = 2,
-        *,
-        lease: float = 10.0,
-        prefix: str = "reachlimit",
+        self, client: redis.Redis, name: str = "reachlimit",
+        active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
+        *, lease: float = 10.0, prefix: str = "reachlimit",
     ) -> None:
         self._set_figures(active, queue, wait, retry_after)
         self._lease = positive("lease", lease)
-        check_names(name, prefix)
-        self._client = client
-        self._name = name
+        self._bind(client, name, prefix, stores_bytes=False)
         tag = "{" + prefix + ":" + name + "}"
         self._keys = [f"{tag}:{suffix}" for suffix in KEY_SUFFIXES]
         self._settings_key = f"{tag}:settings"

@@ -30,6 +30,8 @@ from typing import Generic, TypeVar
 
 import redis
 
+from ._daemon import Daemon
+
 __all__ = ["LeaseRenewer"]
 
 log = logging.getLogger("reachlimit")
@@ -37,7 +39,7 @@ log = logging.getLogger("reachlimit")
 T = TypeVar("T")
 
 
-class LeaseRenewer(Generic[T]):
+class LeaseRenewer(Daemon, Generic[T]):
     """Renews the leases held by one owner (module design). ``what`` names them in logs."""
 
     def __init__(
@@ -50,31 +52,19 @@ class LeaseRenewer(Generic[T]):
         on_lost: Callable[[T], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self._thread_name = thread_name
+        self.lock = threading.Lock()
+        # The condition is notified by close, and by a lease held while the thread is idle
+        # (it found nothing held: then it waits untimed).
+        super().__init__(thread_name, threading.Condition(self.lock))
         self._interval = interval
         self._renew = renew
         self._what = what
         self._on_lost = on_lost
         self._on_error = on_error
-        self.lock = threading.Lock()
-        self._wake = threading.Condition(self.lock)  # notified by close, and by a lease held
-        # while the thread is idle (it found nothing held: then it waits untimed)
         self._held: dict[str, T] = {}  # guarded by lock
         self._idle = False  # guarded by lock
-        self._closed = False  # guarded by lock
-        self._thread: threading.Thread | None = None  # guarded by lock
         #: Test hook: while set, renewals are skipped (as if the process were paused).
         self.paused = threading.Event()
-
-    @property
-    def closed(self) -> bool:
-        """Racy read: whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def thread(self) -> threading.Thread | None:
-        """Racy read: the renewing thread, once started."""
-        return self._thread
 
     def hold(self, key: str, lease: T) -> None:
         """Renew ``lease`` from now on, until :meth:`drop`. Starts the thread if need be."""
@@ -85,14 +75,9 @@ class LeaseRenewer(Generic[T]):
         """:meth:`hold`, for a caller that holds :attr:`lock` already."""
         if self._idle:
             self._idle = False
-            self._wake.notify()
+            self._cond.notify()
         self._held[key] = lease
-        if not self._closed and (self._thread is None or not self._thread.is_alive()):
-            # None yet, or the process forked since: threads do not survive a fork.
-            self._thread = threading.Thread(
-                target=self._run, name=self._thread_name, daemon=True
-            )
-            self._thread.start()
+        self._start_locked()
 
     def drop(self, key: str) -> T | None:
         """Stop renewing ``key``'s lease; the lease, or None if it was not held."""
@@ -103,15 +88,6 @@ class LeaseRenewer(Generic[T]):
         """:meth:`drop`, for a caller that holds :attr:`lock` already."""
         return self._held.pop(key, None)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread for good; the leases still held are no longer renewed."""
-        with self.lock:
-            self._closed = True
-            self._wake.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
     def _run(self) -> None:
         """The thread: every interval, renew every lease held in one call to ``renew``."""
         while True:
@@ -119,11 +95,11 @@ class LeaseRenewer(Generic[T]):
                 if not self._closed and not self._held:
                     self._idle = True
                     while not self._closed and self._idle:
-                        self._wake.wait()
+                        self._cond.wait()
                     self._idle = False
                 if self._closed:
                     return
-                self._wake.wait(self._interval)
+                self._cond.wait(self._interval)
                 if self._closed:
                     return
                 held = dict(self._held)

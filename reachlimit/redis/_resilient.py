@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
+from .._attrs import shown
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from .._grant import FiguresOf
@@ -135,8 +136,8 @@ class ResilientLimiter(FiguresOf):
         self.health = health
         self.fallback = fallback
 
-    def _figures_source(self) -> RedisColdLimiter:
-        return self.remote  # the figures are the shared limiter's (the fallback's are equal)
+    #: The figures are the shared limiter's (the fallback's are equal).
+    _wrapped: RedisColdLimiter = shown("remote")
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot: the shared limiter's while Redis works, else the fallback's
@@ -321,10 +322,7 @@ class ResilientFlight(Generic[T]):
         return self._do(key, fn, cancel, lambda tracked: self.remote.do(key, tracked, cancel))
 
     def do_cold(
-        self,
-        key: Hashable,
-        lead: Callable[[], T],
-        cancel: CancelToken | None = None,
+        self, key: Hashable, lead: Callable[[], T], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> tuple[T, bool]:
         """``do`` for ColdPath's leader step: the shared flight's ``do_cold`` when it has one

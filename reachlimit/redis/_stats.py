@@ -13,16 +13,8 @@ __all__ = ["RedisLimiterStats", "stats_from_reply"]
 
 log = logging.getLogger("reachlimit")
 
-_COUNTERS = (
-    "displaced",
-    "peak_active",
-    "peak_queued",
-    "acquired",
-    "rejected_full",
-    "rejected_timeout",
-    "cancelled",
-    "lease_lost",
-)
+_COUNTERS = ("displaced", "peak_active", "peak_queued", "acquired", "rejected_full",
+             "rejected_timeout", "cancelled", "lease_lost")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,12 @@ from typing import Any
 
 import redis
 
+from ._daemon import Daemon
+
 __all__ = ["Waker"]
 
 
-class Waker:
+class Waker(Daemon):
     """Ends a waiter's timed-out ``BLPOP`` on time: sends Redis a ``PING`` when it is due.
 
     Redis notices a blocking command that timed out only when its event loop runs: at once
@@ -30,11 +32,9 @@ class Waker:
     NUDGES = (0.001, 0.005)
 
     def __init__(self, client: Any) -> None:
+        super().__init__("reachlimit-blpop-waker", threading.Condition(threading.Lock()))
         self._client = client
-        self._cond = threading.Condition(threading.Lock())
         self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
-        self._closed = False  # guarded by _cond
-        self._thread: threading.Thread | None = None  # guarded by _cond
 
     def wake_at(self, end: float) -> None:
         """A ``BLPOP`` sent now times out at ``end`` (monotonic): nudge Redis just after."""
@@ -44,24 +44,9 @@ class Waker:
             earliest = self._due[0] if self._due else math.inf
             for nudge in self.NUDGES:
                 heapq.heappush(self._due, end + nudge)
-            if self._thread is None or not self._thread.is_alive():
-                # None yet, or the process forked since: threads do not survive a fork.
-                self._thread = threading.Thread(
-                    target=self._run, name="reachlimit-blpop-waker", daemon=True
-                )
-                self._thread.start()
-            elif self._due[0] < earliest:
-                self._cond.notify()
-
-    # Kept apart from Renewer.close and Renewer._run (_renewer.py): the same stop-and-join
-    # steps, but on another condition and another loop (deadlines due, not leases held).
-    def close(self, timeout: float) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            if self._due[0] < earliest:
+                self._cond.notify()  # a running thread sleeps until a later time
+            self._start_locked()
 
     def _run(self) -> None:
         while True:
