@@ -5,17 +5,30 @@ FIFO queue and a bounded wait. The core imports only the standard library; the F
 lives in :mod:`reachlimit.flask`.
 """
 
-from ._cache import TTLCache
+from ._cache import Entry, TTLCache
 from ._cancel import CancelToken, SocketWatch, watch_client
 from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from ._flight import SingleFlight
 from ._limiter import ColdLimiter, Grant, LimiterStats
-from ._path import NOT_FOUND, Cache, ColdPath, ColdPathStats, Flight, Limiter
+from ._path import (
+    NOT_FOUND,
+    REFRESH_CLIENT,
+    Answer,
+    Cache,
+    ColdPath,
+    ColdPathStats,
+    Flight,
+    Limiter,
+    RevalidatingCache,
+)
+from ._refresh import Refresher
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NOT_FOUND",
+    "REFRESH_CLIENT",
+    "Answer",
     "Busy",
     "Cache",
     "CancelToken",
@@ -23,12 +36,15 @@ __all__ = [
     "ColdLimiter",
     "ColdPath",
     "ColdPathStats",
+    "Entry",
     "Flight",
     "Grant",
     "LeaderFailed",
     "Limiter",
     "LimiterStats",
     "ReachLimitError",
+    "Refresher",
+    "RevalidatingCache",
     "SingleFlight",
     "SocketWatch",
     "TTLCache",

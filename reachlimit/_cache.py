@@ -1,33 +1,55 @@
 """A small thread-safe TTL cache: the default warm cache of :class:`ColdPath`.
 
-design: one ``threading.Lock`` guards an insertion-ordered dict of ``key -> (expires, value)``.
-All entries share one TTL, so insertion order is also expiry order: the front of the dict is
-both the oldest and the first to expire. A put into a full cache first drops the expired
-entries at the front, then, if still full, the single oldest entry; the cache is never wiped
-to make room. The clock is injected so tests never sleep.
+design: one ``threading.Lock`` guards an insertion-ordered dict of
+``key -> (fresh_until, value, gone_at, build_time)``. All entries share one TTL and one stale
+window, so insertion order is also expiry order: the front of the dict is both the oldest
+and the first to expire. A put into a full cache first drops the entries at the front whose
+stale window has ended, then, if still full, the single oldest entry; the cache is never
+wiped to make room. The clock is injected so tests never sleep.
+
+Stale entries (``stale`` > 0): an entry stops being fresh ``ttl`` seconds after it was set
+and is dropped ``stale`` seconds later. ``get`` answers fresh entries only (what a cache
+without a stale window does); :meth:`TTLCache.lookup` answers stale ones too, with how much
+freshness is left and how long the value took to build - what ColdPath needs to serve a
+stale answer while it refreshes, and to refresh a popular entry early.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["TTLCache"]
+__all__ = ["TTLCache", "Entry"]
 
 V = TypeVar("V")
 
 
+class Entry(NamedTuple):
+    """What :meth:`TTLCache.lookup` answers (and any cache with a stale window).
+
+    ``fresh_for``: seconds of freshness left; 0 or less once stale (minus how long ago it
+    went stale). ``build_time``: how long the value took to build, in seconds (0 when not
+    known), which scales the early-refresh chance."""
+
+    value: Any
+    fresh_for: float
+    build_time: float
+
+
 class TTLCache(Generic[V]):
     """``get(key)`` returns the value or ``None``; ``set(key, value)`` stores it for ``ttl``
-    seconds. At most ``maxsize`` entries are kept."""
+    seconds. At most ``maxsize`` entries are kept. With ``stale`` > 0 an entry is kept that
+    many seconds past its TTL, for :meth:`lookup` (``get`` never answers it)."""
 
     def __init__(
         self,
         maxsize: int = 256,
         ttl: float = 300.0,
         *,
+        stale: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
@@ -36,9 +58,11 @@ class TTLCache(Generic[V]):
             raise ValueError("ttl > 0")
         self.maxsize = maxsize
         self.ttl = float(ttl)
+        self.stale = check_stale(stale)
         self._clock = clock
         self._lock = threading.Lock()
-        self._data: dict[Hashable, tuple[float, V]] = {}  # guarded by _lock
+        # guarded by _lock: key -> (fresh_until, value, gone_at, build_time)
+        self._data: dict[Hashable, tuple[float, V, float, float]] = {}
 
     def get(self, key: Hashable) -> V | None:
         if key not in self._data:
@@ -52,17 +76,37 @@ class TTLCache(Generic[V]):
             if entry is None:
                 return None
             if entry[0] <= now:
-                del self._data[key]
+                if entry[2] <= now:
+                    del self._data[key]
                 return None
             return entry[1]
 
-    def set(self, key: Hashable, value: V) -> None:
+    def lookup(self, key: Hashable) -> Entry | None:
+        """The entry of ``key``, fresh or stale (within its stale window), or None."""
+        if key not in self._data:
+            return None  # racy on purpose, as in get
         now = self._clock()
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            if entry[2] <= now:
+                del self._data[key]
+                return None
+        return Entry(entry[1], entry[0] - now, entry[3])
+
+    def set(self, key: Hashable, value: V) -> None:
+        self.put(key, value, 0.0)
+
+    def put(self, key: Hashable, value: V, build_time: float) -> None:
+        """``set``, remembering that the value took ``build_time`` seconds to build."""
+        now = self._clock()
+        fresh_until = now + self.ttl
         with self._lock:
             self._data.pop(key, None)  # a re-set key moves to the back
             if len(self._data) >= self.maxsize:
                 self._evict(now)
-            self._data[key] = (now + self.ttl, value)
+            self._data[key] = (fresh_until, value, fresh_until + self.stale, build_time)
 
     def clear(self) -> None:
         with self._lock:
@@ -77,8 +121,15 @@ class TTLCache(Generic[V]):
         data = self._data
         while data:
             oldest = next(iter(data))
-            if data[oldest][0] > now:
+            if data[oldest][2] > now:
                 break
             del data[oldest]
         if len(data) >= self.maxsize:
             del data[next(iter(data))]
+
+
+def check_stale(stale: Any, label: str = "stale") -> float:
+    """A stale window in seconds: a finite number >= 0 (``ValueError`` naming ``label``)."""
+    if isinstance(stale, bool) or not isinstance(stale, (int, float)) or not 0 <= stale < math.inf:
+        raise ValueError(f"{label} >= 0 (seconds a stale entry may still be served)")
+    return float(stale)

@@ -20,6 +20,7 @@ client callable's argument is typed ``Any`` (``ClientFunc``). ``reachlimit.flask
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Hashable, Mapping
@@ -30,6 +31,8 @@ from ._urls import mask_url
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
            "CLIENT_REMOTE_ADDR", "CLIENT_NONE"]
+
+log = logging.getLogger("reachlimit")
 
 #: The app's client callable, ``(request) -> hashable``: the request is Flask's ``Request``
 #: (not imported here, so that this module needs only the standard library).
@@ -79,6 +82,28 @@ def _seconds(key: str, value: Any) -> float:
         number = math.nan
     if not (number > 0 and math.isfinite(number)):
         raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+    return number
+
+
+#: A stale window longer than a day is allowed, but logged as suspicious.
+SUSPICIOUS_STALE = 86_400.0
+
+
+def _stale(key: str, value: Any) -> float:
+    """A finite number of seconds >= 0 (0: off); more than a day is logged as suspicious."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(
+            f"{key} must be a number of seconds >= 0 (0: no stale answers), got {value!r}"
+        )
+    if number > SUSPICIOUS_STALE:
+        log.warning(
+            "%s is %g s, more than a day: an entry may then be served that long past its "
+            "TTL while its refreshes fail; is that meant?", key, number,
+        )
     return number
 
 
@@ -179,6 +204,9 @@ class Settings:
     retry_after: int | str = _option(2, _retry_after)
     cache_ttl: float = _option(300.0, _seconds)
     cache_size: int = _option(256, _whole(1))
+    #: Seconds past its TTL an entry may still be answered while one refresh runs (0: off);
+    #: with it, early refresh of entries near their TTL's end.
+    stale: float = _option(0.0, _stale)
     status: int = _option(429, _one_of(429, 503))
     cancel_on_disconnect: bool = _option(True, _flag)
     #: Prometheus metrics (``reachlimit.prometheus``, needs prometheus_client).

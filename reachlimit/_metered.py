@@ -17,7 +17,7 @@ from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._grant import FiguresOf
 from ._limiter import ColdLimiter, Grant
-from ._path import Cache, ColdPath, Flight, Limiter
+from ._path import Answer, Cache, ColdPath, Flight, Limiter
 
 __all__ = ["Meter", "MeteredColdPath", "MeteredLimiter", "MeteredSharedLimiter"]
 
@@ -140,19 +140,19 @@ class MeteredColdPath(ColdPath):
         limiter: MeteredLimiter | MeteredSharedLimiter,
         cache: Cache | None = None,
         flight: Flight | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(limiter, cache, flight)
+        super().__init__(limiter, cache, flight, **options)
         self._metrics = metrics
 
-    def get(
+    def fetch(
         self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
-    ) -> Any:
-        # Kept alike with ColdPath.get (_path.py): the signature of the method overridden.
+    ) -> Answer:
         metrics = self._metrics
         timed = _TimedBuild(build, metrics)
         try:
-            return super().get(key, timed, cancel, client)
+            return super().fetch(key, timed, cancel, client)
         finally:
             if metrics.per_process:
                 # A build that ran held a slot, released before get() returned.

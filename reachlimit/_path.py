@@ -16,29 +16,46 @@ A leader that is cancelled (its client left while it queued) does not fail its f
 returns a private marker through the flight, its followers see it and go round again, and the
 first of them to get back into the flight becomes the new leader.
 
-``_lock`` guards only the four counters; no cache, build or limiter call is made under it.
+Stale-while-revalidate (a cache with a stale window, ``TTLCache(stale=...)``): layer 1 also
+answers an entry past its TTL, within its stale window, and hands a refresh of it to the
+path's :class:`~reachlimit.Refresher` (never run in the asking thread); a fresh entry near the
+end of its TTL is refreshed early with a probability that rises as the end nears, scaled by
+how long the entry took to build (XFetch, Vattani et al., VLDB 2015, beta 1). A refresh goes
+through the singleflight and the limiter like a cold request, as a client of its own
+(:data:`REFRESH_CLIENT`), and rechecks first: an entry fresher than the one that asked for it
+means somebody else refreshed it. A refresh that is refused or fails leaves the stale entry
+as it is (stale-if-error); it is logged once per key until the key is built again.
+
+``_lock`` guards only the counters; no cache, build or limiter call is made under it.
 The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
 protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import random
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, fields
+from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
-from ._cache import TTLCache
+from ._cache import Entry, TTLCache
 from ._cancel import CancelToken
-from ._errors import Cancelled
+from ._errors import Busy, Cancelled
 from ._flight import SingleFlight
 from ._grant import HasFigures
 from ._limiter import Grant, LimiterStats
+from ._refresh import Refresher
 
 __all__ = [
     "ColdPath", "ColdPathStats", "NOT_FOUND", "LEADER_CANCELLED", "Cache", "Flight", "Limiter",
-    "PathCounts",
+    "PathCounts", "Answer", "RevalidatingCache", "REFRESH_CLIENT",
 ]
+
+log = logging.getLogger("reachlimit")
 
 
 class _NotFound:
@@ -71,6 +88,20 @@ class Cache(Protocol):
     def get(self, key: Any) -> Any: ...
 
     def set(self, key: Any, value: Any) -> None: ...
+
+
+class RevalidatingCache(Cache, Protocol):
+    """A cache with a stale window (``TTLCache``, ``reachlimit.redis.RedisCache``): what
+    ColdPath needs to serve stale answers and refresh early. ``stale`` is the window in
+    seconds (0: off); ``lookup`` answers an :class:`~reachlimit.Entry` fresh or stale, or
+    None; ``put`` is ``set`` with the value's build time."""
+
+    @property
+    def stale(self) -> float: ...
+
+    def lookup(self, key: Any) -> Entry | None: ...
+
+    def put(self, key: Any, value: Any, build_time: float) -> None: ...
 
 
 class Flight(Protocol):
@@ -107,8 +138,9 @@ class Limiter(HasFigures, Protocol):
 @dataclass(frozen=True, slots=True)
 class ColdPathStats(LimiterStats):
     """The limiter's figures plus the path's own: warm ``hits``, ``misses``, ``builds`` run,
-    and followers ``coalesced`` onto another request's build (counted whatever that build's
-    outcome: a value, an error or a refusal; not when the follower's own client left).
+    followers ``coalesced`` onto another request's build (counted whatever that build's
+    outcome: a value, an error or a refusal; not when the follower's own client left), and
+    answers served ``stale`` while their entry was refreshed (not counted in ``hits``).
 
     ``backend`` (``"local"``: this process's limiter; ``"redis"``: the figures of every
     process on the shared limiter), ``degraded`` (True while a shared limiter's Redis is
@@ -119,6 +151,7 @@ class ColdPathStats(LimiterStats):
     misses: int = 0
     builds: int = 0
     coalesced: int = 0
+    stale: int = 0
     backend: str = "local"
     degraded: bool = False
     lease_lost: int = 0
@@ -144,38 +177,90 @@ LEADER_CANCELLED: Any = _LeaderCancelled()
 
 
 class PathCounts(NamedTuple):
-    """A consistent snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`)."""
+    """A consistent snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`):
+    the answers (``hits``, ``misses``, ``stale``), the ``builds`` run (refreshes included),
+    the followers ``coalesced``, and the refreshes ended ``refreshed`` (a value stored or
+    found), ``refresh_refused`` (the limiter said no) and ``refresh_failed`` (the build
+    raised)."""
 
     hits: int
     misses: int
     builds: int
     coalesced: int
+    stale: int = 0
+    refreshed: int = 0
+    refresh_refused: int = 0
+    refresh_failed: int = 0
+
+
+class Answer(NamedTuple):
+    """What :meth:`ColdPath.fetch` answers: the ``value`` and where it came from.
+
+    ``status``: ``"hit"`` (a fresh entry), ``"stale"`` (an entry past its TTL, served while
+    it is refreshed), ``"stored"`` (built by this call and stored; also a build whose value
+    is not stored, None or ``NOT_FOUND``), ``"collapsed"`` (another caller's build, shared).
+    ``fresh_for``: the seconds of freshness the entry had left (negative when stale), or
+    None when not known (a cache without ``lookup``, or a value built or shared)."""
+
+    value: Any
+    status: str
+    fresh_for: float | None = None
+
+
+#: The client a refresh asks the limiter as (fair admission): one of its own, so refreshes
+#: take their turn beside the clients that fill the queue.
+REFRESH_CLIENT = "reachlimit:refresh"
+
+#: Early refresh is drawn only when the freshness left is under this many build times: the
+#: chance there is exp(-EARLY_SPAN) (about 5e-5), and a hit further from the end costs no draw.
+EARLY_SPAN = 10.0
 
 
 class ColdPath:
-    """Warm-cache bypass, singleflight, cache recheck, cold limiter, build and publish."""
+    """Warm-cache bypass, singleflight, cache recheck, cold limiter, build and publish; with a
+    cache that has a stale window, stale answers and refreshes (module design).
+
+    ``refresher``: the threads that run refreshes (default: one of the limiter's ``active``
+    threads, made on the first refresh); ``random``: the early-refresh draw's source (a
+    callable answering a float in [0, 1), for tests). :meth:`close` stops the refresher."""
 
     def __init__(
         self,
         limiter: Limiter,
         cache: Cache | None = None,
         flight: Flight | None = None,
+        *,
+        refresher: Refresher | None = None,
+        random: Callable[[], float] = random.random,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
         self.flight: Flight = flight if flight is not None else SingleFlight()
+        self._random = random
+        self._refresher = refresher
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
         self._builds = 0  # guarded by _lock
         self._coalesced = 0  # guarded by _lock
+        self._stale = 0  # guarded by _lock
+        # guarded by _lock: refreshes ended with a value, refused, failed
+        self._refreshes = [0, 0, 0]
+        # Keys whose refresh was refused or failed and that were not built since: their next
+        # failures are not logged again (an episode is logged once). guarded by _lock
+        self._failing: dict[Hashable, None] = {}
+
+    @property
+    def stale_window(self) -> float:
+        """The cache's stale window in seconds (0: no stale answers, no early refresh)."""
+        return float(getattr(self.cache, "stale", 0.0) or 0.0)
 
     def get(
         self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Any:
         """Return the value for ``key``: from the cache, from a concurrent caller's build,
-        or from ``build()`` run under the limiter.
+        or from ``build()`` run under the limiter (:meth:`fetch`'s value).
 
         ``client`` names whoever asks (see :meth:`ColdLimiter.acquire`); it matters only
         when this call leads, since followers take no queue place.
@@ -183,19 +268,56 @@ class ColdPath:
         Raises ``Busy`` (refused; followers of a refused leader get the same ``Busy``),
         ``Cancelled`` (``cancel`` was set), or whatever ``build`` raised.
         """
-        value = self.cache.get(key)
-        if value is not None:
-            with self._lock:
-                self._hits += 1
-            return value
+        return self.fetch(key, build, cancel, client).value
+
+    def fetch(
+        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
+        client: Hashable = None,
+    ) -> Answer:
+        """:meth:`get`, answering where the value came from too (:class:`Answer`: what the
+        Flask extension's ``Cache-Status`` header says). With a stale window, a stale entry
+        is answered at once and a refresh of it is handed to the refresher; ``build`` is
+        then also what the refresh runs, later, on a refresher thread."""
+        cache = self.cache
+        lookup = getattr(cache, "lookup", None)
+        if lookup is None:
+            value = cache.get(key)
+            if value is not None:
+                with self._lock:
+                    self._hits += 1
+                return Answer(value, "hit")
+        else:
+            entry = lookup(key)
+            if entry is not None:
+                fresh_for = entry.fresh_for
+                if fresh_for > 0:
+                    with self._lock:
+                        self._hits += 1
+                    if (
+                        fresh_for < entry.build_time * EARLY_SPAN
+                        and self.stale_window > 0
+                        # XFetch: refresh when -build_time * ln(u) >= the freshness left
+                        and -entry.build_time * math.log(1.0 - self._random()) >= fresh_for
+                    ):
+                        self._refresh(key, build, fresh_for)
+                    return Answer(entry.value, "hit", fresh_for)
+                with self._lock:
+                    self._stale += 1
+                self._refresh(key, build, fresh_for)
+                return Answer(entry.value, "stale", fresh_for)
         with self._lock:
             self._misses += 1
         while True:
             led = False
+            found = False
 
             def lead() -> Any:
-                nonlocal led
+                nonlocal led, found
                 led = True
+                value = self.cache.get(key)  # layer 3: another leader may just have filled it
+                if value is not None:
+                    found = True
+                    return value
                 return self._lead(key, build, cancel, client)
 
             do_cold = getattr(self.flight, "do_cold", None)
@@ -215,7 +337,8 @@ class ColdPath:
                 if shared:
                     with self._lock:
                         self._coalesced += 1
-                return value
+                    return Answer(value, "collapsed")
+                return Answer(value, "hit" if found else "stored")
             if not shared or (cancel is not None and cancel.is_set()):
                 raise Cancelled()
             # Our leader's client left; go round and let one of us lead.
@@ -224,7 +347,10 @@ class ColdPath:
         """This path's own counters, read together under its lock (no call to the limiter):
         what a shared backend adds up over processes, or a metrics exporter publishes."""
         with self._lock:
-            return PathCounts(self._hits, self._misses, self._builds, self._coalesced)
+            return PathCounts(
+                self._hits, self._misses, self._builds, self._coalesced, self._stale,
+                *self._refreshes,
+            )
 
     def stats(self) -> ColdPathStats:
         limiter_stats = self.limiter.stats()
@@ -237,10 +363,28 @@ class ColdPath:
                 misses=self._misses,
                 builds=self._builds,
                 coalesced=self._coalesced,
+                stale=self._stale,
                 backend=getattr(limiter_stats, "backend", "local"),
                 degraded=getattr(limiter_stats, "degraded", False),
                 lease_lost=getattr(limiter_stats, "lease_lost", 0),
             )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the refresher's threads (a refresh running finishes first); refreshes asked
+        for afterwards are not run. Safe to call more than once."""
+        with self._lock:
+            refresher = self._refresher
+            if refresher is None:  # none made: make sure none is made later
+                refresher = self._refresher = Refresher(1)
+        refresher.close(timeout)
+
+    @property
+    def refresher(self) -> Refresher:
+        """The refresher's threads (made on first use)."""
+        with self._lock:
+            if self._refresher is None:
+                self._refresher = Refresher(self.limiter.capacity_active)
+            return self._refresher
 
     def _lead(
         self,
@@ -249,10 +393,7 @@ class ColdPath:
         cancel: CancelToken | None,
         client: Hashable,
     ) -> Any:
-        """Layers 3 to 5, run by the leader only (inside the flight, no lock held)."""
-        value = self.cache.get(key)
-        if value is not None:
-            return value
+        """Layers 4 and 5, run by the leader only (inside the flight, no lock held)."""
         try:
             grant = self.limiter.acquire(cancel, client)
         except Cancelled:
@@ -260,7 +401,58 @@ class ColdPath:
         with grant:
             with self._lock:
                 self._builds += 1
+            started = perf_counter()
             value = build()
+            took = perf_counter() - started
         if value is not None and value is not NOT_FOUND:
-            self.cache.set(key, value)
+            put = getattr(self.cache, "put", None)
+            if put is None:
+                self.cache.set(key, value)
+            else:
+                put(key, value, took)
+            if self._failing:
+                with self._lock:
+                    self._failing.pop(key, None)  # built again: a new episode may be logged
         return value
+
+    # -- refreshes --------------------------------------------------------------------
+
+    def _refresh(self, key: Hashable, build: Callable[[], Any], fresh_for: float) -> None:
+        """Hand a refresh of ``key`` (seen with ``fresh_for`` left) to the refresher."""
+        self.refresher.submit(key, lambda: self._run_refresh(key, build, fresh_for))
+
+    def _run_refresh(self, key: Hashable, build: Callable[[], Any], seen: float) -> None:
+        """A refresh, on a refresher thread: through the flight, recheck, limiter, build."""
+
+        def lead() -> Any:
+            lookup = getattr(self.cache, "lookup", None)
+            entry = lookup(key) if lookup is not None else None
+            if entry is not None and entry.fresh_for > seen:
+                return entry.value  # fresher than what asked: refreshed meanwhile
+            return self._lead(key, build, None, REFRESH_CLIENT)
+
+        try:
+            self.flight.do(key, lead)
+        except Busy as busy:
+            self._refresh_ended(key, 1, f"refused ({busy.reason})")
+        except Exception as exc:
+            self._refresh_ended(key, 2, f"failed: {type(exc).__name__}: {exc}")
+        else:
+            self._refresh_ended(key, 0, "")
+
+    def _refresh_ended(self, key: Hashable, outcome: int, why: str) -> None:
+        with self._lock:
+            self._refreshes[outcome] += 1
+            if outcome == 0:
+                self._failing.pop(key, None)
+                return
+            first = key not in self._failing
+            if first:
+                if len(self._failing) >= 1024:  # bounded: forget the oldest episode
+                    del self._failing[next(iter(self._failing))]
+                self._failing[key] = None
+        if first:
+            log.warning(
+                "reachlimit: the refresh of %r was %s; its stale entry is served until its "
+                "stale window ends (logged once until it is built again)", key, why,
+            )

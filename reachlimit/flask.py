@@ -9,9 +9,13 @@ design:
                                      value is a TypeError: before the path, so nothing held)
       cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
       build timed (REACHLIMIT_RETRY_AFTER="auto" only)
-      ColdPath.get(key, build, cancel, client)
-        value ........................ returned to the view
-        Busy ......................... HTTPException: 429 (or 503) JSON, Retry-After: 2
+      build run in the app's context (REACHLIMIT_STALE > 0: a refresh runs it elsewhere)
+      ColdPath.fetch(key, build, cancel, client)
+        value ........................ returned to the view; where it came from is kept
+                                       in the request's environ, and an after_request hook
+                                       writes it as the answer's Cache-Status (RFC 9211)
+        Busy ......................... HTTPException: 429 (or 503) JSON, Retry-After: 2,
+                                       Cache-Status: ...; fwd-status=429 (or 503)
                                        ("auto": from recent build times, see AutoRetryAfter)
         Busy("unavailable") .......... 503 JSON, Retry-After (Redis down, fallback "refuse")
         Cancelled .................... 499, logged; nobody is left to read it
@@ -40,7 +44,23 @@ app that trusts its proxies - never the leftmost ``X-Forwarded-For`` entry, whic
 can write. It is read from the request on every call, warm hits included (one attribute read).
 
 The extension never stores the app: every figure lives in ``app.extensions["reachlimit"]``,
-so one ``ReachLimit`` can serve several apps, each with its own limiter and cache.
+so one ``ReachLimit`` can serve several apps, each with its own limiter and cache (the state
+there keeps its app, for the refreshes that run a build outside any request).
+
+Stale answers (REACHLIMIT_STALE > 0): the warm cache keeps entries that long past their TTL
+and the path answers them at once while a refresher thread rebuilds them (see
+``reachlimit._path``). A refresh runs the view's ``build`` outside the request, in an app
+context of its own: a build that needs the request (``request.args``, say) fails there, which
+is logged once and leaves the stale entry; read what the build needs before calling ``cold``
+(the key holds it anyway).
+
+``Cache-Status`` (RFC 9211), on every answer of a view that called ``cold()`` (the last call,
+if it called it more than once): ``reachlimit; hit; ttl=<s>`` (fresh; whole seconds of
+freshness left), ``reachlimit; hit; ttl=<negative s>`` (stale, refreshed meanwhile),
+``reachlimit; fwd=uri-miss; stored`` (built by this request; without ``stored`` when the
+build's value is not cached: None or NOT_FOUND), ``reachlimit; fwd=uri-miss; collapsed``
+(shared another request's build) and ``reachlimit; fwd=uri-miss; fwd-status=429`` (or 503)
+on a refusal. An answer that already has the header keeps its own.
 
 Client-gone detection registers the request's socket with ``select.poll`` for ``POLLRDHUP``
 (the peer shut its side), ``POLLHUP`` and ``POLLERR``, and polls it with a zero timeout in the
@@ -54,16 +74,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Hashable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
-from flask import Flask, Request, Response, current_app, jsonify, request
+from flask import Flask, Request, Response, current_app, has_app_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.local import LocalProxy
 
-from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
+from . import NOT_FOUND, Answer, Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
 from ._cancel import watch_client
 
 # The settings, the "auto" Retry-After and the Redis wiring live in modules of their own
@@ -87,6 +108,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("reachlimit")
+
+#: Where cold() leaves the answer's Cache-Status for the after_request hook.
+_STATUS_KEY = "reachlimit.cache_status"
 
 # Flask types its context proxies as the objects they stand for; these names say what they
 # are, so the hot path can ask each for its object once (see ReachLimit._state).
@@ -145,7 +169,7 @@ class _State:
 
     __slots__ = (
         "settings", "path", "metrics", "redis", "counters", "closers", "client_of",
-        "retry_auto", "_refusals",
+        "retry_auto", "app", "_refusals",
     )
 
     def __init__(
@@ -172,6 +196,9 @@ class _State:
             if settings.retry_after == RETRY_AFTER_AUTO
             else None
         )
+        #: The app, for refreshes (they run a build in an app context of their own); set by
+        #: init_app when REACHLIMIT_STALE > 0, else None.
+        self.app: Flask | None = None
         # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
         # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
@@ -201,7 +228,9 @@ class _State:
         status = 503 if busy.reason == Busy.UNAVAILABLE else self.settings.status
         # A one-item list rather than bytes: with Content-Length already among the headers,
         # the response need not measure and set it again.
-        return Response([body], status, headers)
+        response = Response([body], status, headers)
+        response.headers["Cache-Status"] = f"reachlimit; fwd=uri-miss; fwd-status={status}"
+        return response
 
 
 def _service_stats(state: _State) -> ColdPathStats:
@@ -226,6 +255,40 @@ def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
         ("Retry-After", str(retry_after)),
         ("Cache-Control", "no-store"),
     ]
+
+
+def _cache_status(answer: Answer) -> str:
+    """The ``Cache-Status`` (RFC 9211) of an answer of ``ColdPath.fetch``."""
+    status, fresh_for = answer.status, answer.fresh_for
+    if status == "hit":
+        return "reachlimit; hit" if fresh_for is None else f"reachlimit; hit; ttl={int(fresh_for)}"
+    if status == "stale":
+        return f"reachlimit; hit; ttl={min(-1, math.floor(fresh_for or 0.0))}"
+    if status == "collapsed":
+        return "reachlimit; fwd=uri-miss; collapsed"
+    if answer.value is None or answer.value is NOT_FOUND:
+        return "reachlimit; fwd=uri-miss"  # built, and not stored
+    return "reachlimit; fwd=uri-miss; stored"
+
+
+def _write_cache_status(response: Response) -> Response:
+    """after_request: the Cache-Status that cold() left in this request's environ."""
+    status = _request_proxy._get_current_object().environ.get(_STATUS_KEY)
+    if status is not None and "Cache-Status" not in response.headers:
+        response.headers["Cache-Status"] = status
+    return response
+
+
+def _in_app_context(app: Flask, build: Callable[[], Any]) -> Callable[[], Any]:
+    """``build``, run in an app context of ``app`` when none is active (a refresh's thread)."""
+
+    def run() -> Any:
+        if has_app_context():
+            return build()
+        with app.app_context():
+            return build()
+
+    return run
 
 
 def _metrics_class() -> type[ReachMetrics]:
@@ -322,17 +385,25 @@ class ReachLimit:
         limiter and cache, and warn when gunicorn gives the worker too few threads."""
         settings = _read_settings(app.config, self._overrides)
         if settings.redis_url:
-            app.extensions["reachlimit"] = _shared_state(settings)
+            state = _shared_state(settings)
         else:
             limiter = ColdLimiter(
                 settings.active, settings.queue, settings.wait, settings.limiter_retry_after
             )
-            cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
-            app.extensions["reachlimit"] = _State(settings, ColdPath(limiter, cache))
+            cache: TTLCache[Any] = TTLCache(
+                settings.cache_size, settings.cache_ttl, stale=settings.stale
+            )
+            state = _State(settings, ColdPath(limiter, cache))
             if settings.metrics:  # the same path, metered (the unused plain one is dropped)
-                app.extensions["reachlimit"] = _metered_state(settings, cache)
+                state = _metered_state(settings, cache)
+        # The refresher's threads stop first: a refresh running may still need the rest.
+        state.closers.insert(0, state.path.close)
+        if settings.stale > 0:
+            state.app = app
+        app.extensions["reachlimit"] = state
         for answered in (ColdRefused, ClientGone):
             app.register_error_handler(answered, _send_finished)
+        app.after_request(_write_cache_status)
         threads = _gunicorn_threads()
         if threads is not None and threads < settings.threads_needed:
             log.warning(
@@ -381,8 +452,10 @@ class ReachLimit:
         cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
         if state.retry_auto is not None:
             build = state.retry_auto.timed(build)
+        if state.app is not None:
+            build = _in_app_context(state.app, build)
         try:
-            return state.path.get(key, build, cancel, client)
+            answer = state.path.fetch(key, build, cancel, client)
         except Busy as busy:
             if state.retry_auto is not None:
                 busy = state.auto_busy(busy)
@@ -390,6 +463,8 @@ class ReachLimit:
         except Cancelled:
             log.info("client left while waiting for %r; answered 499", key)
             raise ClientGone() from None
+        asking.environ[_STATUS_KEY] = _cache_status(answer)
+        return answer.value
 
     # -- figures and housekeeping -------------------------------------------------------
 

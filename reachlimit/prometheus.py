@@ -16,7 +16,9 @@ design:
     reachlimit_build_seconds                MeteredColdPath.get times the build it passes on
                                             (only a leader holding a grant ever runs it)
     reachlimit_cache_requests_total{result} copied from the path's own counters, the same
-    reachlimit_coalesced_total              numbers as ``stats()`` (hits, misses, coalesced)
+    reachlimit_coalesced_total              numbers as ``stats()`` (hit, miss, stale;
+    reachlimit_refreshes_total{result}      coalesced) and the refreshes ended (done,
+                                            refused, failed)
     reachlimit_builds_active                the limiter's ``stats()``: active, queued and
     reachlimit_queue_waiting                the two capacities
     reachlimit_capacity_active
@@ -113,7 +115,10 @@ _HELP = {
     "queue_waiting": "Cold leaders waiting in the queue now.",
     "capacity_active": "Builds one limiter runs at once at most.",
     "capacity_queue": "Leaders one limiter lets wait at most.",
-    "cache_requests": "Requests that found (hit) or did not find (miss) a warm answer.",
+    "cache_requests": "Requests that found a fresh answer (hit), a stale one served while it "
+                      "is refreshed (stale), or none (miss).",
+    "refreshes": "Refreshes of cached answers ended: a value stored or found (done), refused "
+                 "by the limiter (refused), the build raised (failed).",
     "coalesced": "Requests that shared another request's build instead of leading one.",
     "wait": "How long a cold leader waited before its grant or refusal.",
     "build": "How long a cold build ran.",
@@ -142,6 +147,10 @@ class _Instruments:
     hits: Counter
     misses: Counter
     coalesced: Counter
+    stale: Counter
+    refreshed: Counter
+    refresh_refused: Counter
+    refresh_failed: Counter
     wait: Histogram
     build: Histogram
     # Only when gauges are published per process (else read at scrape time).
@@ -225,7 +234,7 @@ class ReachMetrics:
         self._wait_buckets = tuple(sorted({*WAIT_BUCKETS, float(wait)}))
         self._lock = threading.Lock()
         self._instruments: _Instruments | None = None  # made on first use; under _lock
-        self._published_counts = (0, 0, 0)  # guarded by _lock
+        self._published_counts: tuple[int, ...] = (0,) * 7  # guarded by _lock
         self._published_gauges: tuple[int, int, int, int] | None = None  # guarded by _lock
         self._published_pid = 0  # guarded by _lock
         if self.per_process:
@@ -274,12 +283,15 @@ class ReachMetrics:
         counters always, the gauges when ``gauges`` is true and they are kept per process."""
         inst = self.instruments()
         with self._lock:
-            now_counts = self.path.counts()
-            counts = (now_counts.hits, now_counts.misses, now_counts.coalesced)
+            c = self.path.counts()
+            counts = (c.hits, c.misses, c.coalesced, c.stale, c.refreshed, c.refresh_refused,
+                      c.refresh_failed)
             last = self._published_counts
             if counts != last:
                 for counter, now, before in zip(
-                    (inst.hits, inst.misses, inst.coalesced), counts, last, strict=True
+                    (inst.hits, inst.misses, inst.coalesced, inst.stale, inst.refreshed,
+                     inst.refresh_refused, inst.refresh_failed),
+                    counts, last, strict=True,
                 ):
                     if now > before:
                         counter.inc(now - before)
@@ -351,6 +363,9 @@ class ReachMetrics:
         else:
             self.registry.register(_LimiterGauges(self.limiter, shared=self.shared))
         granted, queue_full, timeout, cancelled, _ = (admissions.labels(r) for r in RESULTS)
+        refreshes = Counter(
+            "reachlimit_refreshes", _HELP["refreshes"], ["result"], registry=registry
+        )
         return _Instruments(
             admissions=admissions,
             granted=granted,
@@ -359,6 +374,10 @@ class ReachMetrics:
             cancelled=cancelled,
             hits=cache.labels("hit"),
             misses=cache.labels("miss"),
+            stale=cache.labels("stale"),
+            refreshed=refreshes.labels("done"),
+            refresh_refused=refreshes.labels("refused"),
+            refresh_failed=refreshes.labels("failed"),
             coalesced=Counter("reachlimit_coalesced", _HELP["coalesced"], registry=registry),
             wait=Histogram(
                 "reachlimit_wait_seconds", _HELP["wait"], buckets=self._wait_buckets,

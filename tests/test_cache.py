@@ -179,7 +179,7 @@ def test_matches_a_reference_model(maxsize: int, ops: list[tuple[str, int, int]]
             cache.set(key, value)
             assert len(cache._data) <= maxsize  # never over the bound
         live = {k: v for k, (exp, v) in model.items() if exp > now[0]}
-        assert {k: v for k, (exp, v) in cache._data.items() if exp > now[0]} == live
+        assert {k: e[1] for k, e in cache._data.items() if e[0] > now[0]} == live
 
 
 def test_the_eviction_sweep_drops_entries_that_expire_exactly_now(fake_clock: Any) -> None:

@@ -44,7 +44,8 @@ def test_totals_add_up_every_process_and_are_the_same_from_each(client: redis.Re
     assert two.get("b", lambda: "B") == "B"
     assert two.get("b", lambda: "never") == "B"
     assert two.get("b", lambda: "never") == "B"
-    expected = {"hits": 3, "misses": 2, "builds": 2, "coalesced": 0}
+    expected = {"hits": 3, "misses": 2, "builds": 2, "coalesced": 0, "stale": 0,
+                "refreshed": 0, "refresh_refused": 0, "refresh_failed": 0}
     one_counts.flush()  # each process flushes its own; totals() flushes the caller's
     assert two_counts.totals() == expected
     assert one_counts.totals() == expected

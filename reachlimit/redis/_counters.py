@@ -1,4 +1,5 @@
-"""The cold path's own counters (hits, misses, builds, coalesced) added up over every process.
+"""The cold path's own counters (hits, misses, builds, coalesced, stale, refreshes) added up
+over every process.
 
 design:
 
@@ -8,7 +9,7 @@ design:
     daemon thread adds what changed since its last flush to one Redis hash, about once a
     second:
 
-        {<prefix>:<name>}:path   HASH  hits, misses, builds, coalesced  (HINCRBY, one pipeline)
+        {<prefix>:<name>}:path   HASH  the fields of PathCounts (HINCRBY, one pipeline)
 
     The hash carries the limiter's hash tag, so the pipeline touches one Cluster slot.
     ``totals()`` first flushes this process's own changes (so the process that answers a
@@ -37,13 +38,13 @@ from typing import Any
 
 import redis
 
-from .._path import ColdPath, ColdPathStats
+from .._path import ColdPath, ColdPathStats, PathCounts
 
 __all__ = ["SharedPathCounters"]
 
 log = logging.getLogger("reachlimit")
 
-_FIELDS = ("hits", "misses", "builds", "coalesced")
+_FIELDS = PathCounts._fields  # hits, misses, builds, coalesced, stale and the refreshes
 
 _instances: weakref.WeakSet[SharedPathCounters] = weakref.WeakSet()
 
@@ -78,7 +79,7 @@ class SharedPathCounters:
         self.key = "{" + prefix + ":" + name + "}:path"
         self._interval = float(interval)
         self._flush_lock = threading.Lock()  # one flush at a time: thread and totals()
-        self._flushed = (0, 0, 0, 0)  # guarded by _flush_lock
+        self._flushed: tuple[int, ...] = (0,) * len(_FIELDS)  # guarded by _flush_lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -126,10 +127,9 @@ class SharedPathCounters:
 
     # -- flushing and reading -------------------------------------------------------------
 
-    def local(self) -> tuple[int, int, int, int]:
-        """This process's counters: (hits, misses, builds, coalesced)."""
-        hits, misses, builds, coalesced = self._path.counts()
-        return hits, misses, builds, coalesced
+    def local(self) -> tuple[int, ...]:
+        """This process's counters, in the order of ``_FIELDS`` (ColdPath's ``PathCounts``)."""
+        return tuple(self._path.counts())
 
     def flush(self) -> None:
         """Add this process's changes since the last flush to the totals in Redis."""
@@ -166,4 +166,5 @@ class SharedPathCounters:
             misses=totals["misses"],
             builds=totals["builds"],
             coalesced=totals["coalesced"],
+            stale=totals["stale"],
         )
