@@ -24,6 +24,9 @@ here and never at import time, and ``config`` overrides it (``webapp/README.md``
                              ``REACHLIMIT_RETRY_AFTER=auto``. The service
                              turns ``REACHLIMIT_METRICS`` on (``GET /metrics``);
                              ``REACHLIMIT_METRICS=false`` turns it off (then a 404).
+                             It ships ``REACHLIMIT_STALE=300``: a report past its TTL is
+                             answered stale (``Cache-Status: ...; ttl=-N``) while one
+                             refresh rebuilds it; 0 turns that off.
                              ``REACHLIMIT_REDIS_URL`` shares the limiter, the warm cache
                              and the singleflight between workers and hosts.
 ===========================  ===============================================================
@@ -142,6 +145,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.config.update(config)
     # The service serves GET /metrics (prometheus_client comes with the webapp extra).
     app.config.setdefault("REACHLIMIT_METRICS", True)
+    # A report past its TTL is answered from its stale copy for up to 5 more minutes while one
+    # refresh rebuilds it (REACHLIMIT_STALE=0 turns that off).
+    app.config.setdefault("REACHLIMIT_STALE", 300)
     if app.logger.level == logging.NOTSET:
         app.logger.setLevel(logging.INFO)  # our start-up and cache messages are INFO
 

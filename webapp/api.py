@@ -168,7 +168,8 @@ def reach_report(raw_pubkey: str) -> Response:
 
     def build() -> Any:
         # Runs in this (the leader's) thread, with a build slot: the only database work of a
-        # report that is not a lookup of an unknown pubkey.
+        # report that is not a lookup of an unknown pubkey. A refresh of a stale report runs
+        # it later on a refresher thread (REACHLIMIT_STALE): so it reads nothing of the request.
         conn = state.connection()
         report = build_report(
             conn, pubkey, days, now=state.wall_clock(), visibility=rules,

@@ -1,0 +1,402 @@
+"""Stale-while-revalidate in the core: TTLCache's stale window, ColdPath's stale answers, its
+early refresh (XFetch) and the Refresher's threads.
+
+Every clock is injected and every random draw scripted, so each answer is checked at its
+exact boundary; a refresh is waited for by the refresher's own state (``busy``), never by
+time. Builds that must stay running block on an Event the test sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from reachlimit import (
+    REFRESH_CLIENT,
+    ColdLimiter,
+    ColdPath,
+    Entry,
+    Refresher,
+    TTLCache,
+)
+from reachlimit._path import EARLY_SPAN
+from tests.support.threads import JOIN_TIMEOUT
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Draws:
+    """A scripted random source: answers ``value`` and counts its calls."""
+
+    def __init__(self, value: float = 0.5) -> None:
+        self.value = value
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.value
+
+
+class Builds:
+    """A build that counts its runs and answers ``"v<n>"``; ``gate`` (when set) holds it."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.runs = 0
+        self.gate = gate
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.runs += 1
+            n = self.runs
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(JOIN_TIMEOUT)
+        if self.error is not None:
+            raise self.error
+        return f"v{n}"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def paths() -> Iterator[list[ColdPath]]:
+    made: list[ColdPath] = []
+    yield made
+    for path in made:
+        path.close(JOIN_TIMEOUT)
+        assert not [t for t in path.refresher._workers if t.is_alive()]
+
+
+def make_path(
+    paths: list[ColdPath], clock: Clock, *, ttl: float = 10.0, stale: float = 30.0,
+    draws: Callable[[], float] | None = None, active: int = 2, queue: int = 8,
+) -> ColdPath:
+    cache: TTLCache[Any] = TTLCache(16, ttl, stale=stale, clock=clock)
+    path = ColdPath(ColdLimiter(active, queue, wait=1.0), cache, random=draws or Draws(0.5))
+    paths.append(path)
+    return path
+
+
+def settle(path: ColdPath, key: Any) -> None:
+    """Wait until no refresh of ``key`` waits or runs."""
+    wait_until(f"the refresh of {key!r} to end", lambda: not path.refresher.busy(key))
+
+
+# -- TTLCache: the stale window ----------------------------------------------------------------
+
+
+def test_an_entry_is_fresh_then_stale_then_gone_at_its_exact_boundaries(clock: Clock) -> None:
+    cache: TTLCache[str] = TTLCache(4, 10.0, stale=5.0, clock=clock)
+    cache.put("k", "v", 0.25)
+    clock.now += 9.999
+    assert cache.get("k") == "v"
+    entry = cache.lookup("k")
+    assert entry is not None and entry.value == "v" and entry.build_time == 0.25
+    assert entry.fresh_for == pytest.approx(0.001)
+    clock.now += 0.001  # the TTL's end: no longer fresh
+    assert cache.get("k") is None
+    assert cache.lookup("k") == Entry("v", pytest.approx(0.0), 0.25)
+    clock.now += 4.999  # still within the stale window
+    stale = cache.lookup("k")
+    assert stale is not None and stale.fresh_for == pytest.approx(-4.999)
+    clock.now += 0.001  # ttl + stale: gone
+    assert cache.lookup("k") is None
+    assert cache.get("k") is None and len(cache) == 0
+
+
+def test_without_a_stale_window_lookup_answers_fresh_entries_only(clock: Clock) -> None:
+    cache: TTLCache[str] = TTLCache(4, 10.0, clock=clock)
+    cache.set("k", "v")
+    assert cache.lookup("k") == Entry("v", pytest.approx(10.0), 0.0)
+    clock.now += 10.0
+    assert cache.lookup("k") is None and len(cache) == 0
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, math.inf, math.nan, "300", None, True])
+def test_a_stale_window_that_is_not_a_number_of_seconds_is_a_value_error(bad: Any) -> None:
+    with pytest.raises(ValueError, match="stale"):
+        TTLCache(4, 10.0, stale=bad)
+
+
+def test_a_full_cache_drops_entries_past_their_stale_window_first(clock: Clock) -> None:
+    cache: TTLCache[str] = TTLCache(2, 10.0, stale=5.0, clock=clock)
+    cache.set("old", "o")
+    clock.now += 12.0  # "old" is stale, not gone
+    cache.set("mid", "m")
+    clock.now += 4.0  # "old" gone (16 > 15), "mid" fresh
+    cache.set("new", "n")
+    assert cache.lookup("old") is None
+    assert cache.get("mid") == "m" and cache.get("new") == "n"
+
+
+# -- ColdPath: stale answers and one refresh per key ----------------------------------------
+
+
+def test_a_stale_entry_is_answered_at_once_and_refreshed_once(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock)
+    build = Builds()
+    assert path.fetch("k", build).status == "stored"
+    clock.now += 12.0  # 2 s past the TTL
+    gate = threading.Event()
+    refresh = Builds(gate)
+    answer = path.fetch("k", refresh)
+    assert (answer.value, answer.status) == ("v1", "stale")
+    assert answer.fresh_for == pytest.approx(-2.0)
+    assert refresh.started.wait(JOIN_TIMEOUT)  # on a refresher thread, not this one
+    assert threading.current_thread().name not in {t.name for t in path.refresher._workers}
+    # A herd of stale hits meanwhile: each answered at once, no second refresh.
+    herd = [path.fetch("k", refresh) for _ in range(20)]
+    assert {(a.value, a.status) for a in herd} == {("v1", "stale")}
+    gate.set()
+    settle(path, "k")
+    assert refresh.runs == 1
+    fresh = path.fetch("k", Builds())
+    assert (fresh.value, fresh.status) == ("v1", "hit") and fresh.fresh_for == pytest.approx(10.0)
+    counts = path.counts()
+    assert (counts.stale, counts.refreshed, counts.builds) == (21, 1, 2)
+    assert path.stats().stale == 21
+
+
+def test_past_ttl_plus_stale_the_next_request_is_a_cold_miss(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock, ttl=10.0, stale=5.0)
+    path.fetch("k", Builds())
+    clock.now += 15.0
+    answer = path.fetch("k", Builds())
+    assert answer.status == "stored" and path.counts().misses == 2
+    assert not path.refresher.busy("k")
+
+
+def test_a_refresh_that_raises_leaves_the_stale_entry_and_is_logged_once_per_episode(
+    clock: Clock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = make_path(paths, clock)
+    path.fetch("k", Builds())
+    clock.now += 11.0
+    failing = Builds()
+    failing.error = RuntimeError("database down")
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        for _ in range(3):  # three episodes' worth of tries, one after the other
+            answer = path.fetch("k", failing)
+            assert (answer.value, answer.status) == ("v1", "stale")
+            settle(path, "k")
+    assert failing.runs == 3
+    assert path.counts().refresh_failed == 3
+    logged = [r for r in caplog.records if "refresh of 'k'" in r.getMessage()]
+    assert len(logged) == 1 and "RuntimeError: database down" in logged[0].getMessage()
+    # Built again (a refresh that works): the next failure is a new episode, logged again.
+    path.fetch("k", Builds())
+    settle(path, "k")
+    assert path.counts().refreshed == 1
+    clock.now += 11.0
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        path.fetch("k", failing)
+        settle(path, "k")
+    assert len([r for r in caplog.records if "refresh of 'k'" in r.getMessage()]) == 2
+
+
+def test_a_refused_refresh_leaves_the_stale_entry_and_its_readers_unharmed(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock, active=1, queue=0)
+    path.fetch("k", Builds())
+    clock.now += 11.0
+    held = path.limiter.acquire()  # the only slot, taken: the refresh is refused at once
+    try:
+        refresh = Builds()
+        answer = path.fetch("k", refresh)
+        assert (answer.value, answer.status) == ("v1", "stale")
+        settle(path, "k")
+        assert refresh.runs == 0
+        assert path.counts().refresh_refused == 1
+        again = path.fetch("k", refresh)  # still answered, and asked to refresh again
+        assert (again.value, again.status) == ("v1", "stale")
+        settle(path, "k")
+    finally:
+        held.release()
+    assert path.counts().refresh_refused == 2
+
+
+def test_a_refresh_asks_the_limiter_as_a_client_of_its_own(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock)
+    asked: list[Any] = []
+    acquire = path.limiter.acquire
+
+    def spy(cancel: Any = None, client: Any = None) -> Any:
+        asked.append(client)
+        return acquire(cancel, client)
+
+    path.limiter.acquire = spy  # type: ignore[method-assign]
+    path.fetch("k", Builds(), client="10.0.0.1")
+    clock.now += 11.0
+    path.fetch("k", Builds(), client="10.0.0.1")
+    settle(path, "k")
+    assert asked == ["10.0.0.1", REFRESH_CLIENT]
+
+
+def test_a_refresh_that_finds_a_fresher_entry_does_not_build(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock)
+    path.fetch("k", Builds())
+    clock.now += 11.0
+    gate = threading.Event()
+    blocker = Builds(gate)
+    # Hold the refresher's only threads: two other keys whose refreshes block.
+    for other in ("a", "b"):
+        path.fetch(other, Builds())
+    clock.now += 11.0
+    for other in ("a", "b"):
+        path.fetch(other, blocker)
+    wait_until("both refreshers busy", lambda: blocker.runs == 2)
+    refresh = Builds()
+    assert path.fetch("k", refresh).status == "stale"  # queued behind the two
+    path.cache.set("k", "someone else's")  # refreshed meanwhile (another process, say)
+    gate.set()
+    for key in ("a", "b", "k"):
+        settle(path, key)
+    assert refresh.runs == 0 and path.fetch("k", Builds()).value == "someone else's"
+
+
+# -- early refresh (XFetch) -------------------------------------------------------------------
+
+
+def test_early_refresh_is_drawn_only_near_the_ttls_end(clock: Clock, paths: list[ColdPath]) -> None:
+    draws = Draws(0.0)
+    path = make_path(paths, clock, ttl=100.0, draws=draws)
+    path.cache.put("k", "v", 1.0)  # built in 1 s
+    clock.now += 100.0 - EARLY_SPAN * 1.0 - 0.01  # just outside the span: no draw at all
+    assert path.fetch("k", Builds()).status == "hit" and draws.calls == 0
+    clock.now += 0.02  # inside it: a draw
+    path.fetch("k", Builds())
+    assert draws.calls == 1
+
+
+@pytest.mark.parametrize("fresh_for", [0.5, 2.0, 5.0])
+def test_the_early_refresh_chance_is_exp_of_minus_freshness_over_build_time(
+    clock: Clock, paths: list[ColdPath], fresh_for: float
+) -> None:
+    # XFetch refreshes when -build_time * ln(1 - u) >= fresh_for, that is when
+    # u >= 1 - exp(-fresh_for / build_time): the chance is exp(-fresh_for / build_time).
+    build_time = 2.0
+    edge = 1.0 - math.exp(-fresh_for / build_time)
+    for u, refreshed in ((edge - 1e-9, False), (min(edge + 1e-9, 1 - 1e-12), True)):
+        draws = Draws(u)
+        path = make_path(paths, clock, ttl=100.0, draws=draws)
+        path.cache.put("k", "v", build_time)
+        clock.now += 100.0 - fresh_for
+        refresh = Builds()
+        answer = path.fetch("k", refresh)
+        assert (answer.status, draws.calls) == ("hit", 1)
+        settle(path, "k")
+        assert refresh.runs == (1 if refreshed else 0), (u, edge)
+        clock.now -= 100.0 - fresh_for
+
+
+def test_no_early_refresh_without_a_stale_window(clock: Clock, paths: list[ColdPath]) -> None:
+    draws = Draws(0.999)
+    path = make_path(paths, clock, ttl=10.0, stale=0.0, draws=draws)
+    path.cache.put("k", "v", 5.0)
+    clock.now += 9.9
+    refresh = Builds()
+    assert path.fetch("k", refresh).status == "hit"
+    assert draws.calls == 0 and not path.refresher.busy("k") and refresh.runs == 0
+
+
+# -- the Refresher --------------------------------------------------------------------------
+
+
+def test_the_refresher_runs_at_most_its_threads_at_once_and_close_joins_them() -> None:
+    refresher = Refresher(2)
+    gate = threading.Event()
+    running = threading.Semaphore(0)
+    peak = [0, 0]  # now, most
+    lock = threading.Lock()
+
+    def job() -> None:
+        with lock:
+            peak[0] += 1
+            peak[1] = max(peak[1], peak[0])
+        running.release()
+        assert gate.wait(JOIN_TIMEOUT)
+        with lock:
+            peak[0] -= 1
+
+    for key in range(6):
+        assert refresher.submit(key, job)
+    assert not refresher.submit(3, job)  # waiting already: not queued twice
+    for _ in range(2):
+        assert running.acquire(timeout=JOIN_TIMEOUT)
+    assert refresher.alive == 2
+    gate.set()
+    wait_until("every job to end", lambda: not any(refresher.busy(k) for k in range(6)))
+    assert peak[1] == 2
+    workers = list(refresher._workers)
+    refresher.close(JOIN_TIMEOUT)
+    assert not any(t.is_alive() for t in workers)
+    assert not refresher.submit("late", job)  # closed: nothing more is run
+
+
+def test_the_refresher_drops_jobs_beyond_its_bound_and_survives_a_job_that_raises() -> None:
+    refresher = Refresher(1, max_pending=2)
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def blocked() -> None:
+        assert gate.wait(JOIN_TIMEOUT)
+        raise RuntimeError("a job's own failure")
+
+    try:
+        assert refresher.submit("first", blocked)
+        wait_until("the first job to run", lambda: "first" in refresher._running)
+        assert refresher.submit("a", lambda: ran.append("a"))
+        assert refresher.submit("b", lambda: ran.append("b"))
+        assert not refresher.submit("c", lambda: ran.append("c"))
+        assert refresher.dropped == 1
+        gate.set()
+        wait_until("a and b to run", lambda: ran == ["a", "b"])
+    finally:
+        refresher.close(JOIN_TIMEOUT)
+
+
+def test_closing_a_path_that_never_refreshed_starts_no_thread_later(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock)
+    path.close()
+    path.fetch("k", Builds())
+    clock.now += 11.0
+    assert path.fetch("k", Builds()).status == "stale"
+    assert path.refresher.alive == 0
+
+
+def test_refresher_threads_default_to_the_limiters_active(
+    clock: Clock, paths: list[ColdPath]
+) -> None:
+    path = make_path(paths, clock, active=3)
+    assert path.refresher.threads == 3
