@@ -39,6 +39,10 @@ class Entry(NamedTuple):
     build_time: float
 
 
+#: tuple.__new__, to make an Entry on the warm path without NamedTuple's Python-level __new__.
+_new = tuple.__new__
+
+
 class TTLCache(Generic[V]):
     """``get(key)`` returns the value or ``None``; ``set(key, value)`` stores it for ``ttl``
     seconds. At most ``maxsize`` entries are kept. With ``stale`` > 0 an entry is kept that
@@ -93,7 +97,7 @@ class TTLCache(Generic[V]):
             if entry[2] <= now:
                 del self._data[key]
                 return None
-        return Entry(entry[1], entry[0] - now, entry[3])
+        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
 
     def set(self, key: Hashable, value: V) -> None:
         self.put(key, value, 0.0)

@@ -207,6 +207,9 @@ class Answer(NamedTuple):
     fresh_for: float | None = None
 
 
+#: tuple.__new__: an Answer made on the warm path without NamedTuple's Python-level __new__.
+_new = tuple.__new__
+
 #: The client a refresh asks the limiter as (fair admission): one of its own, so refreshes
 #: take their turn beside the clients that fill the queue.
 REFRESH_CLIENT = "reachlimit:refresh"
@@ -300,7 +303,7 @@ class ColdPath:
                         and -entry.build_time * math.log(1.0 - self._random()) >= fresh_for
                     ):
                         self._refresh(key, build, fresh_for)
-                    return Answer(entry.value, "hit", fresh_for)
+                    return _new(Answer, (entry.value, "hit", fresh_for))
                 with self._lock:
                     self._stale += 1
                 self._refresh(key, build, fresh_for)
