@@ -31,7 +31,8 @@ class Entry(NamedTuple):
     """What :meth:`TTLCache.lookup` answers (and any cache with a stale window).
 
     ``fresh_for``: seconds of freshness left; 0 or less once stale (minus how long ago it
-    went stale). ``build_time``: how long the value took to build, in seconds (0 when not
+    went stale); infinite when the cache does not know (a shared cache without a stale
+    window). ``build_time``: how long the value took to build, in seconds (0 when not
     known), which scales the early-refresh chance."""
 
     value: Any

@@ -124,10 +124,12 @@ def _shared_cache_and_flight(
     from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
 
     name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
-    local_cache: TTLCache[Any] = TTLCache(settings.cache_size, settings.cache_ttl)
+    local_cache: TTLCache[Any] = TTLCache(
+        settings.cache_size, settings.cache_ttl, stale=settings.stale
+    )
     shared_cache = RedisCache(
         client, name, prefix=prefix, ttl=settings.cache_ttl, size=settings.cache_size,
-        codec="auto",
+        codec="auto", stale=settings.stale,
     )
     shared_flight = RedisSingleFlight(
         client, name, prefix=prefix, lease=settings.lease, codec="auto"

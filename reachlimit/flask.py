@@ -261,7 +261,9 @@ def _cache_status(answer: Answer) -> str:
     """The ``Cache-Status`` (RFC 9211) of an answer of ``ColdPath.fetch``."""
     status, fresh_for = answer.status, answer.fresh_for
     if status == "hit":
-        return "reachlimit; hit" if fresh_for is None else f"reachlimit; hit; ttl={int(fresh_for)}"
+        if fresh_for is None or fresh_for == math.inf:  # a cache that does not know
+            return "reachlimit; hit"
+        return f"reachlimit; hit; ttl={int(fresh_for)}"
     if status == "stale":
         return f"reachlimit; hit; ttl={min(-1, math.floor(fresh_for or 0.0))}"
     if status == "collapsed":

@@ -27,19 +27,33 @@ design:
     must use the same ``ttl`` and ``size`` for a name), so the first to expire is the oldest
     set: eviction drops the oldest entry, one at a time, never the whole cache. The index
     itself expires ``ttl`` after the last set.
+
+    A stale window (``stale`` > 0, REACHLIMIT_STALE): an entry lives ``ttl + stale`` in Redis
+    (its ``PX``, its index score and the index's own expiry), and is fresh while its ``PTTL``
+    is above ``stale``: one clock for every process, Redis's. Its value carries how long it
+    took to build, in a header before the codec's tag (``t<ms>;``, a tag no codec writes; an
+    entry without it decodes with build time 0). ``lookup`` asks Redis ``GET`` and ``PTTL``
+    in one round trip (a pipeline). The first level then holds fresh entries only, each with
+    its own fresh-until (monotonic, from the ``PTTL`` it was read with, and at most
+    ``local_ttl`` ahead), so it never answers an entry past its freshness, let alone past its
+    stale window; a stale answer always comes from Redis, so a refresh's recheck sees what
+    another process stored. Without a stale window nothing changes: one plain ``GET``, values
+    as they are, in the first level as they are.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Hashable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
 from .._attrs import shown
-from .._cache import TTLCache
+from .._cache import Entry, TTLCache, check_stale
 from . import lua
 from ._common import (
     LogOnce,
@@ -101,6 +115,28 @@ class Codec:
 
 
 
+class _Held(NamedTuple):
+    """What the first level holds of an entry when there is a stale window."""
+
+    value: Any
+    fresh_until: float  # monotonic
+    build_time: float
+
+
+def _with_build_time(data: bytes, build_time: float) -> bytes:
+    """The stored bytes of an entry with a stale window: the build time's header first."""
+    return b"t%d;" % max(0, round(build_time * 1000)) + data
+
+
+def _split_build_time(data: bytes) -> tuple[bytes, float]:
+    """``(codec bytes, build time in s)`` of stored bytes; no header: build time 0."""
+    if data[:1] == b"t":
+        head, sep, rest = data.partition(b";")
+        if sep and head[1:].isdigit():
+            return rest, int(head[1:]) / 1000
+    return data, 0.0
+
+
 class RedisCache(Named):
     """A warm cache shared by every process on the same Redis and ``name``, with a short
     in-process first level in front. See the module's design note.
@@ -126,8 +162,12 @@ class RedisCache(Named):
         local_ttl: float = 1.0,
         local_size: int = 256,
         codec: str = "json",
+        stale: float = 0.0,
     ) -> None:
         self._bind(client, name, prefix)
+        self.stale = check_stale(stale)
+        self._stale_ms = ms(self.stale) if self.stale > 0 else 0
+        self._clock = time.monotonic
         for label, value in (("size", size), ("local_size", local_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} >= 1")
@@ -157,17 +197,49 @@ class RedisCache(Named):
         return self._entry_prefix + key_digest(key)
 
     def get(self, key: Hashable) -> Any:
+        """The fresh value of ``key``, or None (a miss, or an entry past its TTL)."""
         try:
             value = self._local.get(key)
         except TypeError:  # unhashable: say which keys are allowed
             key_digest(key)
             raise
         if value is not None:
-            return value
+            if not self._stale_ms:
+                return value
+            if value.fresh_until > self._clock():
+                return value.value
         missed = self._missed.take()
         if missed is not None and missed[0] == key:
             return None  # the cold lead's script found no entry a moment ago
         return self.fetch(key)
+
+    def lookup(self, key: Hashable) -> Entry | None:
+        """The entry of ``key``, fresh or within its stale window, or None (``Entry``:
+        ``fresh_for`` from Redis's ``PTTL``; one round trip unless the first level holds it
+        fresh). Without a stale window: the fresh entry, its freshness not known
+        (``fresh_for`` infinite: one plain GET, as ``get``)."""
+        try:
+            held = self._local.get(key)
+        except TypeError:
+            key_digest(key)
+            raise
+        if held is not None:
+            if not self._stale_ms:
+                return Entry(held, math.inf, 0.0)
+            left = held.fresh_until - self._clock()
+            if left > 0:
+                return Entry(held.value, left, held.build_time)
+        if not self._stale_ms:
+            value = self.fetch(key)
+            return None if value is None else Entry(value, math.inf, 0.0)
+        if not self._checked:
+            self._check()
+        entry = self._entry_prefix + key_digest(key)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(entry)
+        pipe.pttl(entry)
+        data, pttl = pipe.execute()
+        return self._entry(key, entry, data, pttl)
 
     def missed(self, key: Hashable) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`get` of ``key`` in this thread
@@ -178,17 +250,24 @@ class RedisCache(Named):
     def set(self, key: Hashable, value: Any) -> None:
         """Store ``value`` (None stores nothing: it means "no value"). TypeError for a key
         or a value this cache cannot store; nothing is stored then."""
+        self.put(key, value, 0.0)
+
+    def put(self, key: Hashable, value: Any, build_time: float) -> None:
+        """:meth:`set`, with how long the value took to build (kept with the entry when
+        there is a stale window: it scales the early-refresh chance)."""
         digest = key_digest(key)
         if value is None:
             return
         data = self._codec.encode(value)
+        if self._stale_ms:
+            data = _with_build_time(data, build_time)
         if not self._checked:
             self._check()
         self._set_script(
             keys=[self._index, self._entry_prefix + digest],
-            args=[self._entry_prefix, digest, data, self._ttl_ms, self._size],
+            args=[self._entry_prefix, digest, data, self._ttl_ms + self._stale_ms, self._size],
         )
-        self._local.set(key, value)
+        self._hold(key, value, self._ttl, build_time)
 
     def clear(self) -> None:
         """Empty the cache for every process: every entry in Redis (one script) and this
@@ -200,17 +279,25 @@ class RedisCache(Named):
 
     def settings(self) -> dict[str, int]:
         """The settings every process of this cache must share, as recorded in Redis."""
-        return {"ttl_ms": self._ttl_ms, "size": self._size}
+        return {"ttl_ms": self._ttl_ms, "size": self._size, "stale_ms": self._stale_ms}
 
     def fetch(self, key: Hashable) -> Any:
-        """The value of ``key`` in Redis, skipping the first level: always one GET. A hit is
-        copied into the first level. (ResilientCache probes a Redis that was down with it.)
-        The first call of this object checks its settings against those recorded in Redis
-        (``ValueError`` naming the setting and both values)."""
+        """The fresh value of ``key`` in Redis, skipping the first level: one GET (with a
+        stale window, GET and PTTL in one round trip). A hit is copied into the first level.
+        (ResilientCache probes a Redis that was down with it.) The first call of this object
+        checks its settings against those recorded in Redis (``ValueError`` naming the
+        setting and both values)."""
         if not self._checked:
             self._check()
         entry = self._entry_prefix + key_digest(key)
-        return self._adopt(key, entry, self._client.get(entry))
+        if not self._stale_ms:
+            return self._adopt(key, entry, self._client.get(entry))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(entry)
+        pipe.pttl(entry)
+        data, pttl = pipe.execute()
+        found = self._entry(key, entry, data, pttl)
+        return found.value if found is not None and found.fresh_for > 0 else None
 
     def adopt(self, key: Hashable, data: Any) -> Any:
         """The value of an entry of ``key`` that Redis sent (``data``, None for none), as
@@ -219,16 +306,51 @@ class RedisCache(Named):
         return self._adopt(key, self.key_of(key), data)
 
     def _adopt(self, key: Hashable, entry: str, data: Any) -> Any:
+        """A value Redis sent, taken as fresh (a plain GET, or the cold lead's recheck: an
+        entry found there was stored a moment ago)."""
+        decoded = self._decode(entry, data)
+        if decoded is None:
+            return None
+        value, build_time = decoded
+        self._hold(key, value, self._ttl, build_time)
+        return value
+
+    def _entry(self, key: Hashable, entry: str, data: Any, pttl: Any) -> Entry | None:
+        """The ``Entry`` of what GET and PTTL answered (a stale window only)."""
+        decoded = self._decode(entry, data)
+        if decoded is None:
+            return None
+        value, build_time = decoded
+        # PTTL -1 (no expiry: written by hand) counts as fresh for a whole TTL; -2: just gone.
+        left_ms = self._ttl_ms + self._stale_ms if pttl == -1 else int(pttl)
+        if left_ms < 0:
+            return None
+        fresh_for = (left_ms - self._stale_ms) / 1000
+        if fresh_for > 0:
+            self._hold(key, value, fresh_for, build_time)
+        return Entry(value, fresh_for, build_time)
+
+    def _decode(self, entry: str, data: Any) -> tuple[Any, float] | None:
+        """``(value, build time)`` of stored bytes, or None (none, or undecodable: logged)."""
         if data is None:
             return None
+        build_time = 0.0
+        if self._stale_ms and isinstance(data, bytes):
+            data, build_time = _split_build_time(data)
         try:
             value = self._codec.decode(data)
         except ValueError as exc:
             self._undecodable("value", entry, str(exc))
             return None
-        if value is not None:
+        return None if value is None else (value, build_time)
+
+    def _hold(self, key: Hashable, value: Any, fresh_for: float, build_time: float) -> None:
+        """Copy a fresh value into the first level (with a stale window: with its own
+        fresh-until, so the first level never answers it once it is stale)."""
+        if not self._stale_ms:
             self._local.set(key, value)
-        return value
+        elif fresh_for > 0 and math.isfinite(fresh_for):
+            self._local.set(key, _Held(value, self._clock() + fresh_for, build_time))
 
     def _check(self) -> None:
         check_settings(self._client, self._settings_key, self.settings())

@@ -44,11 +44,13 @@ design:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._attrs import shown
+from .._cache import Entry
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from .._grant import FiguresOf
@@ -230,6 +232,25 @@ class CacheLike(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
+def _lookup(cache: CacheLike, key: Any) -> Entry | None:
+    """``cache.lookup(key)``; for a cache without one, its ``get`` as a fresh entry."""
+    lookup = getattr(cache, "lookup", None)
+    if lookup is not None:
+        found: Entry | None = lookup(key)
+        return found
+    value = cache.get(key)
+    return None if value is None else Entry(value, math.inf, 0.0)
+
+
+def _put(cache: CacheLike, key: Any, value: Any, build_time: float) -> None:
+    """``cache.put(...)``; for a cache without one, its ``set``."""
+    put = getattr(cache, "put", None)
+    if put is not None:
+        put(key, value, build_time)
+    else:
+        cache.set(key, value)
+
+
 class FlightLike(Protocol[T]):
     def do(
         self, key: Hashable, fn: Callable[[], T], cancel: CancelToken | None = None
@@ -261,18 +282,41 @@ class ResilientCache:
                 return value
         return self.local.get(key)
 
-    def set(self, key: Any, value: Any) -> None:
+    @property
+    def stale(self) -> float:
+        """The shared cache's stale window (the fallback's is the same)."""
+        return float(getattr(self.remote, "stale", 0.0))
+
+    def lookup(self, key: Any) -> Any:
+        """``get`` for an entry, fresh or stale (``Entry`` or None): the shared cache's while
+        Redis answers, else the fallback's."""
         health = self.health
         if health.available():
             since = health.failures
             try:
-                self.remote.set(key, value)
+                entry = _lookup(self.remote, key)
+            except FAILURES as exc:
+                health.failed(exc)
+            else:
+                health.succeeded(since)
+                return entry
+        return _lookup(self.local, key)
+
+    def set(self, key: Any, value: Any) -> None:
+        self.put(key, value, 0.0)
+
+    def put(self, key: Any, value: Any, build_time: float) -> None:
+        health = self.health
+        if health.available():
+            since = health.failures
+            try:
+                _put(self.remote, key, value, build_time)
             except FAILURES as exc:
                 health.failed(exc)
             else:
                 health.succeeded(since)
                 return
-        self.local.set(key, value)
+        _put(self.local, key, value, build_time)
 
     def clear(self) -> None:
         """Empty the fallback cache, and the shared one when it can be emptied."""
