@@ -1,0 +1,237 @@
+"""Stale entries in the shared cache (``RedisCache(stale=...)``), against a real redis-server.
+
+An entry's freshness is its ``PTTL`` above the stale window, so a test makes an entry stale
+by setting its ``PTTL`` (``PEXPIRE``), never by sleeping; the first level's own clock is
+injected. Cross-process claims (one refresh per key) are made with two ColdPaths that share
+nothing but the Redis, as two processes would; the herd test holds the one build on an Event.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit import ColdPath, TTLCache
+from reachlimit.redis import (
+    RedisCache,
+    RedisColdLimiter,
+    RedisHealth,
+    RedisSingleFlight,
+    ResilientCache,
+    connect,
+)
+from tests.support.clock import FakeClock
+from tests.support.redis_clients import CountingRedis
+from tests.support.redis_server import RedisServer
+from tests.support.threads import JOIN_TIMEOUT
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+TTL, STALE = 10.0, 30.0
+
+
+def stale_cache(client: redis.Redis, **kwargs: Any) -> RedisCache:
+    options: dict[str, Any] = {"ttl": TTL, "stale": STALE, "codec": "auto"}
+    options.update(kwargs)
+    return RedisCache(client, "st", **options)
+
+
+def age(client: redis.Redis, cache: RedisCache, key: Any, pttl_ms: int) -> None:
+    """Give ``key``'s entry ``pttl_ms`` to live in Redis, and forget the first level's copy."""
+    assert client.pexpire(cache.key_of(key), pttl_ms)
+    cache.local.clear()
+
+
+def test_an_entry_lives_ttl_plus_stale_and_is_fresh_while_its_pttl_is_above_stale(
+    client: CountingRedis,
+) -> None:
+    cache = stale_cache(client)
+    cache.put("k", {"v": 1}, 0.25)
+    pttl = client.pttl(cache.key_of("k"))
+    assert (TTL + STALE) * 1000 - 1000 < pttl <= (TTL + STALE) * 1000
+    entry = cache.lookup("k")
+    assert entry is not None and entry.value == {"v": 1} and entry.build_time == 0.25
+    assert 0 < entry.fresh_for <= TTL
+    age(client, cache, "k", int(STALE * 1000) + 500)  # half a second of freshness left
+    entry = cache.lookup("k")
+    assert entry is not None and 0 < entry.fresh_for <= 0.5
+    assert cache.get("k") == {"v": 1}
+    age(client, cache, "k", int(STALE * 1000) - 2000)  # two seconds past its TTL
+    entry = cache.lookup("k")
+    assert entry is not None and entry.value == {"v": 1}
+    assert -2.1 < entry.fresh_for <= -1.9
+    assert cache.get("k") is None and cache.fetch("k") is None  # get answers fresh only
+    assert cache.local.get("k") is None  # a stale entry never enters the first level
+    client.delete(cache.key_of("k"))  # its stale window over: Redis dropped it
+    assert cache.lookup("k") is None
+
+
+def test_the_first_level_never_answers_an_entry_past_its_freshness(
+    client: CountingRedis,
+) -> None:
+    cache = stale_cache(client)
+    clock = FakeClock()
+    cache._clock = clock
+    cache._local = TTLCache(16, 1.0, clock=clock)
+    cache.put("k", "v", 0.0)
+    age(client, cache, "k", int(STALE * 1000) + 300)  # 0.3 s of freshness left in Redis
+    entry = cache.lookup("k")  # read from Redis, held in the first level for 0.3 s
+    assert entry is not None and entry.fresh_for <= 0.3
+    data = client.get(cache.key_of("k"))
+    client.delete(cache.key_of("k"))
+    assert cache.get("k") == "v"  # answered by the first level: Redis has nothing now
+    client.set(cache.key_of("k"), data, px=int(STALE * 1000) - 100)  # back, and stale
+    clock.advance(0.29)
+    assert cache.get("k") == "v"  # still within the 0.3 s it was read as fresh for
+    clock.advance(0.02)  # past its freshness, though within the first level's own 1 s
+    assert cache.get("k") is None  # the held copy is not fresh any more: Redis says stale
+    entry = cache.lookup("k")
+    assert entry is not None and entry.fresh_for < 0
+
+
+def test_an_entry_written_without_a_build_time_still_decodes(client: CountingRedis) -> None:
+    plain = RedisCache(client, "old", ttl=TTL, codec="auto")
+    plain.set("k", {"v": 1})
+    data = client.get(plain.key_of("k"))
+    assert data is not None and data.startswith(b"j")  # no header without a stale window
+    client.flushall()
+    cache = stale_cache(client)
+    client.set(cache.key_of("k"), data, px=int((TTL + STALE) * 1000))
+    entry = cache.lookup("k")
+    assert entry is not None and entry.value == {"v": 1} and entry.build_time == 0.0
+    cache.put("b", b"raw", 1.5)
+    stored = client.get(cache.key_of("b"))
+    assert stored is not None and stored.startswith(b"t1500;b")
+    cache.local.clear()
+    assert cache.lookup("b") == (b"raw", pytest.approx(TTL, abs=1.0), 1.5)
+
+
+def test_processes_that_disagree_on_the_stale_window_are_told(client: CountingRedis) -> None:
+    stale_cache(client).set("k", 1)
+    other = stale_cache(client, stale=5.0)
+    with pytest.raises(ValueError, match="stale_ms is 5000 here but 30000"):
+        other.get("k")
+
+
+def test_a_bad_stale_window_is_a_value_error(client: CountingRedis) -> None:
+    with pytest.raises(ValueError, match="stale"):
+        stale_cache(client, stale=-1)
+
+
+def test_the_resilient_cache_looks_up_and_puts_in_the_fallback_while_redis_is_down(
+    live_redis: RedisServer,
+) -> None:
+    client = connect(live_redis.url())
+    health = RedisHealth(live_redis.url())
+    local: TTLCache[Any] = TTLCache(16, TTL, stale=STALE)
+    cache = ResilientCache(stale_cache(client), local, health)
+    assert cache.stale == STALE
+    cache.put("k", "shared", 0.5)
+    entry = cache.lookup("k")
+    assert entry is not None and entry.value == "shared" and local.get("k") is None
+    live_redis.stop()
+    assert cache.lookup("missing") is None and not health.up  # a miss, not an error
+    cache.put("k2", "kept here", 0.5)
+    kept = cache.lookup("k2")
+    assert kept is not None and (kept.value, kept.build_time) == ("kept here", 0.5)
+    assert local.get("k2") == "kept here"
+    client.close()
+
+
+# -- one refresh per key across "processes" ---------------------------------------------------
+
+
+class Process:
+    """One process's objects on the shared Redis: cache, flight, limiter and path."""
+
+    def __init__(self, make_client: Callable[..., CountingRedis], active: int = 2,
+                 queue: int = 8) -> None:
+        self.client = make_client()
+        self.cache = stale_cache(self.client)
+        self.flight = RedisSingleFlight(self.client, "st", codec="auto")
+        self.limiter = RedisColdLimiter(self.client, "st", active, queue, wait=1.0)
+        self.path = ColdPath(self.limiter, self.cache, self.flight)
+
+    def close(self) -> None:
+        self.path.close(JOIN_TIMEOUT)
+        self.flight.close()
+        self.limiter.close()
+
+
+def settle(*processes: Process, key: str = "k") -> None:
+    wait_until("the refreshes to end",
+               lambda: not any(p.path.refresher.busy(key) for p in processes))
+
+
+def test_a_herd_of_stale_hits_in_two_processes_builds_once(
+    make_client: Callable[..., CountingRedis],
+) -> None:
+    one, two = Process(make_client), Process(make_client)
+    one.client.flushall()
+    try:
+        assert one.path.fetch("k", lambda: "first").status == "stored"
+        age(one.client, one.cache, "k", int(STALE * 1000) - 1000)
+        two.cache.local.clear()
+        gate, started = threading.Event(), threading.Event()
+        runs: list[str] = []
+
+        def refresh() -> str:
+            runs.append(threading.current_thread().name)
+            started.set()
+            assert gate.wait(JOIN_TIMEOUT)
+            return "second"
+
+        answers = [p.path.fetch("k", refresh) for p in (one, two) for _ in range(5)]
+        assert {(a.value, a.status) for a in answers} == {("first", "stale")}
+        assert started.wait(JOIN_TIMEOUT)
+        # Both processes asked for a refresh; one leads it, the other follows it in Redis.
+        wait_until("both refreshers in the flight", lambda: one.path.refresher.busy("k")
+                   and two.path.refresher.busy("k"))
+        gate.set()
+        settle(one, two)
+        assert len(runs) == 1
+        for p in (one, two):
+            p.cache.local.clear()
+            fresh = p.path.fetch("k", refresh)
+            assert (fresh.value, fresh.status) == ("second", "hit")
+        assert len(runs) == 1
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_refused_or_failing_refresh_leaves_the_stale_entry_served(
+    make_client: Callable[..., CountingRedis],
+) -> None:
+    one = Process(make_client, active=1, queue=0)
+    one.client.flushall()
+    try:
+        one.path.fetch("k", lambda: "first")
+        age(one.client, one.cache, "k", int(STALE * 1000) - 1000)
+        held = one.limiter.acquire()  # the service's only slot, no queue: refused at once
+        try:
+            assert one.path.fetch("k", lambda: "never").value == "first"
+            settle(one)
+        finally:
+            held.release()
+        assert one.path.counts().refresh_refused == 1
+
+        def failing() -> str:
+            raise RuntimeError("database gone")
+
+        answer = one.path.fetch("k", failing)
+        assert (answer.value, answer.status) == ("first", "stale")
+        settle(one)
+        assert one.path.counts().refresh_failed == 1
+        one.cache.local.clear()
+        assert one.cache.lookup("k") is not None  # still there, still stale
+        assert one.path.fetch("k", lambda: "second").status == "stale"
+        settle(one)
+        assert one.path.fetch("k", lambda: "never").value == "second"
+    finally:
+        one.close()
