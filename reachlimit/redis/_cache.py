@@ -30,15 +30,22 @@ design:
 
     A stale window (``stale`` > 0, REACHLIMIT_STALE): an entry lives ``ttl + stale`` in Redis
     (its ``PX``, its index score and the index's own expiry), and is fresh while its ``PTTL``
-    is above ``stale``: one clock for every process, Redis's. Its value carries how long it
-    took to build, in a header before the codec's tag (``t<ms>;``, a tag no codec writes; an
-    entry without it decodes with build time 0). ``lookup`` asks Redis ``GET`` and ``PTTL``
-    in one round trip (a pipeline). The first level then holds fresh entries only, each with
-    its own fresh-until (monotonic, from the ``PTTL`` it was read with, and at most
-    ``local_ttl`` ahead), so it never answers an entry past its freshness, let alone past its
-    stale window; a stale answer always comes from Redis, so a refresh's recheck sees what
-    another process stored. Without a stale window nothing changes: one plain ``GET``, values
-    as they are, in the first level as they are.
+    is above ``stale``: one clock for every process, Redis's. Entry layout with a window:
+
+      t<build ms>;<tag><payload>   the build time in whole ms, then the codec's bytes (``t``
+                                   is a tag no codec writes; an entry without the header,
+                                   written by an older version, decodes with build time 0)
+
+    ``lookup`` (and ``fetch_entry``, which skips the first level: ResilientCache's probe)
+    asks Redis ``GET`` and ``PTTL`` in one round trip (a pipeline, no transaction): fresh for
+    ``(PTTL - stale) / 1000`` s, stale at ``PTTL <= stale``, gone when Redis has dropped it.
+    The first level holds fresh entries only, each with its own fresh-until on ``clock``
+    (measured from a reading taken before the request was sent, so never later than Redis's,
+    and at most ``local_ttl`` ahead): it never answers an entry past its freshness, let alone
+    past its stale window. A stale answer always comes from Redis, so a refresh's recheck
+    sees what another process stored. A value Redis sends without its PTTL (the cold lead's
+    HIT) is answered but not held. Without a stale window nothing changes: one plain ``GET``,
+    values as they are, in the first level as they are.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
@@ -163,11 +170,12 @@ class RedisCache(Named):
         local_size: int = 256,
         codec: str = "json",
         stale: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._bind(client, name, prefix)
         self.stale = check_stale(stale)
         self._stale_ms = ms(self.stale) if self.stale > 0 else 0
-        self._clock = time.monotonic
+        self._clock = clock  # the first level's, and the fresh-until of what it holds
         for label, value in (("size", size), ("local_size", local_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} >= 1")
@@ -179,7 +187,7 @@ class RedisCache(Named):
         self._index = f"{tag}:index"
         self._entry_prefix = f"{tag}:e:"
         self._ttl_ms = ms(self._ttl)
-        self._local: TTLCache[Any] = TTLCache(local_size, local_ttl)
+        self._local: TTLCache[Any] = TTLCache(local_size, local_ttl, clock=clock)
         self._set_script = client.register_script(lua.CACHE_SET)
         self._clear_script = client.register_script(lua.CACHE_CLEAR)
         self._settings_key = f"{tag}:settings"
@@ -229,17 +237,7 @@ class RedisCache(Named):
             left = held.fresh_until - self._clock()
             if left > 0:
                 return Entry(held.value, left, held.build_time)
-        if not self._stale_ms:
-            value = self.fetch(key)
-            return None if value is None else Entry(value, math.inf, 0.0)
-        if not self._checked:
-            self._check()
-        entry = self._entry_prefix + key_digest(key)
-        pipe = self._client.pipeline(transaction=False)
-        pipe.get(entry)
-        pipe.pttl(entry)
-        data, pttl = pipe.execute()
-        return self._entry(key, entry, data, pttl)
+        return self.fetch_entry(key)
 
     def missed(self, key: Hashable) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`get` of ``key`` in this thread
@@ -263,11 +261,12 @@ class RedisCache(Named):
             data = _with_build_time(data, build_time)
         if not self._checked:
             self._check()
+        sent = self._clock()  # before the script: its entry is fresh until after sent + ttl
         self._set_script(
             keys=[self._index, self._entry_prefix + digest],
             args=[self._entry_prefix, digest, data, self._ttl_ms + self._stale_ms, self._size],
         )
-        self._hold(key, value, self._ttl, build_time)
+        self._hold(key, value, sent + self._ttl, build_time)
 
     def clear(self) -> None:
         """Empty the cache for every process: every entry in Redis (one script) and this
@@ -287,17 +286,30 @@ class RedisCache(Named):
         (ResilientCache probes a Redis that was down with it.) The first call of this object
         checks its settings against those recorded in Redis (``ValueError`` naming the
         setting and both values)."""
+        if not self._stale_ms:
+            if not self._checked:
+                self._check()
+            entry = self._entry_prefix + key_digest(key)
+            return self._adopt(key, entry, self._client.get(entry))
+        found = self.fetch_entry(key)
+        return found.value if found is not None and found.fresh_for > 0 else None
+
+    def fetch_entry(self, key: Hashable) -> Entry | None:
+        """:meth:`lookup` skipping the first level: always one round trip (GET and PTTL, a
+        pipeline; without a stale window :meth:`fetch`'s GET, ``fresh_for`` infinite). A
+        fresh entry is copied into the first level. (ResilientCache probes with it.)"""
+        if not self._stale_ms:
+            value = self.fetch(key)
+            return None if value is None else Entry(value, math.inf, 0.0)
         if not self._checked:
             self._check()
         entry = self._entry_prefix + key_digest(key)
-        if not self._stale_ms:
-            return self._adopt(key, entry, self._client.get(entry))
         pipe = self._client.pipeline(transaction=False)
         pipe.get(entry)
         pipe.pttl(entry)
+        sent = self._clock()  # before the PTTL is read: fresh until at least sent + fresh_for
         data, pttl = pipe.execute()
-        found = self._entry(key, entry, data, pttl)
-        return found.value if found is not None and found.fresh_for > 0 else None
+        return self._entry(key, entry, data, pttl, sent)
 
     def adopt(self, key: Hashable, data: Any) -> Any:
         """The value of an entry of ``key`` that Redis sent (``data``, None for none), as
@@ -306,16 +318,19 @@ class RedisCache(Named):
         return self._adopt(key, self.key_of(key), data)
 
     def _adopt(self, key: Hashable, entry: str, data: Any) -> Any:
-        """A value Redis sent, taken as fresh (a plain GET, or the cold lead's recheck: an
-        entry found there was stored a moment ago)."""
+        """A value Redis sent without its PTTL (a plain GET, or the cold lead's recheck).
+        Without a stale window it is copied into the first level; with one it is not: its
+        freshness is not known, and the first level never holds what may be stale."""
         decoded = self._decode(entry, data)
         if decoded is None:
             return None
-        value, build_time = decoded
-        self._hold(key, value, self._ttl, build_time)
-        return value
+        if not self._stale_ms:
+            self._local.set(key, decoded[0])
+        return decoded[0]
 
-    def _entry(self, key: Hashable, entry: str, data: Any, pttl: Any) -> Entry | None:
+    def _entry(
+        self, key: Hashable, entry: str, data: Any, pttl: Any, sent: float
+    ) -> Entry | None:
         """The ``Entry`` of what GET and PTTL answered (a stale window only)."""
         decoded = self._decode(entry, data)
         if decoded is None:
@@ -327,7 +342,7 @@ class RedisCache(Named):
             return None
         fresh_for = (left_ms - self._stale_ms) / 1000
         if fresh_for > 0:
-            self._hold(key, value, fresh_for, build_time)
+            self._hold(key, value, sent + fresh_for, build_time)
         return Entry(value, fresh_for, build_time)
 
     def _decode(self, entry: str, data: Any) -> tuple[Any, float] | None:
@@ -344,13 +359,13 @@ class RedisCache(Named):
             return None
         return None if value is None else (value, build_time)
 
-    def _hold(self, key: Hashable, value: Any, fresh_for: float, build_time: float) -> None:
+    def _hold(self, key: Hashable, value: Any, fresh_until: float, build_time: float) -> None:
         """Copy a fresh value into the first level (with a stale window: with its own
-        fresh-until, so the first level never answers it once it is stale)."""
+        ``fresh_until`` on ``clock``, so the first level never answers it once stale)."""
         if not self._stale_ms:
             self._local.set(key, value)
-        elif fresh_for > 0 and math.isfinite(fresh_for):
-            self._local.set(key, _Held(value, self._clock() + fresh_for, build_time))
+        else:
+            self._local.set(key, _Held(value, fresh_until, build_time))
 
     def _check(self) -> None:
         check_settings(self._client, self._settings_key, self.settings())
