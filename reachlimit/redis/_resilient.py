@@ -25,8 +25,10 @@ design:
                               when up; the in-process limiter's (``backend="local"``,
                               ``degraded=True``) when down.
 
-    ResilientCache   ``get``/``set`` of the Cache protocol: Redis when up, the in-process
-                     cache when down. A failing ``get`` is a miss, never an error.
+    ResilientCache   ``get``/``set`` of the Cache protocol (and ``lookup``/``put`` of a cache
+                     with a stale window): Redis when up, the in-process cache when down. A
+                     failing ``get`` or ``lookup`` is a miss, never an error; a probe skips
+                     the shared cache's first level, which says nothing about Redis.
     ResilientFlight  ``do(key, fn, cancel) -> (value, shared)``: the shared flight when up,
                      the in-process SingleFlight when down. ``fn`` runs at most once per call:
                      if the shared flight fails after ``fn`` has run, its outcome is returned
@@ -293,8 +295,10 @@ class ResilientCache:
         health = self.health
         if health.available():
             since = health.failures
+            # A probe must reach Redis, as in get (``fetch_entry`` skips the first level).
+            fetch = getattr(self.remote, "fetch_entry", None) if not health.up else None
             try:
-                entry = _lookup(self.remote, key)
+                entry = fetch(key) if callable(fetch) else _lookup(self.remote, key)
             except FAILURES as exc:
                 health.failed(exc)
             else:
