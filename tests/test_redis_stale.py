@@ -9,6 +9,7 @@ nothing but the Redis, as two processes would; the herd test holds the one build
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,10 @@ from reachlimit.redis import (
     ResilientCache,
     connect,
 )
+from tests.apps.slow_app import create_app
 from tests.support.clock import FakeClock
 from tests.support.redis_clients import CountingRedis
+from tests.support.redis_lead import close_app, watcher_fixture  # noqa: F401 (watcher)
 from tests.support.redis_server import RedisServer
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
@@ -235,3 +238,87 @@ def test_a_refused_or_failing_refresh_leaves_the_stale_entry_served(
         assert one.path.fetch("k", lambda: "never").value == "second"
     finally:
         one.close()
+
+
+# -- what the first level holds, and the probe ------------------------------------------------
+
+
+def test_the_clock_given_is_the_first_levels_and_a_lead_hit_is_not_held(
+    client: CountingRedis,
+) -> None:
+    clock = FakeClock()
+    cache = stale_cache(client, clock=clock)
+    cache.put("k", "v", 0.0)  # held fresh for the TTL, measured before the set was sent
+    entry = cache.lookup("k")
+    assert entry is not None and entry.fresh_for == pytest.approx(TTL)
+    clock.advance(0.5)
+    assert cache.local.get("k") is not None  # the first level's own 1 s, on the same clock
+    clock.advance(0.6)
+    assert cache.local.get("k") is None
+    # The cold lead's HIT sends the value without its PTTL: answered, not held (it may be
+    # stale, and the first level never holds what may be stale).
+    age(client, cache, "k", int(STALE * 1000) - 100)
+    assert cache.adopt("k", client.get(cache.key_of("k"))) == "v"
+    assert cache.local.get("k") is None and cache.get("k") is None
+
+
+def test_a_probe_of_lookup_reaches_redis_past_the_first_level(live_redis: RedisServer) -> None:
+    clock = FakeClock()
+    client = connect(live_redis.url())
+    health = RedisHealth(live_redis.url(), clock=clock)
+    local: TTLCache[Any] = TTLCache(16, TTL, stale=STALE, clock=clock)
+    cache = ResilientCache(stale_cache(client, clock=clock), local, health)
+    cache.put("k", "shared", 0.0)  # the shared cache's first level holds it now
+    live_redis.stop()
+    assert cache.lookup("other") is None and not health.up  # Redis is down
+    clock.advance(0.3)  # past the first retry (0.25 s): the next call is the probe
+    # Answered from the first level, the probe would say nothing about Redis yet mark it up.
+    assert cache.lookup("k") is None  # it went to Redis, failed: the fallback's miss
+    assert not health.up
+    client.close()
+
+
+# -- the Flask extension on Redis -------------------------------------------------------------
+
+
+def test_the_extension_answers_stale_with_its_cache_status_then_fresh(
+    redis_server: RedisServer, watcher: redis.Redis,
+) -> None:
+    app = create_app(
+        REACHLIMIT_REDIS_URL=redis_server.url(),
+        REACHLIMIT_REDIS_PREFIX="st" + uuid.uuid4().hex[:8],
+        REACHLIMIT_CACHE_TTL=TTL,
+        REACHLIMIT_STALE=STALE,
+    )
+    gate = app.extensions["slow_app"]
+    state = app.extensions["reachlimit"]
+    shared = state.path.cache.remote
+    try:
+        http = app.test_client()
+        first = http.get("/report/popular")
+        assert first.status_code == 200 and first.json["build"] == 1
+        assert first.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; stored"
+        fresh = http.get("/report/popular")
+        assert fresh.headers["Cache-Status"].startswith("reachlimit; hit; ttl=")
+        assert "ttl=-" not in fresh.headers["Cache-Status"]
+
+        gate.gate.clear()  # the refresh waits at the gate
+        assert watcher.pexpire(shared.key_of("popular"), int(STALE * 1000) - 2500)
+        shared.local.clear()
+        stale = [http.get("/report/popular") for _ in range(3)]
+        for reply in stale:
+            assert reply.status_code == 200 and reply.json["build"] == 1
+            assert reply.headers["Cache-Status"] == "reachlimit; hit; ttl=-3"
+        wait_until("the refresh building", lambda: gate.figures()["in_flight"] == 1)
+        gate.gate.set()
+        wait_until("the refresh stored",
+                   lambda: not state.path.refresher.busy("popular"))
+        assert gate.figures()["total"] == 2  # one refresh for the herd
+        shared.local.clear()
+        again = http.get("/report/popular")
+        assert again.json["build"] == 2
+        assert again.headers["Cache-Status"].startswith("reachlimit; hit; ttl=")
+        assert "ttl=-" not in again.headers["Cache-Status"]
+        assert state.path.counts().refreshed == 1
+    finally:
+        close_app(app)
