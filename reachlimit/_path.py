@@ -241,6 +241,9 @@ class ColdPath:
         self.flight: Flight = flight if flight is not None else SingleFlight()
         self._random = random
         self._refresher = refresher
+        #: Applied to a build before a refresh runs it on a refresher thread (the Flask
+        #: extension gives it an app context there); None: run as it is.
+        self.refresh_wrapper: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
@@ -422,6 +425,8 @@ class ColdPath:
 
     def _refresh(self, key: Hashable, build: Callable[[], Any], fresh_for: float) -> None:
         """Hand a refresh of ``key`` (seen with ``fresh_for`` left) to the refresher."""
+        if self.refresh_wrapper is not None:
+            build = self.refresh_wrapper(build)
         self.refresher.submit(key, lambda: self._run_refresh(key, build, fresh_for))
 
     def _run_refresh(self, key: Hashable, build: Callable[[], Any], seen: float) -> None:

@@ -60,7 +60,7 @@ freshness left), ``reachlimit; hit; ttl=<negative s>`` (stale, refreshed meanwhi
 ``reachlimit; fwd=uri-miss; stored`` (built by this request; without ``stored`` when the
 build's value is not cached: None or NOT_FOUND), ``reachlimit; fwd=uri-miss; collapsed``
 (shared another request's build) and ``reachlimit; fwd=uri-miss; fwd-status=429`` (or 503)
-on a refusal. An answer that already has the header keeps its own.
+on a refusal. Ours is added to the header's list (an entry the view set stays first).
 
 Client-gone detection registers the request's socket with ``select.poll`` for ``POLLRDHUP``
 (the peer shut its side), ``POLLHUP`` and ``POLLERR``, and polls it with a zero timeout in the
@@ -276,8 +276,10 @@ def _cache_status(answer: Answer) -> str:
 def _write_cache_status(response: Response) -> Response:
     """after_request: the Cache-Status that cold() left in this request's environ."""
     status = _request_proxy._get_current_object().environ.get(_STATUS_KEY)
-    if status is not None and "Cache-Status" not in response.headers:
-        response.headers["Cache-Status"] = status
+    if status is not None:
+        # Added, not set: Cache-Status is a list (RFC 9211), and a header the view set
+        # already (an upstream cache's entry, say) stays before ours.
+        response.headers.add("Cache-Status", status)
     return response
 
 
@@ -402,6 +404,8 @@ class ReachLimit:
         state.closers.insert(0, state.path.close)
         if settings.stale > 0:
             state.app = app
+            # A refresh runs the build on a refresher thread: in an app context of its own.
+            state.path.refresh_wrapper = lambda build: _in_app_context(app, build)
         app.extensions["reachlimit"] = state
         for answered in (ColdRefused, ClientGone):
             app.register_error_handler(answered, _send_finished)
@@ -454,8 +458,6 @@ class ReachLimit:
         cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
         if state.retry_auto is not None:
             build = state.retry_auto.timed(build)
-        if state.app is not None:
-            build = _in_app_context(state.app, build)
         try:
             answer = state.path.fetch(key, build, cancel, client)
         except Busy as busy:
