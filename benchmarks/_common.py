@@ -139,6 +139,15 @@ def skipped_notes(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def machine_lines(m: dict[str, Any]) -> list[str]:
+    """The two lines of a report's head that say which machine it ran on."""
+    return [
+        f"machine: {m['platform']}",
+        f"         {m['cpu']}, {m['cores']} cores, {m['python']}, "
+        f"GIL switch interval {m['switch_interval_ms']:g} ms, load average {m['loadavg_1m']}",
+    ]
+
+
 def ruled(head: str) -> list[str]:
     """A table's head line and the rule under it."""
     return [head, "-" * len(head)]
@@ -159,6 +168,11 @@ def parser(description: str, quick: str) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--quick", action="store_true", help=quick)
     return p
+
+
+def optional(p: argparse.ArgumentParser, flag: str, kind: type, text: str) -> None:
+    """An option whose default is ``None``: the script picks the full or the quick value."""
+    p.add_argument(flag, type=kind, default=None, help=text)
 
 
 def redis_parser(description: str, quick: str) -> argparse.ArgumentParser:

@@ -390,9 +390,7 @@ def render(report: dict[str, Any]) -> str:
     out = [
         f"reachlimit HTTP load: {len(c['policies'])} "
         f"polic{'y' if len(c['policies']) == 1 else 'ies'}, gunicorn gthread on 127.0.0.1",
-        f"machine: {m['platform']}",
-        f"         {m['cpu']}, {m['cores']} cores, {m['python']}, "
-        f"GIL switch interval {m['switch_interval_ms']:g} ms, load average {m['loadavg_1m']}",
+        *_common.machine_lines(m),
         f"         gunicorn {m['gunicorn']}, Flask {m['flask']}, "
         f"Flask-Limiter {m['flask_limiter'] or 'not installed'}",
         f"config:  -w 1 --threads {THREADS} (pool2: {POOL_THREADS}); active {c['active']}, wait "
@@ -497,11 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--build-ms", type=float, default=None, help="one cold build in ms (default 200, quick 20)"
     )
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=None,
-        help="longest wait of timed-sem and reachlimit in s (default 3, quick 0.3)",
+    _common.optional(
+        p, "--wait", float, "longest wait of timed-sem and reachlimit in s (default 3, quick 0.3)"
     )
     p.add_argument(
         "--rate",
@@ -513,29 +508,23 @@ def main(argv: list[str] | None = None) -> int:
         "--steady-s", type=float, default=None, help="steady overload in s (default 3, quick 0.5)"
     )
     p.add_argument("--herd", type=int, default=None, help="herd requests (default 50, quick 20)")
-    p.add_argument(
+    _common.optional(
+        p,
         "--idle-s",
-        type=float,
-        default=None,
-        help="idle warm probing before and after the scenarios in s (default 1, quick 0.2)",
+        float,
+        "idle warm probing before and after the scenarios in s (default 1, quick 0.2)",
     )
-    p.add_argument(
-        "--warm-ms",
-        type=float,
-        default=None,
-        help="one warm request every this many ms, open loop (default 10)",
+    _common.optional(
+        p, "--warm-ms", float, "one warm request every this many ms, open loop (default 10)"
     )
-    p.add_argument(
+    _common.optional(
+        p,
         "--warm-cap",
-        type=int,
-        default=None,
-        help="most warm requests in one scenario or idle phase (default 800, quick 200)",
+        int,
+        "most warm requests in one scenario or idle phase (default 800, quick 200)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="socket timeout of every client request in s (default 30, quick 10)",
+    _common.optional(
+        p, "--timeout", float, "socket timeout of every client request in s (default 30, quick 10)"
     )
     _common.add_selection(p, POLICIES, SCENARIOS)
     a = p.parse_args(argv)

@@ -351,9 +351,7 @@ def render(report: dict[str, Any]) -> str:
     m, r = report["machine"], report["results"]
     out = [
         "reachlimit micro-benchmarks",
-        f"machine: {m['platform']}",
-        f"         {m['cpu']}, {m['cores']} cores, {m['python']}, "
-        f"GIL switch interval {m['switch_interval_ms']:g} ms, load average {m['loadavg_1m']}",
+        *_common.machine_lines(m),
         f"timing:  {report['config']['rounds']} alternating rounds x "
         f"{report['config']['number']:,} ops; "
         "ratio = median of per-round ratios (best-of ratio alongside)",
@@ -437,12 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "as ratios against standard-library baselines timed in the same run.",
         "small run (seconds): fewer rounds and operations, rough figures",
     )
-    p.add_argument(
-        "--number",
-        type=int,
-        default=None,
-        help="operations per timed round (default 20000, quick 5000)",
-    )
+    _common.optional(p, "--number", int, "operations per timed round (default 20000, quick 5000)")
     p.add_argument(
         "--rounds", type=int, default=None, help="alternating rounds per pair (default 41, quick 7)"
     )
@@ -452,12 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         default=50_000,
         help="refusals in the allocation check (default 50000)",
     )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="repeats of the allocation check (default 3, quick 1)",
-    )
+    _common.optional(p, "--repeats", int, "repeats of the allocation check (default 3, quick 1)")
     args = p.parse_args(argv)
     if args.number is None:
         args.number = 5_000 if args.quick else 20_000

@@ -474,9 +474,7 @@ def render(report: dict[str, Any]) -> str:
     m, c = report["machine"], report["config"]
     out = [
         "reachlimit threaded burst: five policies, one process",
-        f"machine: {m['platform']}",
-        f"         {m['cpu']}, {m['cores']} cores, {m['python']}, "
-        f"GIL switch interval {m['switch_interval_ms']:g} ms, load average {m['loadavg_1m']}",
+        *_common.machine_lines(m),
         f"config:  active {c['active']}, queue {c['queue']}, wait {c['wait']:g} s, build "
         f"{c['build_s'] * 1000:g} ms ({'cpu spin' if c['burn'] else 'sleep'}), limit "
         f"{c['active'] / c['build_s']:g} builds/s; burst {c['burst_keys']} keys, steady/mixed "
@@ -558,11 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         "semaphore, instant refusal, reachlimit) against a simulated cold build, in one run.",
         "tiny configuration (20 ms builds, 0.3 s wait, short scenarios): a few seconds",
     )
-    p.add_argument(
-        "--build-ms",
-        type=float,
-        default=None,
-        help="duration of one cold build in ms (default 200, quick 20)",
+    _common.optional(
+        p, "--build-ms", float, "duration of one cold build in ms (default 200, quick 20)"
     )
     p.add_argument(
         "--burn",
@@ -571,30 +566,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--active", type=int, default=2, help="builds at once (default 2)")
     p.add_argument("--queue", type=int, default=8, help="reachlimit queue places (default 8)")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=None,
-        help="longest wait of timed-sem and reachlimit in s (default 3, quick 0.3)",
+    _common.optional(
+        p, "--wait", float, "longest wait of timed-sem and reachlimit in s (default 3, quick 0.3)"
     )
     p.add_argument("--burst-keys", type=int, default=40, help="distinct keys in the burst")
-    p.add_argument(
+    _common.optional(
+        p,
         "--steady-s",
-        type=float,
-        default=None,
-        help="length of the steady and mixed scenarios in s (default 3, quick 0.3)",
+        float,
+        "length of the steady and mixed scenarios in s (default 3, quick 0.3)",
     )
-    p.add_argument(
-        "--herd",
-        type=int,
-        default=None,
-        help="same-key requests in the herd (default 100, quick 30)",
-    )
-    p.add_argument(
+    _common.optional(p, "--herd", int, "same-key requests in the herd (default 100, quick 30)")
+    _common.optional(
+        p,
         "--idle-s",
-        type=float,
-        default=None,
-        help="idle warm probing before and after each run in s (default 0.4, quick 0.05)",
+        float,
+        "idle warm probing before and after each run in s (default 0.4, quick 0.05)",
     )
     _common.add_selection(p, POLICIES, SCENARIOS)
     a = p.parse_args(argv)
