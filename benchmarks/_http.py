@@ -53,6 +53,22 @@ def importable(module: str) -> bool:
     return True
 
 
+def skip_flask_limiter(names: list[str], install: str, as_json: bool) -> dict[str, str]:
+    """Take ``flask-limiter`` out of ``names`` when Flask-Limiter does not import here, and
+    say why (on stderr too with ``--json``, where the report's text is not printed); the
+    result is the report's ``skipped``."""
+    skipped: dict[str, str] = {}
+    if "flask-limiter" in names and not importable("flask_limiter"):
+        names.remove("flask-limiter")
+        skipped["flask-limiter"] = (
+            "flask-limiter skipped: Flask-Limiter is not installed in this interpreter "
+            f"({install})"
+        )
+        if as_json:
+            print(f"note: {skipped['flask-limiter']}", file=sys.stderr)
+    return skipped
+
+
 # -- the HTTP client --------------------------------------------------------------------------
 
 

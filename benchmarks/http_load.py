@@ -60,8 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import _http
 from _common import fmt, ms, open_loop, pct
-from _http import Sample, cold_figures, fetch, get_json, importable, version_of, warm_figures
+from _http import Sample, cold_figures, fetch, get_json, version_of, warm_figures
 
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.waiting import wait_until
@@ -553,15 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.warm_interval_s <= 0:
         p.error("need --warm-ms > 0")
 
-    skipped: dict[str, str] = {}
-    if "flask-limiter" in policies and not importable("flask_limiter"):
-        policies.remove("flask-limiter")
-        skipped["flask-limiter"] = (
-            "flask-limiter skipped: Flask-Limiter is not installed in this interpreter "
-            "(pip install Flask-Limiter)"
-        )
-        if a.json:
-            print(f"note: {skipped['flask-limiter']}", file=sys.stderr)
+    skipped = _http.skip_flask_limiter(policies, "pip install Flask-Limiter", a.json)
 
     where = machine()  # the load average before this run adds its own
     if skipped:

@@ -78,7 +78,7 @@ import _common
 import _http
 import redis
 from _common import fmt, ms, open_loop, pct
-from _http import Sample, fetch, importable, status_counts, warm_figures
+from _http import Sample, fetch, status_counts, warm_figures
 
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -651,15 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     if _http.redis_missing():
         return 2
 
-    skipped: dict[str, str] = {}
-    if "flask-limiter" in variants and not importable("flask_limiter"):
-        variants.remove("flask-limiter")
-        skipped["flask-limiter"] = (
-            "flask-limiter skipped: Flask-Limiter is not installed in this interpreter "
-            "(pip install -e '.[bench]')"
-        )
-        if a.json:
-            print(f"note: {skipped['flask-limiter']}", file=sys.stderr)
+    skipped = _http.skip_flask_limiter(variants, "pip install -e '.[bench]'", a.json)
 
     _http.unwind_on_sigterm()
     started = time.perf_counter()
