@@ -70,6 +70,23 @@ class TTLCache(Generic[V]):
         self._data: dict[Hashable, tuple[float, V, float, float]] = {}
 
     def get(self, key: Hashable) -> V | None:
+        found = self._current(key)
+        if found is None:
+            return None
+        entry, now = found
+        return entry[1] if entry[0] > now else None
+
+    def lookup(self, key: Hashable) -> Entry | None:
+        """The entry of ``key``, fresh or stale (within its stale window), or None."""
+        found = self._current(key)
+        if found is None:
+            return None
+        entry, now = found
+        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
+
+    def _current(self, key: Hashable) -> tuple[tuple[float, V, float, float], float] | None:
+        """``key``'s entry, if it is within its stale window, and the time it was read at;
+        an entry past it is dropped."""
         if key not in self._data:
             # Racy read, on purpose: a miss needs neither the clock nor the lock (a dict
             # lookup is atomic), and an entry being set this instant is found by the next
@@ -80,25 +97,10 @@ class TTLCache(Generic[V]):
             entry = self._data.get(key)
             if entry is None:
                 return None
-            if entry[0] <= now:
-                if entry[2] <= now:
-                    del self._data[key]
-                return None
-            return entry[1]
-
-    def lookup(self, key: Hashable) -> Entry | None:
-        """The entry of ``key``, fresh or stale (within its stale window), or None."""
-        if key not in self._data:
-            return None  # racy on purpose, as in get
-        now = self._clock()
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                return None
             if entry[2] <= now:
                 del self._data[key]
                 return None
-        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
+        return entry, now
 
     def set(self, key: Hashable, value: V) -> None:
         self.put(key, value, 0.0)

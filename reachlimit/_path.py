@@ -161,6 +161,8 @@ class ColdPathStats(LimiterStats):
 
 
 _LIMITER_FIGURES = tuple(f.name for f in fields(LimiterStats))
+#: The path's own counters that ColdPathStats shows (PathCounts has the refreshes' too).
+_PATH_COUNTS = ("hits", "misses", "builds", "coalesced", "stale")
 
 
 class _LeaderCancelled:
@@ -362,18 +364,14 @@ class ColdPath:
         limiter_stats = self.limiter.stats()
         # Only the figures every limiter has: a shared limiter's snapshot carries more.
         figures = {name: getattr(limiter_stats, name) for name in _LIMITER_FIGURES}
-        with self._lock:
-            return ColdPathStats(
-                **figures,
-                hits=self._hits,
-                misses=self._misses,
-                builds=self._builds,
-                coalesced=self._coalesced,
-                stale=self._stale,
-                backend=getattr(limiter_stats, "backend", "local"),
-                degraded=getattr(limiter_stats, "degraded", False),
-                lease_lost=getattr(limiter_stats, "lease_lost", 0),
-            )
+        counts = self.counts()
+        return ColdPathStats(
+            **figures,
+            **{name: getattr(counts, name) for name in _PATH_COUNTS},
+            backend=getattr(limiter_stats, "backend", "local"),
+            degraded=getattr(limiter_stats, "degraded", False),
+            lease_lost=getattr(limiter_stats, "lease_lost", 0),
+        )
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the refresher's threads (a refresh running finishes first); refreshes asked

@@ -19,25 +19,18 @@ from flask import Flask, current_app
 
 from reachlimit import ColdPath, TTLCache
 from reachlimit.flask import ReachLimit
+from tests.support.clock import FakeClock
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class App:
     """``/r/<key>`` answers ``{"key", "n"}`` through ``rl.cold`` (a build needing the app
     context: it reads ``current_app.name``); ``/plain`` never calls it."""
 
-    def __init__(self, clock: Clock, **config: Any) -> None:
+    def __init__(self, clock: FakeClock, **config: Any) -> None:
         self.app = app = Flask("stale")
         app.config.update({"REACHLIMIT_CACHE_TTL": 10, "REACHLIMIT_STALE": 30, **config})
         self.rl = rl = ReachLimit(app)
@@ -81,12 +74,12 @@ class App:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(5000.0)
 
 
 @pytest.fixture
-def made(clock: Clock) -> Iterator[list[App]]:
+def made(clock: FakeClock) -> Iterator[list[App]]:
     apps: list[App] = []
     yield apps
     for a in apps:
@@ -95,13 +88,13 @@ def made(clock: Clock) -> Iterator[list[App]]:
         assert not any(t.is_alive() for t in workers)  # rl.close() joined the refreshers
 
 
-def make(made: list[App], clock: Clock, **config: Any) -> App:
+def make(made: list[App], clock: FakeClock, **config: Any) -> App:
     made.append(App(clock, **config))
     return made[-1]
 
 
 def test_cache_status_says_stored_then_hit_with_the_freshness_left(
-    made: list[App], clock: Clock
+    made: list[App], clock: FakeClock
 ) -> None:
     a = make(made, clock)
     first = a.get("/r/x")
@@ -114,7 +107,7 @@ def test_cache_status_says_stored_then_hit_with_the_freshness_left(
 
 
 def test_a_stale_answer_is_served_at_once_with_a_negative_ttl_then_fresh_again(
-    made: list[App], clock: Clock
+    made: list[App], clock: FakeClock
 ) -> None:
     a = make(made, clock)
     a.get("/r/x")
@@ -134,7 +127,7 @@ def test_a_stale_answer_is_served_at_once_with_a_negative_ttl_then_fresh_again(
 
 
 def test_a_follower_is_collapsed_and_a_refusal_says_its_status(
-    made: list[App], clock: Clock
+    made: list[App], clock: FakeClock
 ) -> None:
     a = make(made, clock, REACHLIMIT_ACTIVE=1, REACHLIMIT_QUEUE=0)
     a.gate = threading.Event()
@@ -158,7 +151,7 @@ def test_a_follower_is_collapsed_and_a_refusal_says_its_status(
 
 
 def test_a_failing_refresh_never_reaches_a_client_and_is_logged_once(
-    made: list[App], clock: Clock, caplog: pytest.LogCaptureFixture
+    made: list[App], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     a = make(made, clock)
     a.get("/r/x")
@@ -173,7 +166,7 @@ def test_a_failing_refresh_never_reaches_a_client_and_is_logged_once(
     assert len([r for r in caplog.records if "refresh of 'x'" in r.getMessage()]) == 1
 
 
-def test_the_stale_figures_reach_health_and_metrics(made: list[App], clock: Clock) -> None:
+def test_the_stale_figures_reach_health_and_metrics(made: list[App], clock: FakeClock) -> None:
     pytest.importorskip("prometheus_client")
     a = make(made, clock, REACHLIMIT_METRICS=True)
     a.app.add_url_rule("/health", view_func=a.rl.health_view)
@@ -207,7 +200,7 @@ def test_a_stale_window_over_a_day_is_allowed_and_logged(caplog: pytest.LogCaptu
         rl.close()
 
 
-def test_without_a_stale_window_an_expired_entry_is_built_in_the_request(clock: Clock) -> None:
+def test_without_a_stale_window_an_expired_entry_is_built_in_the_request(clock: FakeClock) -> None:
     a = App(clock, REACHLIMIT_STALE=0)
     try:
         a.get("/r/x")

@@ -25,18 +25,11 @@ from reachlimit import (
     TTLCache,
 )
 from reachlimit._path import EARLY_SPAN
+from tests.support.clock import FakeClock
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Draws:
@@ -74,8 +67,8 @@ class Builds:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
@@ -88,12 +81,20 @@ def paths() -> Iterator[list[ColdPath]]:
 
 
 def make_path(
-    paths: list[ColdPath], clock: Clock, *, ttl: float = 10.0, stale: float = 30.0,
+    paths: list[ColdPath], clock: FakeClock, *, ttl: float = 10.0, stale: float = 30.0,
     draws: Callable[[], float] | None = None, active: int = 2, queue: int = 8,
 ) -> ColdPath:
     cache: TTLCache[Any] = TTLCache(16, ttl, stale=stale, clock=clock)
     path = ColdPath(ColdLimiter(active, queue, wait=1.0), cache, random=draws or Draws(0.5))
     paths.append(path)
+    return path
+
+
+def stale_path(paths: list[ColdPath], clock: FakeClock, by: float, **kwargs: Any) -> ColdPath:
+    """A path (``make_path(**kwargs)``) whose entry ``"k"`` ("v1") was stored ``by`` s ago."""
+    path = make_path(paths, clock, **kwargs)
+    assert path.fetch("k", Builds()).status == "stored"
+    clock.now += by
     return path
 
 
@@ -105,7 +106,7 @@ def settle(path: ColdPath, key: Any) -> None:
 # -- TTLCache: the stale window ----------------------------------------------------------------
 
 
-def test_an_entry_is_fresh_then_stale_then_gone_at_its_exact_boundaries(clock: Clock) -> None:
+def test_an_entry_is_fresh_then_stale_then_gone_at_its_exact_boundaries(clock: FakeClock) -> None:
     cache: TTLCache[str] = TTLCache(4, 10.0, stale=5.0, clock=clock)
     cache.put("k", "v", 0.25)
     clock.now += 9.999
@@ -124,7 +125,7 @@ def test_an_entry_is_fresh_then_stale_then_gone_at_its_exact_boundaries(clock: C
     assert cache.get("k") is None and len(cache) == 0
 
 
-def test_without_a_stale_window_lookup_answers_fresh_entries_only(clock: Clock) -> None:
+def test_without_a_stale_window_lookup_answers_fresh_entries_only(clock: FakeClock) -> None:
     cache: TTLCache[str] = TTLCache(4, 10.0, clock=clock)
     cache.set("k", "v")
     assert cache.lookup("k") == Entry("v", pytest.approx(10.0), 0.0)
@@ -138,7 +139,7 @@ def test_a_stale_window_that_is_not_a_number_of_seconds_is_a_value_error(bad: An
         TTLCache(4, 10.0, stale=bad)
 
 
-def test_a_full_cache_drops_entries_past_their_stale_window_first(clock: Clock) -> None:
+def test_a_full_cache_drops_entries_past_their_stale_window_first(clock: FakeClock) -> None:
     cache: TTLCache[str] = TTLCache(2, 10.0, stale=5.0, clock=clock)
     cache.set("old", "o")
     clock.now += 12.0  # "old" is stale, not gone
@@ -153,7 +154,7 @@ def test_a_full_cache_drops_entries_past_their_stale_window_first(clock: Clock) 
 
 
 def test_a_stale_entry_is_answered_at_once_and_refreshed_once(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
     path = make_path(paths, clock)
     build = Builds()
@@ -180,22 +181,18 @@ def test_a_stale_entry_is_answered_at_once_and_refreshed_once(
 
 
 def test_past_ttl_plus_stale_the_next_request_is_a_cold_miss(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
-    path = make_path(paths, clock, ttl=10.0, stale=5.0)
-    path.fetch("k", Builds())
-    clock.now += 15.0
+    path = stale_path(paths, clock, 15.0, ttl=10.0, stale=5.0)
     answer = path.fetch("k", Builds())
     assert answer.status == "stored" and path.counts().misses == 2
     assert not path.refresher.busy("k")
 
 
 def test_a_refresh_that_raises_leaves_the_stale_entry_and_is_logged_once_per_episode(
-    clock: Clock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
+    clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = make_path(paths, clock)
-    path.fetch("k", Builds())
-    clock.now += 11.0
+    path = stale_path(paths, clock, 11.0)
     failing = Builds()
     failing.error = RuntimeError("database down")
     with caplog.at_level(logging.WARNING, logger="reachlimit"):
@@ -219,11 +216,9 @@ def test_a_refresh_that_raises_leaves_the_stale_entry_and_is_logged_once_per_epi
 
 
 def test_a_refused_refresh_leaves_the_stale_entry_and_its_readers_unharmed(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
-    path = make_path(paths, clock, active=1, queue=0)
-    path.fetch("k", Builds())
-    clock.now += 11.0
+    path = stale_path(paths, clock, 11.0, active=1, queue=0)
     held = path.limiter.acquire()  # the only slot, taken: the refresh is refused at once
     try:
         refresh = Builds()
@@ -241,7 +236,7 @@ def test_a_refused_refresh_leaves_the_stale_entry_and_its_readers_unharmed(
 
 
 def test_a_refresh_asks_the_limiter_as_a_client_of_its_own(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
     path = make_path(paths, clock)
     asked: list[Any] = []
@@ -260,11 +255,9 @@ def test_a_refresh_asks_the_limiter_as_a_client_of_its_own(
 
 
 def test_a_refresh_that_finds_a_fresher_entry_does_not_build(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
-    path = make_path(paths, clock)
-    path.fetch("k", Builds())
-    clock.now += 11.0
+    path = stale_path(paths, clock, 11.0)
     gate = threading.Event()
     blocker = Builds(gate)
     # Hold the refresher's only threads: two other keys whose refreshes block.
@@ -286,7 +279,9 @@ def test_a_refresh_that_finds_a_fresher_entry_does_not_build(
 # -- early refresh (XFetch) -------------------------------------------------------------------
 
 
-def test_early_refresh_is_drawn_only_near_the_ttls_end(clock: Clock, paths: list[ColdPath]) -> None:
+def test_early_refresh_is_drawn_only_near_the_ttls_end(
+    clock: FakeClock, paths: list[ColdPath]
+) -> None:
     draws = Draws(0.0)
     path = make_path(paths, clock, ttl=100.0, draws=draws)
     path.cache.put("k", "v", 1.0)  # built in 1 s
@@ -299,7 +294,7 @@ def test_early_refresh_is_drawn_only_near_the_ttls_end(clock: Clock, paths: list
 
 @pytest.mark.parametrize("fresh_for", [0.5, 2.0, 5.0])
 def test_the_early_refresh_chance_is_exp_of_minus_freshness_over_build_time(
-    clock: Clock, paths: list[ColdPath], fresh_for: float
+    clock: FakeClock, paths: list[ColdPath], fresh_for: float
 ) -> None:
     # XFetch refreshes when -build_time * ln(1 - u) >= fresh_for, that is when
     # u >= 1 - exp(-fresh_for / build_time): the chance is exp(-fresh_for / build_time).
@@ -318,7 +313,7 @@ def test_the_early_refresh_chance_is_exp_of_minus_freshness_over_build_time(
         clock.now -= 100.0 - fresh_for
 
 
-def test_no_early_refresh_without_a_stale_window(clock: Clock, paths: list[ColdPath]) -> None:
+def test_no_early_refresh_without_a_stale_window(clock: FakeClock, paths: list[ColdPath]) -> None:
     draws = Draws(0.999)
     path = make_path(paths, clock, ttl=10.0, stale=0.0, draws=draws)
     path.cache.put("k", "v", 5.0)
@@ -385,7 +380,7 @@ def test_the_refresher_drops_jobs_beyond_its_bound_and_survives_a_job_that_raise
 
 
 def test_closing_a_path_that_never_refreshed_starts_no_thread_later(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
     path = make_path(paths, clock)
     path.close()
@@ -396,7 +391,7 @@ def test_closing_a_path_that_never_refreshed_starts_no_thread_later(
 
 
 def test_refresher_threads_default_to_the_limiters_active(
-    clock: Clock, paths: list[ColdPath]
+    clock: FakeClock, paths: list[ColdPath]
 ) -> None:
     path = make_path(paths, clock, active=3)
     assert path.refresher.threads == 3
