@@ -18,12 +18,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class Budgeted:
+    """The part of an HTTP benchmark's configuration every one has: the budget's ``active``
+    builds at once and one build's length ``build_s``."""
+
+    active: int
+    build_s: float
+
+    @property
+    def capacity(self) -> float:
+        """Builds per second the budget allows: ``active`` builds of ``build_s`` each."""
+        return self.active / self.build_s
 
 
 def machine() -> dict[str, Any]:

@@ -105,7 +105,7 @@ def create_app() -> Any:
     ``BENCH_BUILD_MS``, ``BENCH_TOKEN``. With ``REACHLIMIT_REDIS_URL`` builds are counted in
     that Redis (every process together), else in this worker."""
     from flask import Flask, jsonify, request
-    from http_app import ColdWork
+    from http_app import ColdWork, stats_response
     from http_redis_app import BUILD_KEYS, CountedBuild, redis_client
 
     from reachlimit.flask import CONFIG_KEYS, ColdRefused, ReachLimit
@@ -140,7 +140,7 @@ def create_app() -> Any:
 
     @app.get("/stats")
     def stats() -> Any:
-        response = jsonify(
+        return stats_response(
             pid=os.getpid(),
             token=token,
             client=client_setting,
@@ -148,8 +148,6 @@ def create_app() -> Any:
             builds=work.figures(None) if work is not None else None,
             build_keys=BUILD_KEYS if url else None,
         )
-        response.headers["Cache-Control"] = "no-store"
-        return response
 
     return app
 
@@ -158,10 +156,8 @@ def create_app() -> Any:
 
 
 @dataclass
-class Config:
-    build_s: float
+class Config(_common.Budgeted):
     wait: float
-    active: int
     queue: int
     duration_s: float
     lead_s: float
@@ -174,10 +170,6 @@ class Config:
     threads: int
     rounds: int
     client_timeout_s: float
-
-    @property
-    def capacity(self) -> float:
-        return self.active / self.build_s
 
     def polite_addrs(self) -> list[str]:
         return [f"127.0.0.{POLITE_BASE + i}" for i in range(self.polite)]

@@ -51,6 +51,14 @@ WARM_KEYS = tuple(f"warm-{i}" for i in range(16))
 RETRY_AFTER_S = 2
 
 
+def stats_response(**figures: Any) -> Response:
+    """A benchmark app's ``/stats`` answer: ``figures`` as JSON, never cached (every app of
+    ``benchmarks/`` answers its figures this way)."""
+    response = jsonify(**figures)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 class ColdWork:
     """The simulated cold build; runs in the request threads. Every field is guarded by
     ``_lock``."""
@@ -174,15 +182,13 @@ def create_app() -> Flask:
 
     @app.get("/stats")
     def stats() -> Any:
-        response = jsonify(
+        return stats_response(
             **work.figures(request.args.get("key")),
             policy=policy,
             pid=os.getpid(),
             token=token,
             reach=reach_stats() if reach_stats is not None else None,
         )
-        response.headers["Cache-Control"] = "no-store"
-        return response
 
     @app.post("/stats/reset")
     def stats_reset() -> Any:

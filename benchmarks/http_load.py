@@ -105,9 +105,7 @@ def machine() -> dict[str, Any]:
 
 
 @dataclass
-class Config:
-    active: int
-    build_s: float
+class Config(_common.Budgeted):
     wait: float
     rate: str
     burst_keys: int
@@ -118,11 +116,6 @@ class Config:
     warm_cap: int
     client_timeout_s: float
     settle_s: float
-
-    @property
-    def capacity(self) -> float:
-        """Builds per second the limit of ``active`` builds at once allows."""
-        return self.active / self.build_s
 
 
 # -- the server -------------------------------------------------------------------------------

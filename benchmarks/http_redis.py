@@ -78,7 +78,7 @@ import _common
 import _http
 import redis
 from _common import fmt, ms, open_loop, pct
-from _http import Sample, fetch, status_counts, warm_figures
+from _http import Sample, cold_figures, fetch, warm_figures
 
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -102,14 +102,12 @@ MAX_WARM_PER_PHASE = 3000
 
 
 @dataclass
-class Config:
+class Config(_common.Budgeted):
     servers: int
     workers: int
     threads: int
-    active: int
     queue: int
     wait: float
-    build_s: float
     rate: str
     clients: int
     burst_s: float
@@ -119,11 +117,6 @@ class Config:
     rounds: int
     client_timeout_s: float
     redis_via: str
-
-    @property
-    def capacity(self) -> float:
-        """Builds per second the budget allows: ``active`` builds of ``build_s`` each."""
-        return self.active / self.build_s
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -322,16 +315,12 @@ def burst(ports: list[int], rc: redis.Redis, cfg: Config) -> dict[str, Any]:
     window_end = t0_redis + round(cfg.burst_s * 1000)
     in_window = sum(t0_redis <= t <= window_end for t in ends)
     goodput = in_window / cfg.burst_s
-    ok = [s.latency for s in cold if s.status == 200]
-    refused = [s.latency for s in cold if s.status == 429]
+    figures = cold_figures(cold)  # its status and errors named as this report names them
     return {
         "cold_requests": len(cold),
-        "cold_status": status_counts(cold),
-        "cold_errors": sorted({s.error for s in cold if s.error}),
-        "admitted_p50_ms": ms(pct(ok, 50)),
-        "admitted_p99_ms": ms(pct(ok, 99)),
-        "refused_p50_ms": ms(pct(refused, 50)),
-        "refused_p99_ms": ms(pct(refused, 99)),
+        "cold_status": figures.pop("status"),
+        "cold_errors": figures.pop("errors"),
+        **figures,
         "builds_started": int(rc.get(BUILD_KEYS["started"]) or 0),
         "builds_finished": len(ends),
         "builds_in_window": in_window,

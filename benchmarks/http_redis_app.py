@@ -48,6 +48,7 @@ from typing import Any
 
 import redis
 from flask import Flask, Response, jsonify, request
+from http_app import stats_response
 
 VARIANTS = ("process", "redis", "flask-limiter")
 WARM_KEYS = tuple(f"warm-{i}" for i in range(16))
@@ -240,18 +241,14 @@ rate, exempt_when=lambda: request.args.get("key") in cache)
 
     app.add_url_rule("/report", "report", guard(report))
 
-    # Kept apart from benchmarks/http_app.py's /stats: other figures (variant, Redis path,
-    # shared limiter) for another report; only the no-store JSON answer is alike.
     @app.get("/stats")
     def stats() -> Any:
-        response = jsonify(
+        return stats_response(
             variant=variant,
             redis_path=redis_path,
             pid=os.getpid(),
             token=token,
             limiter=limiter_figures() if limiter_figures is not None else None,
         )
-        response.headers["Cache-Control"] = "no-store"
-        return response
 
     return app

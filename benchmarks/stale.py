@@ -66,6 +66,7 @@ def create_app() -> Any:
     """The app factory (gunicorn ``stale:create_app()`` from ``benchmarks/``):
     ``REACHLIMIT_*`` from the environment, ``BENCH_BUILD_MS``, ``BENCH_TOKEN``."""
     from flask import Flask, jsonify, request
+    from http_app import stats_response
 
     from reachlimit.flask import CONFIG_KEYS, ReachLimit
 
@@ -100,10 +101,8 @@ def create_app() -> Any:
         with lock:
             builds = dict(per_key)
             most = running[1]
-        response = jsonify(pid=os.getpid(), token=token, reach=rl.stats().as_dict(),
-                           builds=builds, max_in_flight=most)
-        response.headers["Cache-Control"] = "no-store"
-        return response
+        return stats_response(pid=os.getpid(), token=token, reach=rl.stats().as_dict(),
+                              builds=builds, max_in_flight=most)
 
     return app
 

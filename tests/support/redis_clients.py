@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import redis
@@ -39,20 +39,36 @@ class CountingRedis(redis.Redis):
         return sum(self.sent.values())
 
 
-@pytest.fixture(name="make_client")
-def make_client_fixture(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
-    made: list[CountingRedis] = []
+class Closes(Protocol):
+    def close(self) -> None: ...
 
-    def make(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
-        options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-        options.update(kwargs)
-        client = cls(host=HOST, port=redis_server.port, **options)
-        made.append(client)
-        return client
+
+C = TypeVar("C", bound=Closes)
+
+
+def closed_at_teardown(build: Callable[..., C]) -> Iterator[Callable[..., C]]:
+    """The body of a factory fixture: yields ``build``, remembering what it made, and closes
+    every object made once the test is over."""
+    made: list[C] = []
+
+    def make(*args: Any, **kwargs: Any) -> C:
+        obj = build(*args, **kwargs)
+        made.append(obj)
+        return obj
 
     yield make
-    for client in made:
-        client.close()
+    for obj in made:
+        obj.close()
+
+
+@pytest.fixture(name="make_client")
+def make_client_fixture(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
+    def build(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
+        options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+        options.update(kwargs)
+        return cls(host=HOST, port=redis_server.port, **options)
+
+    yield from closed_at_teardown(build)
 
 
 @pytest.fixture(name="client")

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisColdLimiter
-from tests.support.redis_clients import CountingRedis
+from tests.support.redis_clients import CountingRedis, closed_at_teardown
 
 #: What the limiter's scripts answer: an acquire (granted, queued, refused full) and a poll.
 GRANTED, QUEUED, FULL = 1, 2, 0
@@ -30,19 +30,12 @@ POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
 def make_limiter_fixture(client: CountingRedis) -> Iterator[Callable[..., RedisColdLimiter]]:
     """``make_limiter(**kwargs)``: a limiter on the test's client (or ``client=``, or a
     subclass as ``cls=``); every one made is closed at teardown."""
-    # Kept apart from make_client's like body (redis_clients.py): other objects, other
-    # arguments; only "close every one made at teardown" is alike.
-    made: list[RedisColdLimiter] = []
-
-    def make(**kwargs: Any) -> RedisColdLimiter:
+    def build(**kwargs: Any) -> RedisColdLimiter:
         cls = kwargs.pop("cls", RedisColdLimiter)
         lim: RedisColdLimiter = cls(kwargs.pop("client", client), **kwargs)
-        made.append(lim)
         return lim
 
-    yield make
-    for lim in made:
-        lim.close()
+    yield from closed_at_teardown(build)
 
 
 @pytest.fixture(name="factory")
