@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["TTLCache", "Entry"]
+__all__ = ["TTLCache", "Entry", "lookup_in", "put_into"]
 
 V = TypeVar("V")
 
@@ -140,3 +140,23 @@ def check_stale(stale: Any, label: str = "stale") -> float:
     if isinstance(stale, bool) or not isinstance(stale, (int, float)) or not 0 <= stale < math.inf:
         raise ValueError(f"{label} >= 0 (seconds a stale entry may still be served)")
     return float(stale)
+
+
+def lookup_in(cache: Any, key: Hashable) -> Entry | None:
+    """``cache.lookup(key)``; for a cache without one (a plain ``get``/``set`` cache), its
+    ``get`` as a fresh entry whose freshness is not known (``fresh_for`` infinite)."""
+    lookup = getattr(cache, "lookup", None)
+    if lookup is not None:
+        found: Entry | None = lookup(key)
+        return found
+    value = cache.get(key)
+    return None if value is None else _new(Entry, (value, math.inf, 0.0))
+
+
+def put_into(cache: Any, key: Hashable, value: Any, build_time: float) -> None:
+    """``cache.put(key, value, build_time)``; for a cache without one, its ``set``."""
+    put = getattr(cache, "put", None)
+    if put is not None:
+        put(key, value, build_time)
+    else:
+        cache.set(key, value)

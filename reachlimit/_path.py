@@ -33,7 +33,6 @@ protocols) so shared, Redis-backed ones can replace them.
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 import threading
@@ -42,20 +41,18 @@ from dataclasses import asdict, dataclass, fields
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
-from ._cache import Entry, TTLCache
+from ._cache import Entry, TTLCache, lookup_in, put_into
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._flight import SingleFlight
 from ._grant import HasFigures
 from ._limiter import Grant, LimiterStats
-from ._refresh import Refresher
+from ._refresh import Episodes, Refresher
 
 __all__ = [
     "ColdPath", "ColdPathStats", "NOT_FOUND", "LEADER_CANCELLED", "Cache", "Flight", "Limiter",
     "PathCounts", "Answer", "RevalidatingCache", "REFRESH_CLIENT",
 ]
-
-log = logging.getLogger("reachlimit")
 
 
 class _NotFound:
@@ -254,9 +251,7 @@ class ColdPath:
         self._stale = 0  # guarded by _lock
         # guarded by _lock: refreshes ended with a value, refused, failed
         self._refreshes = [0, 0, 0]
-        # Keys whose refresh was refused or failed and that were not built since: their next
-        # failures are not logged again (an episode is logged once). guarded by _lock
-        self._failing: dict[Hashable, None] = {}
+        self._episodes = Episodes()  # failing refreshes, logged once per key and episode
 
     @property
     def stale_window(self) -> float:
@@ -409,14 +404,8 @@ class ColdPath:
             value = build()
             took = perf_counter() - started
         if value is not None and value is not NOT_FOUND:
-            put = getattr(self.cache, "put", None)
-            if put is None:
-                self.cache.set(key, value)
-            else:
-                put(key, value, took)
-            if self._failing:
-                with self._lock:
-                    self._failing.pop(key, None)  # built again: a new episode may be logged
+            put_into(self.cache, key, value, took)
+            self._episodes.ended(key)
         return value
 
     # -- refreshes --------------------------------------------------------------------
@@ -431,8 +420,7 @@ class ColdPath:
         """A refresh, on a refresher thread: through the flight, recheck, limiter, build."""
 
         def lead() -> Any:
-            lookup = getattr(self.cache, "lookup", None)
-            entry = lookup(key) if lookup is not None else None
+            entry = lookup_in(self.cache, key)
             if entry is not None and entry.fresh_for > seen:
                 return entry.value  # fresher than what asked: refreshed meanwhile
             return self._lead(key, build, None, REFRESH_CLIENT)
@@ -449,16 +437,7 @@ class ColdPath:
     def _refresh_ended(self, key: Hashable, outcome: int, why: str) -> None:
         with self._lock:
             self._refreshes[outcome] += 1
-            if outcome == 0:
-                self._failing.pop(key, None)
-                return
-            first = key not in self._failing
-            if first:
-                if len(self._failing) >= 1024:  # bounded: forget the oldest episode
-                    del self._failing[next(iter(self._failing))]
-                self._failing[key] = None
-        if first:
-            log.warning(
-                "reachlimit: the refresh of %r was %s; its stale entry is served until its "
-                "stale window ends (logged once until it is built again)", key, why,
-            )
+        if outcome == 0:
+            self._episodes.ended(key)
+        else:
+            self._episodes.failed(key, why)

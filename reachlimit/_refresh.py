@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 
-__all__ = ["Refresher"]
+__all__ = ["Refresher", "Episodes"]
 
 log = logging.getLogger("reachlimit")
 
@@ -119,3 +119,36 @@ class Refresher:
             finally:
                 with self._cond:
                     self._running.discard(key)
+
+
+class Episodes:
+    """The keys whose refresh was refused or failed and that were not built since, so that a
+    failing refresh is logged once per key and episode, not once per try. At most ``LIMIT``
+    keys are remembered (the oldest episode is forgotten first)."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failing: dict[Hashable, None] = {}  # guarded by _lock
+
+    def failed(self, key: Hashable, why: str) -> None:
+        """A refresh of ``key`` ended without a value (``why``): logged if it is the first of
+        its episode."""
+        with self._lock:
+            first = key not in self._failing
+            if first:
+                if len(self._failing) >= self.LIMIT:
+                    del self._failing[next(iter(self._failing))]
+                self._failing[key] = None
+        if first:
+            log.warning(
+                "reachlimit: the refresh of %r was %s; its stale entry is served until its "
+                "stale window ends (logged once until it is built again)", key, why,
+            )
+
+    def ended(self, key: Hashable) -> None:
+        """``key`` was built: its next failure starts a new episode."""
+        if self._failing:  # racy read, on purpose: the common case costs no lock
+            with self._lock:
+                self._failing.pop(key, None)

@@ -44,8 +44,8 @@ app that trusts its proxies - never the leftmost ``X-Forwarded-For`` entry, whic
 can write. It is read from the request on every call, warm hits included (one attribute read).
 
 The extension never stores the app: every figure lives in ``app.extensions["reachlimit"]``,
-so one ``ReachLimit`` can serve several apps, each with its own limiter and cache (the state
-there keeps its app, for the refreshes that run a build outside any request).
+so one ``ReachLimit`` can serve several apps, each with its own limiter and cache (the path's
+``refresh_wrapper`` keeps its app, for the refreshes that run a build outside any request).
 
 Stale answers (REACHLIMIT_STALE > 0): the warm cache keeps entries that long past their TTL
 and the path answers them at once while a refresher thread rebuilds them (see
@@ -169,7 +169,7 @@ class _State:
 
     __slots__ = (
         "settings", "path", "metrics", "redis", "counters", "closers", "client_of",
-        "retry_auto", "app", "_refusals",
+        "retry_auto", "_refusals",
     )
 
     def __init__(
@@ -196,9 +196,6 @@ class _State:
             if settings.retry_after == RETRY_AFTER_AUTO
             else None
         )
-        #: The app, for refreshes (they run a build in an app context of their own); set by
-        #: init_app when REACHLIMIT_STALE > 0, else None.
-        self.app: Flask | None = None
         # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
         # purpose: two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
@@ -403,7 +400,6 @@ class ReachLimit:
         # The refresher's threads stop first: a refresh running may still need the rest.
         state.closers.insert(0, state.path.close)
         if settings.stale > 0:
-            state.app = app
             # A refresh runs the build on a refresher thread: in an app context of its own.
             state.path.refresh_wrapper = lambda build: _in_app_context(app, build)
         app.extensions["reachlimit"] = state

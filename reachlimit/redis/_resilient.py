@@ -46,13 +46,12 @@ design:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._attrs import shown
-from .._cache import Entry
+from .._cache import lookup_in, put_into
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
 from .._grant import FiguresOf
@@ -234,25 +233,6 @@ class CacheLike(Protocol):
     def set(self, key: Any, value: Any) -> None: ...
 
 
-def _lookup(cache: CacheLike, key: Any) -> Entry | None:
-    """``cache.lookup(key)``; for a cache without one, its ``get`` as a fresh entry."""
-    lookup = getattr(cache, "lookup", None)
-    if lookup is not None:
-        found: Entry | None = lookup(key)
-        return found
-    value = cache.get(key)
-    return None if value is None else Entry(value, math.inf, 0.0)
-
-
-def _put(cache: CacheLike, key: Any, value: Any, build_time: float) -> None:
-    """``cache.put(...)``; for a cache without one, its ``set``."""
-    put = getattr(cache, "put", None)
-    if put is not None:
-        put(key, value, build_time)
-    else:
-        cache.set(key, value)
-
-
 class FlightLike(Protocol[T]):
     def do(
         self, key: Hashable, fn: Callable[[], T], cancel: CancelToken | None = None
@@ -298,13 +278,13 @@ class ResilientCache:
             # A probe must reach Redis, as in get (``fetch_entry`` skips the first level).
             fetch = getattr(self.remote, "fetch_entry", None) if not health.up else None
             try:
-                entry = fetch(key) if callable(fetch) else _lookup(self.remote, key)
+                entry = fetch(key) if callable(fetch) else lookup_in(self.remote, key)
             except FAILURES as exc:
                 health.failed(exc)
             else:
                 health.succeeded(since)
                 return entry
-        return _lookup(self.local, key)
+        return lookup_in(self.local, key)
 
     def set(self, key: Any, value: Any) -> None:
         self.put(key, value, 0.0)
@@ -314,13 +294,13 @@ class ResilientCache:
         if health.available():
             since = health.failures
             try:
-                _put(self.remote, key, value, build_time)
+                put_into(self.remote, key, value, build_time)
             except FAILURES as exc:
                 health.failed(exc)
             else:
                 health.succeeded(since)
                 return
-        _put(self.local, key, value, build_time)
+        put_into(self.local, key, value, build_time)
 
     def clear(self) -> None:
         """Empty the fallback cache, and the shared one when it can be emptied."""
