@@ -9,7 +9,9 @@ design:
         the environment, say) into the setting or raises ValueError naming the key
         argument > config key > default
 
-The client option's meaning (``_client_of``) is here too: None for "remote_addr" (read
+``gunicorn_threads`` finds the ``threads`` setting of the gunicorn worker loading the app (for
+the warning that the worker has too few threads). The client option's meaning (``_client_of``)
+is here too: None for "remote_addr" (read
 inline by the extension), ``_nobody`` for "none", the app's callable checked for a hashable
 value otherwise.
 
@@ -23,8 +25,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, fields
+from types import FrameType
 from typing import Any, cast
 
 from ._urls import mask_url
@@ -295,3 +299,25 @@ def _checked(client: ClientFunc) -> ClientFunc:
         return name
 
     return client_of
+
+
+def gunicorn_threads() -> int | None:
+    """The ``threads`` setting of the gunicorn worker (or preloading master) that is loading
+    the app right now, found on the call stack; None when not loaded by gunicorn."""
+    workers = sys.modules.get("gunicorn.workers.base")
+    apps = sys.modules.get("gunicorn.app.base")
+    kinds = tuple(
+        cls
+        for cls in (getattr(workers, "Worker", None), getattr(apps, "BaseApplication", None))
+        if isinstance(cls, type)
+    )
+    if not kinds:
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, kinds):
+            threads = getattr(getattr(owner, "cfg", None), "threads", None)
+            return threads if isinstance(threads, int) else None
+        frame = frame.f_back
+    return None

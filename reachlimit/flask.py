@@ -54,44 +54,40 @@ context of its own: a build that needs the request (``request.args``, say) fails
 is logged once and leaves the stale entry; read what the build needs before calling ``cold``
 (the key holds it anyway).
 
-``Cache-Status`` (RFC 9211), on every answer of a view that called ``cold()`` (the last call,
-if it called it more than once): ``reachlimit; hit; ttl=<s>`` (fresh; whole seconds of
-freshness left), ``reachlimit; hit; ttl=<negative s>`` (stale, refreshed meanwhile),
-``reachlimit; fwd=uri-miss; stored`` (built by this request; without ``stored`` when the
-build's value is not cached: None or NOT_FOUND), ``reachlimit; fwd=uri-miss; collapsed``
-(shared another request's build) and ``reachlimit; fwd=uri-miss; fwd-status=429`` (or 503)
-on a refusal. Ours is added to the header's list (an entry the view set stays first).
+``Cache-Status`` (RFC 9211), on every answer of a view that called ``cold()``: its values
+are written by ``reachlimit._answers``, which also renders the refusal's body and headers.
 
-Client-gone detection registers the request's socket with ``select.poll`` for ``POLLRDHUP``
-(the peer shut its side), ``POLLHUP`` and ``POLLERR``, and polls it with a zero timeout in the
-limiter's 50 ms wait slices: no busy loop and never a read of the socket. Its limits: a client
-that half-closes (shuts down writing but still reads) looks gone; a proxy in front of gunicorn
-must pass client aborts on (nginx: ``proxy_ignore_client_abort off``, the default); TLS
-terminated in gunicorn and HTTP/2 front ends do not show a client's close the same way.
+Client-gone detection is ``reachlimit._cancel``'s ``watch_client`` (its design note says how and
+where it cannot see a client leave); the limiter asks it between its 50 ms wait slices.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import sys
 from collections.abc import Callable, Hashable
-from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from flask import Flask, Request, Response, current_app, has_app_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.local import LocalProxy
 
-from . import NOT_FOUND, Answer, Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
+from . import Busy, Cancelled, ColdLimiter, ColdPath, ColdPathStats, TTLCache
+from ._answers import REFUSAL_SENTENCES as _REFUSAL_SENTENCES  # noqa: F401  (tests read them)
+from ._answers import cache_status, refused_status, render_refusal
 from ._cancel import watch_client
 
 # The settings, the "auto" Retry-After and the Redis wiring live in modules of their own
 # (standard library only); their names are re-exported here, where they always were.
 from ._flask_redis import REDIS_LIMITER_NAME as REDIS_LIMITER_NAME
 from ._flask_redis import release_worker, shared_path
-from ._flask_settings import _OPTION_NAMES, CONFIG_KEYS, Settings, _client_of, _read_settings
+from ._flask_settings import (
+    _OPTION_NAMES,
+    CONFIG_KEYS,
+    Settings,
+    _client_of,
+    _read_settings,
+    gunicorn_threads,
+)
 from ._flask_settings import CLIENT_NONE as CLIENT_NONE
 from ._flask_settings import CLIENT_REMOTE_ADDR as CLIENT_REMOTE_ADDR
 from ._flask_settings import RETRY_AFTER_AUTO as RETRY_AFTER_AUTO
@@ -154,16 +150,6 @@ def _send_finished(exc: ColdRefused | ClientGone) -> Response:
     return response
 
 
-_REFUSAL_SENTENCES = {
-    Busy.QUEUE_FULL: "Too many reports are being built right now; please retry shortly.",
-    Busy.TIMEOUT: "Waited too long for a free build slot; please retry shortly.",
-    Busy.DISPLACED: "This request's queue place went to another client's request (the "
-    "queue is shared fairly); please retry shortly.",
-    Busy.UNAVAILABLE: "The shared build limiter is unavailable right now; please retry "
-    "shortly.",
-}
-
-
 class _State:
     """What one app holds in ``app.extensions["reachlimit"]``."""
 
@@ -218,7 +204,7 @@ class _State:
         from a body and headers rendered on the first refusal of each kind."""
         rendered = self._refusals.get((busy.reason, busy.retry_after))
         if rendered is None:
-            rendered = self._refusals[(busy.reason, busy.retry_after)] = _render_refusal(busy)
+            rendered = self._refusals[(busy.reason, busy.retry_after)] = render_refusal(busy)
         body, headers = rendered
         # "unavailable" (Redis down, fallback "refuse") is the service's failure, not the
         # client's: 503 whatever REACHLIMIT_STATUS says.
@@ -226,7 +212,7 @@ class _State:
         # A one-item list rather than bytes: with Content-Length already among the headers,
         # the response need not measure and set it again.
         response = Response([body], status, headers)
-        response.headers["Cache-Status"] = f"reachlimit; fwd=uri-miss; fwd-status={status}"
+        response.headers["Cache-Status"] = refused_status(status)
         return response
 
 
@@ -240,34 +226,6 @@ def _service_stats(state: _State) -> ColdPathStats:
     except Exception as exc:  # Redis failed between the two reads: this process's figures
         log.debug("reachlimit: the service's counters could not be read (%s)", type(exc))
         return stats
-
-
-def _render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
-    retry_after = max(1, int(busy.retry_after))
-    sentence = _REFUSAL_SENTENCES.get(busy.reason, _REFUSAL_SENTENCES[Busy.TIMEOUT])
-    body = json.dumps({"error": sentence, "retryAfter": retry_after}).encode()
-    return body, [
-        ("Content-Type", "application/json"),
-        ("Content-Length", str(len(body))),
-        ("Retry-After", str(retry_after)),
-        ("Cache-Control", "no-store"),
-    ]
-
-
-def _cache_status(answer: Answer) -> str:
-    """The ``Cache-Status`` (RFC 9211) of an answer of ``ColdPath.fetch``."""
-    status, fresh_for = answer.status, answer.fresh_for
-    if status == "hit":
-        if fresh_for is None or fresh_for == math.inf:  # a cache that does not know
-            return "reachlimit; hit"
-        return f"reachlimit; hit; ttl={int(fresh_for)}"
-    if status == "stale":
-        return f"reachlimit; hit; ttl={min(-1, math.floor(fresh_for or 0.0))}"
-    if status == "collapsed":
-        return "reachlimit; fwd=uri-miss; collapsed"
-    if answer.value is None or answer.value is NOT_FOUND:
-        return "reachlimit; fwd=uri-miss"  # built, and not stored
-    return "reachlimit; fwd=uri-miss; stored"
 
 
 def _write_cache_status(response: Response) -> Response:
@@ -321,28 +279,6 @@ def _shared_state(settings: Settings) -> _State:
     )
     state.closers = shared.closers
     return state
-
-
-def _gunicorn_threads() -> int | None:
-    """The ``threads`` setting of the gunicorn worker (or preloading master) that is loading
-    the app right now, found on the call stack; None when not loaded by gunicorn."""
-    workers = sys.modules.get("gunicorn.workers.base")
-    apps = sys.modules.get("gunicorn.app.base")
-    kinds = tuple(
-        cls
-        for cls in (getattr(workers, "Worker", None), getattr(apps, "BaseApplication", None))
-        if isinstance(cls, type)
-    )
-    if not kinds:
-        return None
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, kinds):
-            threads = getattr(getattr(owner, "cfg", None), "threads", None)
-            return threads if isinstance(threads, int) else None
-        frame = frame.f_back
-    return None
 
 
 class ReachLimit:
@@ -406,7 +342,7 @@ class ReachLimit:
         for answered in (ColdRefused, ClientGone):
             app.register_error_handler(answered, _send_finished)
         app.after_request(_write_cache_status)
-        threads = _gunicorn_threads()
+        threads = gunicorn_threads()
         if threads is not None and threads < settings.threads_needed:
             log.warning(
                 "gunicorn runs %d thread(s) per worker, fewer than active + queue + %d = %d: "
@@ -463,7 +399,7 @@ class ReachLimit:
         except Cancelled:
             log.info("client left while waiting for %r; answered 499", key)
             raise ClientGone() from None
-        asking.environ[_STATUS_KEY] = _cache_status(answer)
+        asking.environ[_STATUS_KEY] = cache_status(answer)
         return answer.value
 
     # -- figures and housekeeping -------------------------------------------------------

@@ -1,0 +1,66 @@
+"""What the Flask extension's answers say: the refusal's body and headers, and the
+``Cache-Status`` header (RFC 9211) of every answer of a view that called ``rl.cold()``.
+
+Standard library only; ``reachlimit.flask`` sends what these functions write.
+
+``Cache-Status`` (RFC 9211), on every answer of a view that called ``cold()`` (the last call,
+if it called it more than once): ``reachlimit; hit; ttl=<s>`` (fresh; whole seconds of
+freshness left), ``reachlimit; hit; ttl=<negative s>`` (stale, refreshed meanwhile),
+``reachlimit; fwd=uri-miss; stored`` (built by this request; without ``stored`` when the
+build's value is not cached: None or NOT_FOUND), ``reachlimit; fwd=uri-miss; collapsed``
+(shared another request's build) and ``reachlimit; fwd=uri-miss; fwd-status=429`` (or 503)
+on a refusal. Ours is added to the header's list (an entry the view set stays first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ._errors import Busy
+from ._path import NOT_FOUND, Answer
+
+__all__ = ["REFUSAL_SENTENCES", "render_refusal", "cache_status", "refused_status"]
+
+REFUSAL_SENTENCES = {
+    Busy.QUEUE_FULL: "Too many reports are being built right now; please retry shortly.",
+    Busy.TIMEOUT: "Waited too long for a free build slot; please retry shortly.",
+    Busy.DISPLACED: "This request's queue place went to another client's request (the "
+    "queue is shared fairly); please retry shortly.",
+    Busy.UNAVAILABLE: "The shared build limiter is unavailable right now; please retry "
+    "shortly.",
+}
+
+
+def render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
+    """The refusal's JSON body and its headers (rendered once per kind by the extension)."""
+    retry_after = max(1, int(busy.retry_after))
+    sentence = REFUSAL_SENTENCES.get(busy.reason, REFUSAL_SENTENCES[Busy.TIMEOUT])
+    body = json.dumps({"error": sentence, "retryAfter": retry_after}).encode()
+    return body, [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("Retry-After", str(retry_after)),
+        ("Cache-Control", "no-store"),
+    ]
+
+
+def cache_status(answer: Answer) -> str:
+    """The ``Cache-Status`` (RFC 9211) of an answer of ``ColdPath.fetch``."""
+    status, fresh_for = answer.status, answer.fresh_for
+    if status == "hit":
+        if fresh_for is None or fresh_for == math.inf:  # a cache that does not know
+            return "reachlimit; hit"
+        return f"reachlimit; hit; ttl={int(fresh_for)}"
+    if status == "stale":
+        return f"reachlimit; hit; ttl={min(-1, math.floor(fresh_for or 0.0))}"
+    if status == "collapsed":
+        return "reachlimit; fwd=uri-miss; collapsed"
+    if answer.value is None or answer.value is NOT_FOUND:
+        return "reachlimit; fwd=uri-miss"  # built, and not stored
+    return "reachlimit; fwd=uri-miss; stored"
+
+
+def refused_status(status: int) -> str:
+    """The ``Cache-Status`` of a refusal answered with HTTP ``status`` (429 or 503)."""
+    return f"reachlimit; fwd=uri-miss; fwd-status={status}"
