@@ -251,42 +251,26 @@ def assert_built_from(h: Harness, settings: Settings) -> None:
     assert (cache.maxsize, cache.ttl) == (settings.cache_size, settings.cache_ttl)
 
 
+#: The eight settings, one row each: the field, its config key, its default, the value
+#: ALL_CHANGED gives it, and the one test_constructor_overrides_win_over_config passes.
+SETTINGS_TABLE: list[tuple[str, str, Any, Any, Any]] = [
+    # field                 config key                         default  changed  override
+    ("active",               "REACHLIMIT_ACTIVE",               2,       3,       1),
+    ("queue",                "REACHLIMIT_QUEUE",                8,       5,       0),
+    ("wait",                 "REACHLIMIT_WAIT",                 3.0,     1.5,     9),
+    ("retry_after",          "REACHLIMIT_RETRY_AFTER",          2,       4,       7),
+    ("cache_ttl",            "REACHLIMIT_CACHE_TTL",            300.0,   60,      5),
+    ("cache_size",           "REACHLIMIT_CACHE_SIZE",           256,     10,      3),
+    ("status",               "REACHLIMIT_STATUS",               429,     503,     429),
+    ("cancel_on_disconnect", "REACHLIMIT_CANCEL_ON_DISCONNECT", True,    False,   True),
+]  # fmt: skip
+ALL_CHANGED = {key: changed for _, key, _, changed, _ in SETTINGS_TABLE}
+ALL_CHANGED_SETTINGS = Settings(**{field: changed for field, _, _, changed, _ in SETTINGS_TABLE})
+
+
 def test_defaults() -> None:
-    assert Settings() == Settings(
-        active=2,
-        queue=8,
-        wait=3.0,
-        retry_after=2,
-        cache_ttl=300.0,
-        cache_size=256,
-        status=429,
-        cancel_on_disconnect=True,
-    )
+    assert Settings() == Settings(**{field: default for field, _, default, _, _ in SETTINGS_TABLE})
     assert_built_from(Harness(), Settings())
-
-
-ALL_CHANGED = {
-    "REACHLIMIT_ACTIVE": 3,
-    "REACHLIMIT_QUEUE": 5,
-    "REACHLIMIT_WAIT": 1.5,
-    "REACHLIMIT_RETRY_AFTER": 4,
-    "REACHLIMIT_CACHE_TTL": 60,
-    "REACHLIMIT_CACHE_SIZE": 10,
-    "REACHLIMIT_STATUS": 503,
-    "REACHLIMIT_CANCEL_ON_DISCONNECT": False,
-}
-# Kept apart from test_defaults' Settings(...): the same fields with other values, each
-# written out as what its own test expects.
-ALL_CHANGED_SETTINGS = Settings(
-    active=3,
-    queue=5,
-    wait=1.5,
-    retry_after=4,
-    cache_ttl=60.0,
-    cache_size=10,
-    status=503,
-    cancel_on_disconnect=False,
-)
 
 
 def test_config_keys() -> None:
@@ -294,16 +278,7 @@ def test_config_keys() -> None:
 
 
 def test_constructor_overrides_win_over_config() -> None:
-    overrides: dict[str, Any] = {
-        "active": 1,
-        "queue": 0,
-        "wait": 9,
-        "retry_after": 7,
-        "cache_ttl": 5,
-        "cache_size": 3,
-        "status": 429,
-        "cancel_on_disconnect": True,
-    }
+    overrides = {field: override for field, _, _, _, override in SETTINGS_TABLE}
     h = Harness(ALL_CHANGED, **overrides)
     assert h.settings() == Settings(**overrides)
     # Only the overridden names win; the others still come from the config.
