@@ -360,28 +360,17 @@ def test_redis_thread_storm(
     try:
         elapsed = stress.run_storm_threads(workers, helpers, storm.stop, 30.0 + ops * wait * 4)
 
-        tally: Counter[str] = sum(tallies, Counter())
-        operations = ops * threads
-        print(
-            f"\n[redis storm A={active} Q={queue} wait={wait} clients={len(clients)}] "
-            f"seed={stress.SEED} {operations}"
-            f" operations on {threads} threads in {elapsed:.1f} s: {dict(sorted(tally.items()))}"
-        )
+        label = f"redis storm A={active} Q={queue} wait={wait} clients={len(clients)}"
+        tally = stress.storm_tally(label, tallies, ops, threads, elapsed)
         assert not storm.violations, storm.violations[:10]
         assert tally["samples"] > 0
         assert_nothing_left(client, lim)
         s = lim.stats()
         assert (s.active, s.queued, s.lease_lost) == (0, 0, 0), s
-        assert s.acquired == tally["grant"]
-        assert s.rejected_full == tally["queue_full"]
-        assert s.rejected_timeout == tally["timeout"]
-        assert s.cancelled == tally["cancelled"]
+        stress.assert_storm_counted(s, tally, ops * threads)
         # A waiter displaced while its cancel object raised reports the error, not the
         # displacement Redis counted: between the two.
         assert tally["displaced"] <= s.displaced <= tally["displaced"] + tally["token_error"]
-        outcomes = ("grant", "queue_full", "timeout", "cancelled", "cancelled_at_once",
-                    "token_error", "displaced")
-        assert sum(tally[k] for k in outcomes) == operations
         assert storm.max_holding <= active and s.peak_active <= active
         assert s.peak_queued <= queue
         # The storm really went through the main paths. How many waiters time out or are

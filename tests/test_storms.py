@@ -433,29 +433,16 @@ def test_limiter_thread_storm(
     # Bounded: each operation waits at most `wait`, plus a hold of at most 1.5 x wait.
     elapsed = stress.run_storm_threads(workers, helpers, storm.stop, 30.0 + ops * wait * 4)
 
-    # Kept apart from the like summary of tests/test_redis_stress.py: this one also prints the
-    # local limiter's queue counts, which a Redis limiter does not keep.
-    tally: Counter[str] = sum(tallies, Counter())
-    operations = ops * threads
-    print(
-        f"\n[storm A={active} Q={queue} wait={wait} clients={len(clients)}] seed={stress.SEED} "
-        f"{operations} operations on {threads} threads in {elapsed:.1f} s: "
-        f"{dict(sorted(tally.items()))} queue={dict(lim.counts)}"
-    )
+    # The summary ends with the local limiter's queue counts (a Redis limiter keeps none).
+    label = f"storm A={active} Q={queue} wait={wait} clients={len(clients)}"
+    queue_counts = f" queue={dict(lim.counts)}"
+    tally = stress.storm_tally(label, tallies, ops, threads, elapsed, queue_counts)
     assert not storm.violations, storm.violations[:10]
     s = lim.stats()
     assert (s.active, s.queued) == (0, 0), s
-    assert s.acquired == tally["grant"]
-    assert s.rejected_full == tally["queue_full"]
-    assert s.rejected_timeout == tally["timeout"]
-    assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
+    stress.assert_storm_counted(s, tally, ops * threads)
     assert s.displaced == tally["displaced"] + tally["token_error_displaced"]
     assert s.displaced == lim.counts["displaced"]
-    outcomes = (
-        "grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error",
-        "displaced",
-    )
-    assert sum(tally[k] for k in outcomes) == operations
     if queue:
         assert gate_size(lim) == 0
     _assert_every_place_left_once(lim)

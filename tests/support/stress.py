@@ -97,6 +97,37 @@ def run_storm_threads(
     return elapsed
 
 
+#: Every way one storm operation ends: each operation is counted under exactly one of these.
+STORM_OUTCOMES = (
+    "grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error",
+    "displaced",
+)
+
+
+def storm_tally(
+    label: str, tallies: list[Counter[str]], ops: int, threads: int, elapsed: float,
+    more: str = "",
+) -> Counter[str]:
+    """The storm's tallies summed, after printing its one-line summary: ``label`` (its
+    settings), the seed, the operations and their outcomes, then ``more``."""
+    tally: Counter[str] = sum(tallies, Counter())
+    print(
+        f"\n[{label}] seed={SEED} {ops * threads} operations on {threads} threads in "
+        f"{elapsed:.1f} s: {dict(sorted(tally.items()))}{more}"
+    )
+    return tally
+
+
+def assert_storm_counted(s: Any, tally: Counter[str], operations: int) -> None:
+    """The limiter's stats ``s`` count what the storm's callers saw: each grant, refusal and
+    cancel; and every one of the ``operations`` ended in one of ``STORM_OUTCOMES``."""
+    assert s.acquired == tally["grant"]
+    assert s.rejected_full == tally["queue_full"]
+    assert s.rejected_timeout == tally["timeout"]
+    assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
+    assert sum(tally[k] for k in STORM_OUTCOMES) == operations
+
+
 def leave_grant(grant: Any, mode: str, work: Callable[[], object] | None = None) -> str:
     """Hold ``grant`` in a with-block, run ``work()`` there, and leave the way ``mode`` says:
     ``exit`` (the block's end releases), ``release`` (released early, inside the block),
