@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from reachlimit import Cancelled, SingleFlight
-from tests.support.threads import Outcome, ThreadRunner, start_call
+from tests.support.threads import HeldCall, Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,27 +51,6 @@ def followers_of(flight: SingleFlight[Any], key: Any) -> int:
     with flight._lock:
         call = flight._calls.get(key)
         return -1 if call is None else call.followers
-
-
-class HeldCall:
-    """A ``fn`` for the leader that blocks until ``finish`` is set; counts its runs."""
-
-    def __init__(self, result: Any = "value", error: BaseException | None = None) -> None:
-        self.started = threading.Event()
-        self.finish = threading.Event()
-        self.result = result
-        self.error = error
-        self.runs = 0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Any:
-        with self._lock:
-            self.runs += 1
-        self.started.set()
-        assert self.finish.wait(5.0), "the test never let the leader finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def test_single_caller_runs_fn_and_is_not_shared() -> None:

@@ -33,7 +33,7 @@ from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.processes import free_port
 from tests.support.redis_clients import CountingRedis
 from tests.support.redis_server import RedisServer
-from tests.support.threads import ThreadRunner, start_call
+from tests.support.threads import HeldCall, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -64,23 +64,10 @@ def waiters(client: redis.Redis, flight: RedisSingleFlight, number: int = 1) -> 
     return int(client.get(flight.base_of(KEY) + f"w:{number}") or 0)
 
 
-class Gate:
-    """A leader's ``fn`` that says it started, then waits for the test to let it finish."""
+class Gate(HeldCall):
+    """A leader's ``fn`` held for the test: a follower in Redis may take longer to join."""
 
-    def __init__(self, result: Any = "value", error: BaseException | None = None) -> None:
-        self.started = threading.Event()
-        self.go = threading.Event()
-        self.result = result
-        self.error = error
-        self.calls = 0
-
-    def __call__(self) -> Any:
-        self.calls += 1
-        self.started.set()
-        assert self.go.wait(30), "the test never let the leader finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
+    HOLD = 30.0
 
 
 def never() -> Any:
@@ -100,7 +87,7 @@ def lead_and_follow(
     assert gate.started.wait(10)
     follow = start_call(threads, lambda: follower.do(KEY, never))
     wait_until("the follower counted in Redis", lambda: waiters(client, leader) == 1)
-    gate.go.set()
+    gate.finish.set()
     wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set())
     return lead, follow
 
@@ -171,7 +158,7 @@ def test_a_follower_elsewhere_shares_the_leaders_value(
     assert follow.value == (value, True)
     if value is NOT_FOUND:
         assert follow.value[0] is NOT_FOUND
-    assert gate.calls == 1
+    assert gate.runs == 1
 
 
 def test_bytes_values_cross_with_the_bytes_codec(
@@ -216,7 +203,7 @@ def test_in_the_leaders_process_followers_get_the_very_exception(
     assert gate.started.wait(10)
     follow = start_call(threads, lambda: flight.do(KEY, never))
     wait_until("the local follower", lambda: flight._local._calls[KEY].followers == 1)
-    gate.go.set()
+    gate.finish.set()
     wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set())
     assert lead.error is error and follow.error is error
 
@@ -265,7 +252,7 @@ def test_a_same_process_herd_makes_one_redis_wait(
     wait_until("one local leader and five local followers",
                lambda: KEY in herd._local._calls and herd._local._calls[KEY].followers == 5)
     wait_until("the herd's process counted in Redis", lambda: waiters(client, leader) == 1)
-    gate.go.set()
+    gate.finish.set()
     wait_until("all done", lambda: lead.done.is_set() and all(c.done.is_set() for c in calls))
     assert [c.value for c in calls] == [("v", True)] * 6
     assert waiters(client, leader) == 0  # the publish rang for the one process and forgot it
@@ -293,7 +280,7 @@ def test_a_cancelled_follower_leaves_and_its_local_followers_go_round(
     wait_until("its local follower told to go round", lambda: local.done.is_set())
     assert local.value == (LEADER_CANCELLED, True)
     assert not lead.done.is_set()  # the leader goes on
-    gate.go.set()
+    gate.finish.set()
     wait_until("leader done", lambda: lead.done.is_set())
     assert lead.value == ("v", False)
 
@@ -351,9 +338,9 @@ def test_a_renewed_claim_outlives_many_leases(
         return renewals[0] >= 5
 
     wait_until("five renewals", renewed_five_times, timeout=20, interval=0.02)
-    gate.go.set()
+    gate.finish.set()
     wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set())
-    assert follow.value == ("v", True) and gate.calls == 1
+    assert follow.value == ("v", True) and gate.runs == 1
 
 
 def test_a_follower_takes_over_from_a_leader_that_stopped_renewing(
@@ -365,12 +352,12 @@ def test_a_follower_takes_over_from_a_leader_that_stopped_renewing(
     lead = start_call(threads, lambda: leader.do(KEY, stalled))
     assert stalled.started.wait(10)
     second = Gate(result="fresh")
-    second.go.set()
+    second.finish.set()
     follow = start_call(threads, lambda: follower.do(KEY, second))
     wait_until("the follower took over and finished", lambda: follow.done.is_set(), timeout=20)
-    assert follow.value == ("fresh", False) and second.calls == 1
+    assert follow.value == ("fresh", False) and second.runs == 1
     assert int(client.get(leader.base_of(KEY) + "n")) == 1  # the same flight, taken over
-    stalled.go.set()  # the late leader publishes after: its outcome is dropped
+    stalled.finish.set()  # the late leader publishes after: its outcome is dropped
     wait_until("late leader done", lambda: lead.done.is_set())
     assert lead.value == ("late", False)
     assert client.get(leader.base_of(KEY) + "out:1") == b'vj"fresh"'
@@ -429,11 +416,11 @@ def test_a_dead_leader_costs_one_more_build_never_two(
     ghost_join(followers[0], "ghost", lease_ms=300)
     gates = [Gate(result="built") for _ in followers]
     for g in gates:
-        g.go.set()
+        g.finish.set()
     calls = [start_call(threads, lambda f=f, g=g: f.do(KEY, g))
              for f, g in zip(followers, gates, strict=True)]
     wait_until("all done", lambda: all(c.done.is_set() for c in calls), timeout=20)
-    assert sum(g.calls for g in gates) == 1
+    assert sum(g.runs for g in gates) == 1
     assert sorted(c.value[1] for c in calls) == [False, True, True]
     assert {c.value[0] for c in calls} == {"built"}
 
@@ -449,7 +436,7 @@ def test_a_corrupt_claim_counts_as_ended(
 def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingleFlight]) -> None:
     flight = make_flight()
     gate = Gate(result="v")
-    gate.go.set()
+    gate.finish.set()
     assert flight.do(KEY, gate) == ("v", False)
     renewer = flight._renewer
     assert renewer is not None and renewer.is_alive()
@@ -488,13 +475,13 @@ def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
     lead = start_call(threads, lambda: leader.do(KEY, gate))
     assert gate.started.wait(10)
     second = Gate(result="again")
-    second.go.set()
+    second.finish.set()
     follow = start_call(threads, lambda: follower.do(KEY, second))
     wait_until("the follower counted", lambda: waiters(client, leader) == 1)
-    gate.go.set()
+    gate.finish.set()
     wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set(), timeout=20)
     assert lead.value == ("lost", False)  # the publish failed: logged, not raised
-    assert follow.value == ("again", False) and second.calls == 1  # took over after the lease
+    assert follow.value == ("again", False) and second.runs == 1  # took over after the lease
     assert any("could not publish" in r.getMessage() for r in caplog.records)
     failing.close()
 

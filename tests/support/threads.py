@@ -115,3 +115,28 @@ def start_call(
 
     threads.start(run, name=name)
     return result  # type: ignore[no-any-return]
+
+
+class HeldCall:
+    """A leader's ``fn`` that says it started (``started``), then blocks until the test sets
+    ``finish`` (for ``HOLD`` seconds at most); counts its runs; returns ``result`` or raises
+    ``error``."""
+
+    HOLD = 5.0
+
+    def __init__(self, result: Any = "value", error: BaseException | None = None) -> None:
+        self.started = threading.Event()
+        self.finish = threading.Event()
+        self.result = result
+        self.error = error
+        self.runs = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.runs += 1
+        self.started.set()
+        assert self.finish.wait(self.HOLD), "the test never let the leader finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
