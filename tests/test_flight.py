@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from reachlimit import Cancelled, SingleFlight
-from tests.support.threads import HeldCall, Outcome, ThreadRunner, start_call
+from tests.support.threads import (
+    HeldCall,
+    Outcome,
+    ThreadRunner,
+    leader_and_followers,
+    start_call,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -93,10 +99,10 @@ def test_exception_is_shared_by_leader_and_followers(threads: Any) -> None:
     flight: SingleFlight[Any] = SingleFlight()
     error = LookupError("database down")
     fn = HeldCall(error=error)
-    leader = start_do(threads, flight, "key", fn, name="leader")
-    assert fn.started.wait(5.0)
-    followers = [start_do(threads, flight, "key", fn, name=f"f{i}") for i in range(3)]
-    wait_until("3 followers", lambda: followers_of(flight, "key") == 3)
+    leader, followers = leader_and_followers(
+        lambda name: start_do(threads, flight, "key", fn, name=name), fn.started, 3,
+        lambda: followers_of(flight, "key"),
+    )
     fn.finish.set()
     threads.join_all()
     assert fn.runs == 1

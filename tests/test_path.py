@@ -26,7 +26,7 @@ from reachlimit import (
     TTLCache,
 )
 from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, start_acquire
-from tests.support.threads import Outcome, ThreadRunner, start_call
+from tests.support.threads import Outcome, ThreadRunner, leader_and_followers, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -409,10 +409,10 @@ def test_a_build_error_reaches_everyone_is_not_cached_and_frees_the_slot(threads
     hold = threading.Event()
     error = OSError("database is locked")
     build = log.build("k", hold=hold, error=error)
-    leader = start_get(threads, path, "k", build, name="leader")
-    assert log.started("k").wait(5.0)
-    followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(3)]
-    wait_until("3 followers", lambda: followers_of(path, "k") == 3)
+    leader, followers = leader_and_followers(
+        lambda name: start_get(threads, path, "k", build, name=name), log.started("k"), 3,
+        lambda: followers_of(path, "k"),
+    )
     assert lim.stats().active == 1
     hold.set()
     threads.join_all()
@@ -459,12 +459,10 @@ def test_followers_of_a_refused_leader_get_the_same_busy(threads: Any) -> None:
     log = BuildLog()
     holder = lim.acquire()
     build = log.build("k")
-    # Kept apart from the like start in tests/test_flight.py: that one holds a SingleFlight's
-    # leader in its fn, this one a ColdPath's leader at the limiter's door (SpyLimiter).
-    leader = start_get(threads, path, "k", build, name="leader")
-    assert spy.entered.wait(5.0)
-    followers = [start_get(threads, path, "k", build, name=f"f{i}") for i in range(4)]
-    wait_until("4 followers", lambda: followers_of(path, "k") == 4)
+    leader, followers = leader_and_followers(
+        lambda name: start_get(threads, path, "k", build, name=name), spy.entered, 4,
+        lambda: followers_of(path, "k"),
+    )
     spy.proceed.set()
     threads.join_all()
     assert isinstance(leader.error, Busy) and leader.error.reason == "queue_full"

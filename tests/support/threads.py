@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tests.support.waiting import wait_until
+
 #: How long a test waits for a thread it started to finish (or a call in it to return).
 #: Generous on purpose: it only matters when something is already wrong.
 JOIN_TIMEOUT = 5.0
@@ -140,3 +142,17 @@ class HeldCall:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+def leader_and_followers(
+    start: Callable[[str], OutcomeT], held: threading.Event, count: int,
+    following: Callable[[], int],
+) -> tuple[OutcomeT, list[OutcomeT]]:
+    """A leader and ``count`` followers of one key: ``start("leader")``, and once ``held`` is
+    set (the leader is held where the test holds it), ``start("f0")``, ``start("f1")``...;
+    returns them once ``following()`` counts all the followers joined."""
+    leader = start("leader")
+    assert held.wait(JOIN_TIMEOUT)
+    followers = [start(f"f{i}") for i in range(count)]
+    wait_until(f"{count} followers", lambda: following() == count)
+    return leader, followers
