@@ -199,6 +199,21 @@ def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
     return lim._admit(token)[0]
 
 
+def holder_and_two_waiters(
+    client: CountingRedis, holder: RedisColdLimiter, first: RedisColdLimiter,
+    second: RedisColdLimiter, tokens: tuple[str, str, str],
+) -> int:
+    """The only slot taken by ``tokens[0]`` through ``holder``, then its two waiters queued
+    (``tokens[1]`` through ``first``, ``tokens[2]`` through ``second``), each acquire straight
+    through the script. Returns Redis's time in ms from just before."""
+    start = server_ms(client)
+    holding, waiting_1, waiting_2 = tokens
+    assert holder._admit(holding)[0] == GRANTED
+    assert first._admit(waiting_1)[0] == QUEUED
+    assert second._admit(waiting_2)[0] == QUEUED
+    return start
+
+
 @pytest.mark.parametrize("refusing", [False, True])
 def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
@@ -207,10 +222,7 @@ def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
     script reaps it and admits the newcomer to its place."""
     lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
     fleeting = make_limiter(cls=_Fleeting, active=1, queue=2, wait=60.0, lease=120.0)
-    start = server_ms(client)
-    assert lasting._admit("holder")[0] == GRANTED
-    assert fleeting._admit("dead")[0] == QUEUED
-    assert lasting._admit("live")[0] == QUEUED
+    start = holder_and_two_waiters(client, lasting, fleeting, lasting, ("holder", "dead", "live"))
     assert lasting._admit("refused")[0] == FULL
     wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
     assert admit(lasting, "next", refusing) == QUEUED
@@ -229,10 +241,7 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     admits the newcomer to the place that freed."""
     short = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=0.2)
     lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
-    start = server_ms(client)
-    assert short._admit("holder")[0] == GRANTED
-    assert lasting._admit("w1")[0] == QUEUED
-    assert lasting._admit("w2")[0] == QUEUED
+    start = holder_and_two_waiters(client, short, lasting, lasting, ("holder", "w1", "w2"))
     wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
     assert admit(lasting, "next", refusing) == QUEUED
     assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
