@@ -10,30 +10,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachlimit import TTLCache
+from tests.support.arguments import assert_value_error, invalid_arguments
 
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"maxsize": 0}, "maxsize >= 1"),
-        ({"maxsize": -3}, "maxsize >= 1"),
-        ({"maxsize": True}, "maxsize >= 1"),
-        ({"maxsize": 2.0}, "maxsize >= 1"),
-        ({"ttl": 0}, "ttl > 0"),
-        ({"ttl": -1.0}, "ttl > 0"),
-        ({"ttl": True}, "ttl > 0"),
-        ({"ttl": "300"}, "ttl > 0"),
-        ({"ttl": float("nan")}, "ttl > 0"),
-    ],
+@invalid_arguments(
+    maxsize=("maxsize >= 1", [0, -3, True, 2.0]),
+    ttl=("ttl > 0", [0, -1.0, True, "300", float("nan")]),
 )
 def test_invalid_arguments_raise_value_error_with_exact_message(
     kwargs: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError) as info:
-        TTLCache(**kwargs)
-    assert str(info.value) == message
+    assert_value_error(lambda: TTLCache(**kwargs), message)
 
 
 def test_defaults_are_five_minutes_and_256_entries() -> None:

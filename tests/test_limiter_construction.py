@@ -9,41 +9,23 @@ from typing import Any
 import pytest
 
 from reachlimit import Busy, Cancelled, ColdLimiter, ReachLimitError
+from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.clock import FakeClock
 from tests.support.threads import ThreadRunner
 
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"active": 0}, "active >= 1"),
-        ({"active": -1}, "active >= 1"),
-        ({"active": True}, "active >= 1"),
-        ({"active": 1.5}, "active >= 1"),
-        ({"active": "2"}, "active >= 1"),
-        ({"queue": -1}, "queue >= 0"),
-        ({"queue": True}, "queue >= 0"),
-        ({"queue": 2.0}, "queue >= 0"),
-        ({"wait": 0}, "wait > 0"),
-        ({"wait": -0.5}, "wait > 0"),
-        ({"wait": float("nan")}, "wait > 0"),
-        ({"wait": float("inf")}, "wait > 0"),
-        ({"wait": True}, "wait > 0"),
-        ({"wait": "3"}, "wait > 0"),
-        ({"retry_after": 0}, "retry_after >= 1"),
-        ({"retry_after": -2}, "retry_after >= 1"),
-        ({"retry_after": 1.5}, "retry_after >= 1"),
-        ({"retry_after": True}, "retry_after >= 1"),
-    ],
+@invalid_arguments(
+    active=("active >= 1", [0, -1, True, 1.5, "2"]),
+    queue=("queue >= 0", [-1, True, 2.0]),
+    wait=("wait > 0", [0, -0.5, float("nan"), float("inf"), True, "3"]),
+    retry_after=("retry_after >= 1", [0, -2, 1.5, True]),
 )
 def test_invalid_arguments_raise_value_error_with_exact_message(
     kwargs: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError) as info:
-        ColdLimiter(**kwargs)
-    assert str(info.value) == message
+    assert_value_error(lambda: ColdLimiter(**kwargs), message)
 
 
 def test_defaults_and_valid_edges() -> None:

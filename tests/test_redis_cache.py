@@ -18,6 +18,7 @@ from redis.crc import key_slot
 
 from reachlimit import TTLCache
 from reachlimit.redis import RedisCache
+from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.clock import FakeClock
 from tests.support.processes import free_port
 from tests.support.redis_clients import CountingRedis
@@ -33,28 +34,20 @@ def entries(client: redis.Redis) -> int:
 # -- construction -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"ttl": 0}, "ttl > 0"),
-        ({"ttl": float("inf")}, "ttl > 0"),
-        ({"ttl": True}, "ttl > 0"),
-        ({"local_ttl": -1}, "local_ttl > 0"),
-        ({"size": 0}, "size >= 1"),
-        ({"size": 2.5}, "size >= 1"),
-        ({"local_size": 0}, "local_size >= 1"),
-        ({"codec": "pickle"}, 'codec must be "json", "bytes" or "auto"'),
-        ({"name": "a{b"}, "name must be a non-empty string without braces"),
-        ({"prefix": ""}, "prefix must be a non-empty string without braces"),
-    ],
+@invalid_arguments(
+    ttl=("ttl > 0", [0, float("inf"), True]),
+    local_ttl=("local_ttl > 0", [-1]),
+    size=("size >= 1", [0, 2.5]),
+    local_size=("local_size >= 1", [0]),
+    codec=('codec must be "json", "bytes" or "auto"', ["pickle"]),
+    name=("name must be a non-empty string without braces", ["a{b"]),
+    prefix=("prefix must be a non-empty string without braces", [""]),
 )
 def test_invalid_arguments_raise_value_error(
     client: CountingRedis, kwargs: dict[str, Any], message: str
 ) -> None:
     before = client.total()
-    with pytest.raises(ValueError) as info:
-        RedisCache(client, **kwargs)
-    assert str(info.value) == message
+    assert_value_error(lambda: RedisCache(client, **kwargs), message)
     assert client.total() == before
 
 

@@ -30,6 +30,7 @@ from reachlimit import (
 )
 from reachlimit._path import LEADER_CANCELLED
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
+from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.processes import free_port
 from tests.support.redis_clients import CountingRedis
 from tests.support.redis_server import RedisServer
@@ -95,22 +96,16 @@ def lead_and_follow(
 # -- construction and keys --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"lease": 0}, "lease > 0"),
-        ({"lease": float("nan")}, "lease > 0"),
-        ({"outcome_ttl": -1}, "outcome_ttl > 0"),
-        ({"codec": "pickle"}, 'codec must be "json", "bytes" or "auto"'),
-        ({"name": "}"}, "name must be a non-empty string without braces"),
-    ],
+@invalid_arguments(
+    lease=("lease > 0", [0, float("nan")]),
+    outcome_ttl=("outcome_ttl > 0", [-1]),
+    codec=('codec must be "json", "bytes" or "auto"', ["pickle"]),
+    name=("name must be a non-empty string without braces", ["}"]),
 )
 def test_invalid_arguments_raise_value_error(
     client: CountingRedis, kwargs: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError) as info:
-        RedisSingleFlight(client, **kwargs)
-    assert str(info.value) == message
+    assert_value_error(lambda: RedisSingleFlight(client, **kwargs), message)
 
 
 def test_it_is_a_flight_for_coldpath(make_flight: Callable[..., RedisSingleFlight]) -> None:

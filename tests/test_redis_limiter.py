@@ -26,6 +26,7 @@ from reachlimit import Busy, Cancelled, Grant, LimiterStats
 from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
 from reachlimit.redis._limiter import _GIVE_UP as GIVE_UP
 from reachlimit.redis._limiter import _STAY as STAY
+from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.limiter import (
     LIMITER_FIELDS,
     ProbeCancel,
@@ -55,32 +56,19 @@ READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget",
 # -- construction -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"active": 0}, "active >= 1"),
-        ({"active": True}, "active >= 1"),
-        ({"queue": -1}, "queue >= 0"),
-        ({"wait": 0}, "wait > 0"),
-        ({"wait": float("nan")}, "wait > 0"),
-        ({"wait": float("inf")}, "wait > 0"),
-        ({"retry_after": 0}, "retry_after >= 1"),
-        ({"retry_after": 1.5}, "retry_after >= 1"),
-        ({"lease": 0}, "lease > 0"),
-        ({"lease": -1.0}, "lease > 0"),
-        ({"lease": float("inf")}, "lease > 0"),
-        ({"lease": True}, "lease > 0"),
-        ({"name": ""}, "name must be a non-empty string without braces"),
-        ({"name": "a}b"}, "name must be a non-empty string without braces"),
-        ({"prefix": "{x"}, "prefix must be a non-empty string without braces"),
-    ],
+@invalid_arguments(
+    active=("active >= 1", [0, True]),
+    queue=("queue >= 0", [-1]),
+    wait=("wait > 0", [0, float("nan"), float("inf")]),
+    retry_after=("retry_after >= 1", [0, 1.5]),
+    lease=("lease > 0", [0, -1.0, float("inf"), True]),
+    name=("name must be a non-empty string without braces", ["", "a}b"]),
+    prefix=("prefix must be a non-empty string without braces", ["{x"]),
 )
 def test_invalid_arguments_raise_value_error_with_exact_message(
     client: CountingRedis, kwargs: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError) as info:
-        RedisColdLimiter(client, **kwargs)
-    assert str(info.value) == message
+    assert_value_error(lambda: RedisColdLimiter(client, **kwargs), message)
     assert sum(client.sent.values()) == 1  # the fixture's FLUSHALL only: nothing was sent
 
 
