@@ -46,28 +46,47 @@ _new = tuple.__new__
 
 class TTLCache(Generic[V]):
     """``get(key)`` returns the value or ``None``; ``set(key, value)`` stores it for ``ttl``
-    seconds. At most ``maxsize`` entries are kept. With ``stale`` > 0 an entry is kept that
-    many seconds past its TTL, for :meth:`lookup` (``get`` never answers it)."""
+    seconds. At most ``size`` entries are kept. With ``stale`` > 0 an entry is kept that
+    many seconds past its TTL, for :meth:`lookup` (``get`` never answers it).
+
+    ``TTLCache(ttl=60, size=1000)`` takes the keywords of ``RedisCache``; the older
+    ``TTLCache(1000, 60)`` and ``maxsize=`` still work (``maxsize`` is ``size``'s old name:
+    giving both is a ``TypeError``). ``size`` and ``maxsize`` are the same attribute."""
 
     def __init__(
         self,
-        maxsize: int = 256,
+        maxsize: int | None = None,
         ttl: float = 300.0,
         *,
+        size: int | None = None,
         stale: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
-            raise ValueError("maxsize >= 1")
+        # The arguments are sorted out here only: get, lookup and put read plain attributes.
+        if maxsize is not None and size is not None:
+            raise TypeError(
+                "TTLCache() takes size or maxsize (its old name, or the first positional "
+                "argument), not both"
+            )
+        label, entries = ("size", size) if size is not None else ("maxsize", maxsize)
+        if entries is None:
+            entries = 256
+        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 1:
+            raise ValueError(f"{label} >= 1")
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
             raise ValueError("ttl > 0")
-        self.maxsize = maxsize
+        self.maxsize = entries
         self.ttl = float(ttl)
         self.stale = check_stale(stale)
         self._clock = clock
         self._lock = threading.Lock()
         # guarded by _lock: key -> (fresh_until, value, gone_at, build_time)
         self._data: dict[Hashable, tuple[float, V, float, float]] = {}
+
+    @property
+    def size(self) -> int:
+        """How many entries are kept at most (``maxsize`` is the same number)."""
+        return self.maxsize
 
     def get(self, key: Hashable) -> V | None:
         found = self._current(key)
