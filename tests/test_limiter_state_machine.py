@@ -544,17 +544,8 @@ seed(stress.SEED)(LimiterMachine)
 
 def test_limiter_state_machine() -> None:
     MACHINE_COUNTS.clear()
-    started = time.monotonic()
-    try:
-        stress.run_machine(
-            LimiterMachine,
-            examples=3000 if stress.LONG else 250,
-            steps=80 if stress.LONG else 50,
-            shrink=SHRINK,
-        )
-    finally:
-        elapsed = time.monotonic() - started
-        races = {k: v for k, v in sorted(MACHINE_COUNTS.items()) if k.startswith("race")}
+
+    def report(elapsed: float) -> None:
         print(
             f"\n[state machine] seed={stress.SEED} examples={MACHINE_COUNTS['examples']} "
             f"steps={MACHINE_COUNTS['steps']} threads={MACHINE_COUNTS['threads']} "
@@ -564,7 +555,10 @@ def test_limiter_state_machine() -> None:
             f"displaced={MACHINE_COUNTS['displaced']} "
             f"promoted out of arrival order={MACHINE_COUNTS['round_robin']} in {elapsed:.1f} s"
         )
-        print(f"[state machine] races: {races}")
+        print(f"[state machine] races: {stress.races(MACHINE_COUNTS)}")
+
+    examples, steps = (3000, 80) if stress.LONG else (250, 50)
+    stress.run_machine(LimiterMachine, examples, steps, SHRINK, report=report)
     assert MACHINE_COUNTS["steps"] > 0
     # The fairness rules really decided something: displacements, and promotions that the
     # turn of the clients took out of arrival order.

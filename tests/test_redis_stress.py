@@ -200,25 +200,22 @@ seed(stress.SEED)(RedisLimiterMachine)
 def test_redis_limiter_state_machine(client: redis.Redis) -> None:
     counts = local_machine.MACHINE_COUNTS
     counts.clear()
-    MACHINE_CLIENT[:] = [client]
-    started = time.monotonic()
-    try:
-        stress.run_machine(
-            RedisLimiterMachine,
-            examples=400 if stress.LONG else 40,
-            steps=60 if stress.LONG else 40,
-            shrink=stress.LONG,
-        )
-    finally:
-        MACHINE_CLIENT.clear()
-        races = {k: v for k, v in sorted(counts.items()) if k.startswith("race")}
+
+    def report(elapsed: float) -> None:
         print(
             f"\n[redis state machine] seed={stress.SEED} examples={counts['examples']} "
             f"steps={counts['steps']} fast={counts['fast_path']} queued={counts['queued']} "
             f"promotions={counts['promotions']} refused_full={counts['refused_full']} "
             f"deadlines moved={counts['deadlines moved']} "
-            f"in {time.monotonic() - started:.1f} s; races: {races}"
+            f"in {elapsed:.1f} s; races: {stress.races(counts)}"
         )
+
+    MACHINE_CLIENT[:] = [client]
+    examples, steps = (400, 60) if stress.LONG else (40, 40)
+    try:
+        stress.run_machine(RedisLimiterMachine, examples, steps, stress.LONG, report=report)
+    finally:
+        MACHINE_CLIENT.clear()
     assert counts["steps"] > 0 and counts["promotions"] > 0 and counts["queued"] > 0
     assert counts["deadlines moved"] > 0, "no wait was ever made to run out in Redis"
 

@@ -50,13 +50,18 @@ class BodyError(Exception):
     """Raised inside a grant's with-block on purpose."""
 
 
-def run_machine(machine: Any, examples: int, steps: int, shrink: bool) -> None:
+def run_machine(
+    machine: Any, examples: int, steps: int, shrink: bool,
+    report: Callable[[float], object] | None = None,
+) -> None:
     """Run a Hypothesis state machine as the suite's state-machine tests do: ``examples``
     programs of up to ``steps`` steps, no example database, no deadline, shrinking a failure
-    only if ``shrink``; a failure carries the seed that replays it (``SEED``)."""
+    only if ``shrink``; a failure carries the seed that replays it (``SEED``). However the run
+    ends, ``report(seconds it took)`` is called after it (to print what it counted)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    started = time.monotonic()
     try:
         run_state_machine_as_test(
             machine,
@@ -73,6 +78,14 @@ def run_machine(machine: Any, examples: int, steps: int, shrink: bool) -> None:
     except BaseException as exc:
         exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={SEED}")
         raise
+    finally:
+        if report is not None:
+            report(time.monotonic() - started)
+
+
+def races(counts: Counter[str]) -> dict[str, int]:
+    """The races a state machine counted (its counts named ``race ...``), by name."""
+    return {k: v for k, v in sorted(counts.items()) if k.startswith("race")}
 
 
 def run_storm_threads(
