@@ -35,7 +35,7 @@ a flight's optional ``do_cold``, which ColdPath calls instead of ``do`` (the col
 
 from .._urls import mask_url
 from ._cache import CODECS, RedisCache
-from ._common import client_id, key_digest, owner_prefix
+from ._common import client_id, key_digest, owner_prefix, registry_key
 from ._counters import SharedPathCounters
 from ._flight import RedisSingleFlight
 from ._health import FAILURES, RedisHealth, connect
@@ -62,5 +62,6 @@ __all__ = [
     "key_digest",
     "mask_url",
     "owner_prefix",
+    "registry_key",
     "release_owner",
 ]

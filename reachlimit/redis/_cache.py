@@ -50,7 +50,6 @@ design:
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Hashable
@@ -59,6 +58,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from .. import _values
 from .._attrs import shown
 from .._cache import Entry, TTLCache, check_stale
 from . import lua
@@ -89,34 +89,25 @@ class Codec:
         self.name = codec
 
     def encode(self, value: Any) -> bytes:
-        """Tagged bytes; TypeError for a value this codec cannot store."""
-        if self.name == "bytes" or (
-            self.name == "auto" and isinstance(value, (bytes, bytearray, memoryview))
-        ):
-            if not isinstance(value, (bytes, bytearray, memoryview)):
-                raise TypeError(f'codec "bytes" stores bytes, not {type(value).__name__}')
-            return b"b" + bytes(value)
+        """Tagged bytes; TypeError for a value this codec cannot store. The tags and the JSON
+        are the extension's value rule (``reachlimit._values``): one encoding for both."""
+        if self.name == "bytes" and not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f'codec "bytes" stores bytes, not {type(value).__name__}')
+        if self.name == "json" and isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f'codec "json" cannot store this {type(value).__name__}')
         try:
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            kind = type(value).__name__
-            raise TypeError(f'codec "json" cannot store this {kind}: {exc}') from None
-        return b"j" + text.encode("utf-8", "surrogatepass")
+            return _values.encode(value)
+        except TypeError as exc:
+            raise TypeError(f'codec "{self.name}" cannot store this value: {exc}') from None
 
     def decode(self, data: Any) -> Any:
         """The value; ValueError for anything this codec did not write."""
         if not isinstance(data, bytes):
             raise ValueError(f"not bytes: {type(data).__name__}")
-        if self.name == "bytes" or (self.name == "auto" and data[:1] == b"b"):
-            if data[:1] != b"b":
-                raise ValueError("no bytes tag")
-            return data[1:]
-        if data[:1] != b"j":
-            raise ValueError("no JSON tag")
-        try:
-            return json.loads(data[1:].decode("utf-8", "surrogatepass"))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError too
-            raise ValueError(f"bad JSON: {type(exc).__name__}") from None
+        expected = {"bytes": _values.BYTES_TAG, "json": _values.JSON_TAG}.get(self.name)
+        if expected is not None and data[:1] != expected:
+            raise ValueError(f"no {self.name} tag")
+        return _values.decode(data)
 
 
 

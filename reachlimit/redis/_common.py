@@ -105,6 +105,12 @@ def client_id(client: Hashable) -> str:
     return hashlib.blake2b(b"".join(parts), digest_size=8).hexdigest()
 
 
+def registry_key(prefix: str) -> str:
+    """The set of the names of every limiter that ever ran under ``prefix`` (one key, its
+    own slot): what frees a dead process's places in every budget reads."""
+    return f"{prefix}:budgets"
+
+
 def check_names(name: str, prefix: str) -> None:
     """``name`` and ``prefix`` of an object's keys: non-empty, without braces (a brace would
     change the hash tag)."""

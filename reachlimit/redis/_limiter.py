@@ -78,6 +78,7 @@ from ._common import (
     ms,
     owner_prefix,
     positive,
+    registry_key,
     socket_timeout,
     warn_eviction,
 )
@@ -162,6 +163,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         tag = "{" + prefix + ":" + name + "}"
         self._keys = [f"{tag}:{suffix}" for suffix in KEY_SUFFIXES]
         self._settings_key = f"{tag}:settings"
+        self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
         self._checked = False  # racy: set once the settings were checked against Redis
         self._bell = f"{tag}:w:"
         self._common: list[str | int] = [
@@ -363,9 +365,11 @@ class RedisColdLimiter(Leased, LimiterFigures):
 
     def _check(self) -> None:
         """The first call of this object: record this budget's settings in Redis, or check
-        them against those recorded (``ValueError`` naming the setting and both values), and
-        warn once per process if Redis may evict any key. One or two round trips, once."""
+        them against those recorded (``ValueError`` naming the setting and both values), list
+        its name under the prefix (``registry_key``: for ``release_owner``'s callers), and
+        warn once per process if Redis may evict any key. Two or three round trips, once."""
         check_settings(self._client, self._settings_key, self.settings())
+        self._client.sadd(self._registry, self._name)
         warn_eviction(self._client)
         self._checked = True
 

@@ -79,6 +79,8 @@ def state_of(client: redis.Redis, pattern: str = "*") -> dict[str, Any]:
             out[key.decode()] = client.hgetall(key)
         elif kind == "list":
             out[key.decode()] = client.lrange(key, 0, -1)
+        elif kind == "set":  # the prefix's registry of limiter names
+            out[key.decode()] = client.smembers(key)
         else:
             out[key.decode()] = client.get(key)
     return out
