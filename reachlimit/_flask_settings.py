@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from types import FrameType
 from typing import Any, cast
 
-from ._urls import mask_url
+from ._urls import mask_url, redis_url_problem
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
            "CLIENT_REMOTE_ADDR", "CLIENT_NONE"]
@@ -181,6 +181,9 @@ def _redis_url(key: str, value: Any) -> str | None:
             f"{key} must be a redis://, rediss:// or unix:// URL (or empty for in-process "
             f"limits), got {mask_url(value)!r}"
         )
+    problem = redis_url_problem(value.strip())
+    if problem is not None:
+        raise ValueError(f"{key} {mask_url(value.strip())!r}: {problem}")
     return value.strip()
 
 

@@ -35,7 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .._urls import mask_url, scrub, url_secrets
+from .._urls import mask_url, redis_url_problem, scrub, url_secrets
 
 __all__ = ["FAILURES", "RedisHealth", "connect"]
 
@@ -52,12 +52,16 @@ def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) 
     call is not retried, and a connection idle for ``health_check_interval`` seconds is
     checked with a PING before use. No connection is opened here.
 
-    Raises ``ValueError`` (showing the URL with its password masked) for any other scheme or
-    a URL redis-py cannot read."""
+    Raises ``ValueError`` (showing the URL with its password masked) for any other scheme,
+    a database (``redis://host/<db>``, ``db=``) or port that is not a whole number, or a URL
+    redis-py cannot read."""
     if not isinstance(url, str) or not url.startswith(_SCHEMES):
         raise ValueError(
             f"a Redis URL must start with redis://, rediss:// or unix://, got {mask_url(url)!r}"
         )
+    problem = redis_url_problem(url)
+    if problem is not None:  # redis-py would take redis://host/abc for database 0
+        raise ValueError(f"bad Redis URL {mask_url(url)!r}: {problem}")
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
