@@ -31,6 +31,7 @@ design:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import os
 import signal
@@ -75,6 +76,7 @@ def gunicorn_has(setting: str) -> bool:
 STRIPPED_ENV = ("REACH_", "REACHLIMIT_", "GUNICORN_CMD_ARGS")
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class GunicornServer:
     """One gunicorn master and its worker(s), run as a subprocess for the tests.
 
@@ -95,56 +97,38 @@ class GunicornServer:
     "our" port. The PID is kept as ``worker_pid``.
     """
 
-    def __init__(
-        self,
-        app: str,
-        log_dir: Path,
-        name: str = "gunicorn",
-        *,
-        env: Mapping[str, str] | None = None,
-        workers: int = 1,
-        threads: int | None = None,
-        worker_class: str | None = "gthread",
-        config: str | os.PathLike[str] | None = None,
-        args: Sequence[str] = (),
-        bind_env: str | None = None,
-        workers_env: str | None = None,
-        access_log: bool = True,
-        graceful_timeout: float | None = 5,
-        ready_path: str = "/health",
-        ready_check: Callable[[GunicornServer, Reply], bool] | None = None,
-        ready_timeout: float = DEADLINE,
-        stripped_env: Sequence[str] = STRIPPED_ENV,
-        chdir: Path = ROOT,
-        die_with_parent: bool = False,
-        token_env: str | None = None,
-        identity_path: str | None = None,
-    ) -> None:
-        self.app = app
-        self.name = name
-        self.env = dict(env or {})
-        self.workers = workers
-        self.threads = threads
-        self.worker_class = worker_class
-        self.config = config
-        self.args = list(args)
-        self.bind_env = bind_env
-        self.workers_env = workers_env
-        self.access_log = access_log
-        self.graceful_timeout = graceful_timeout
-        self.ready_path = ready_path
-        self.ready_check = ready_check
-        self.ready_timeout = ready_timeout
-        self.stripped_env = tuple(stripped_env)
-        self.chdir = chdir
-        self.die_with_parent = die_with_parent
-        self.token_env = token_env
-        self.identity_path = identity_path
+    app: str
+    log_dir: Path
+    name: str = "gunicorn"
+    _: dataclasses.KW_ONLY
+    env: Mapping[str, str] | None = None
+    workers: int = 1
+    threads: int | None = None
+    worker_class: str | None = "gthread"
+    config: str | os.PathLike[str] | None = None
+    args: Sequence[str] = ()
+    bind_env: str | None = None
+    workers_env: str | None = None
+    access_log: bool = True
+    graceful_timeout: float | None = 5
+    ready_path: str = "/health"
+    ready_check: Callable[[GunicornServer, Reply], bool] | None = None
+    ready_timeout: float = DEADLINE
+    stripped_env: Sequence[str] = STRIPPED_ENV
+    chdir: Path = ROOT
+    die_with_parent: bool = False
+    token_env: str | None = None
+    identity_path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.env = dict(self.env or {})
+        self.args = list(self.args)
+        self.stripped_env = tuple(self.stripped_env)
         #: This server's own token (see ``token_env``), and its worker's PID once it answered.
         self.token = uuid.uuid4().hex
         self.worker_pid: int | None = None
-        self.stdout_path = log_dir / f"{name}.stdout"  # the access log, when it is "-"
-        self.stderr_path = log_dir / f"{name}.stderr"  # gunicorn's and the app's log
+        self.stdout_path = self.log_dir / f"{self.name}.stdout"  # the access log, when it is "-"
+        self.stderr_path = self.log_dir / f"{self.name}.stderr"  # gunicorn's and the app's log
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         #: Every worker (or other descendant) PID seen, with its start time.
