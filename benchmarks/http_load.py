@@ -480,6 +480,8 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Kept apart from benchmarks/fair_admission.py:main's parser because each script describes
+    # itself and its quick mode; the parser itself is _common.parser.
     p = _common.parser(
         "Compare six admission policies over HTTP (gunicorn gthread on 127.0.0.1, "
         "one server per policy) under an arrival control, a burst, a steady overload and a "

@@ -496,6 +496,8 @@ def render(report: dict[str, Any]) -> str:
         "",
     ]
     out += _common.skipped_notes(report)
+    # Kept apart from benchmarks/fair_admission.py:render's head because each table has its
+    # own columns and widths; only the f-string layout is alike.
     head = (
         f"{'rnd':>3} {'variant':<13} {'load':>5} {'inflt':>5} {'builds':>6} {'goodput':>7} "
         f"{'cold':>5} {'200':>4} {'429':>4} {'5xx':>3} {'err':>3} {'ok p50':>7} {'p99':>7} "

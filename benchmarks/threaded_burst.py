@@ -351,6 +351,8 @@ def run_scenario(policy_name: str, scenario: str, cfg: Config) -> dict[str, Any]
     try:
         idle = idle_warm(policy, cfg)
 
+        # Kept apart from benchmarks/http_load.py:run_scenario's client threads because these call a
+        # policy in this process with its records, those a server over HTTP with its port and paths.
         records: list[Record] = []
         probes: list[Record] = []
         go = threading.Event()
@@ -471,6 +473,8 @@ def us(x_ms: float | None) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
+    # Kept apart from benchmarks/micro.py:render's opening because each report states its own
+    # configuration; the shared part (_common.machine_lines) is already written once.
     m, c = report["machine"], report["config"]
     out = [
         "reachlimit threaded burst: five policies, one process",
@@ -510,6 +514,8 @@ def render(report: dict[str, Any]) -> str:
     out += _common.scenario_tables(
         report["results"], {s: titles[s] for s in SCENARIOS}, head, line
     )
+    # Kept apart from tests/test_redis_urls.py:BAD because these are this benchmark's goal
+    # labels and that is a table of URLs: alike in shape only.
     marks = (
         ("burst", "in_flight_within_limit", f"in flight <= {c['active']}"),
         ("burst", "goodput_ge_90pct", "goodput >= 90%"),

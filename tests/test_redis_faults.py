@@ -370,6 +370,9 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     check_recovered(client, watch, holder, waiter, timeouts=1)
 
 
+# Kept apart from test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own:its
+# fixtures because pytest passes each test the fixtures it names; the shared steps are
+# holder_and_waiter and check_recovered.
 def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error(
     client: redis.Redis,
     redis_server: RedisServer,

@@ -493,6 +493,8 @@ def test_redis_errors_propagate_from_do() -> None:
 # -- ColdPath over Redis ----------------------------------------------------------------------
 
 
+# Kept apart from test_a_same_process_herd_makes_one_redis_wait:its fixtures because pytest
+# passes each test the fixtures it names; the two tests share nothing else.
 def test_coldpath_composes_with_the_redis_limiter_cache_and_flight(
     threads: ThreadRunner,
     client: CountingRedis,

@@ -353,6 +353,8 @@ def test_cancel_racing_promotion_passes_the_slot_on(
     assert_exact_capacity(lim)
 
 
+# Kept apart from tests/test_redis_leases.py:test_grants_are_renewed_while_held because only
+# the opening (a limiter, a grant, Redis's time) is alike; what each waits for and checks is not.
 def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
