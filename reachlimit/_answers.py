@@ -1,4 +1,5 @@
-"""What the Flask extension's answers say: the refusal's body and headers, and the
+"""What the Flask extension's answers say: the refusal's body and headers (its sentence
+naming the budget refused, or the app's own REACHLIMIT_REFUSAL_MESSAGE), and the
 ``Cache-Status`` header (RFC 9211) of every answer of a view that called ``rl.cold()``.
 
 Standard library only; ``reachlimit.flask`` sends what these functions write.
@@ -20,22 +21,40 @@ import math
 from ._errors import Busy
 from ._path import NOT_FOUND, Answer
 
-__all__ = ["REFUSAL_SENTENCES", "render_refusal", "cache_status", "refused_status"]
+__all__ = [
+    "REFUSAL_SENTENCES", "refusal_sentence", "render_refusal", "cache_status", "refused_status",
+]
 
+#: The built-in sentences of a refusal, by reason; ``{budget}`` is the budget's name.
 REFUSAL_SENTENCES = {
-    Busy.QUEUE_FULL: "Too many reports are being built right now; please retry shortly.",
-    Busy.TIMEOUT: "Waited too long for a free build slot; please retry shortly.",
-    Busy.DISPLACED: "This request's queue place went to another client's request (the "
-    "queue is shared fairly); please retry shortly.",
-    Busy.UNAVAILABLE: "The shared build limiter is unavailable right now; please retry "
-    "shortly.",
+    Busy.QUEUE_FULL: "Too many '{budget}' builds are running or waiting right now; please "
+    "retry shortly.",
+    Busy.TIMEOUT: "Waited too long for a free '{budget}' build slot; please retry shortly.",
+    Busy.DISPLACED: "This request's place in the '{budget}' queue went to another client's "
+    "request (the queue is shared fairly); please retry shortly.",
+    Busy.UNAVAILABLE: "The shared build limiter of '{budget}' is unavailable right now; "
+    "please retry shortly.",
 }
 
 
-def render_refusal(busy: Busy) -> tuple[bytes, list[tuple[str, str]]]:
+def refusal_sentence(busy: Busy, budget: str, message: str | None = None) -> str:
+    """The sentence of a refusal of ``budget``: the app's ``message`` (REACHLIMIT_REFUSAL_
+    MESSAGE, its ``{budget}`` and ``{retry_after}`` filled in) for a busy refusal (queue full,
+    timeout, displaced), else the built-in sentence of its reason. "unavailable" (Redis
+    down, fallback "refuse") always keeps its own: it is the service's failure, not a crowd."""
+    retry_after = max(1, int(busy.retry_after))
+    if message is not None and busy.reason != Busy.UNAVAILABLE:
+        return message.format(budget=budget, retry_after=retry_after)
+    sentence = REFUSAL_SENTENCES.get(busy.reason, REFUSAL_SENTENCES[Busy.TIMEOUT])
+    return sentence.format(budget=budget)
+
+
+def render_refusal(
+    busy: Busy, budget: str = "default", message: str | None = None
+) -> tuple[bytes, list[tuple[str, str]]]:
     """The refusal's JSON body and its headers (rendered once per kind by the extension)."""
     retry_after = max(1, int(busy.retry_after))
-    sentence = REFUSAL_SENTENCES.get(busy.reason, REFUSAL_SENTENCES[Busy.TIMEOUT])
+    sentence = refusal_sentence(busy, budget, message)
     body = json.dumps({"error": sentence, "retryAfter": retry_after}).encode()
     return body, [
         ("Content-Type", "application/json"),

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from . import ColdLimiter, ColdPath, SingleFlight, TTLCache
+from ._budget_names import DEFAULT_BUDGET, read_budgets
 from ._flask_settings import Settings, _read_settings
 from ._path import Cache, Flight
 
@@ -38,7 +39,10 @@ if TYPE_CHECKING:
     from .prometheus import ReachMetrics
     from .redis import RedisColdLimiter, RedisHealth, SharedPathCounters
 
-__all__ = ["REDIS_LIMITER_NAME", "SharedPath", "shared_path", "release_worker"]
+__all__ = [
+    "REDIS_LIMITER_NAME", "RedisLinks", "SharedPath", "redis_name", "shared_path",
+    "release_worker",
+]
 
 #: The name of the shared limiter under ``REACHLIMIT_REDIS_PREFIX``: every process with the
 #: same Redis URL and prefix shares one budget.
@@ -46,40 +50,75 @@ REDIS_LIMITER_NAME = "cold"
 
 
 class SharedPath(NamedTuple):
-    """What an app on Redis is made of (see the module's design note)."""
+    """What a budget of an app on Redis is made of (see the module's design note)."""
 
     path: ColdPath
     metrics: ReachMetrics | None
     health: RedisHealth
     counters: SharedPathCounters
-    #: The stops of the background threads and the client, in the order to call them.
+    #: The stops of the background threads (and of an own client), in the order to call them.
     closers: list[Callable[[], None]]
 
 
-def shared_path(settings: Settings, metrics_class: type[ReachMetrics] | None) -> SharedPath:
-    """The cold path on the shared limiter of ``settings.redis_url``: a RedisColdLimiter
-    behind a ResilientLimiter that falls back to an in-process limiter of the same figures
-    (or refuses) while Redis is unavailable; metered with ``metrics_class`` when given.
-    ValueError when redis-py is missing. No connection is opened here."""
+def redis_name(budget: str) -> str:
+    """The name of ``budget``'s keys under the prefix (hash tag ``{<prefix>:<name>}``): the
+    default budget keeps :data:`REDIS_LIMITER_NAME`, the name it had before there were
+    budgets (so a rolling deploy shares one budget with the version before); a named budget
+    is its own name (which is why no budget may be called "cold")."""
+    return REDIS_LIMITER_NAME if budget == DEFAULT_BUDGET else budget
+
+
+def _redis_module() -> Any:
     try:
-        from .redis import (
-            RedisColdLimiter,
-            RedisHealth,
-            ResilientLimiter,
-            SharedPathCounters,
-            connect,
-        )
+        from . import redis as module
     except ImportError as exc:
         raise ValueError(
             f"REACHLIMIT_REDIS_URL needs redis-py: pip install 'reachlimit[redis]' ({exc})"
         ) from None
+    return module
+
+
+class RedisLinks:
+    """One app's connections: one client and one health (the breaker every fallback shares)
+    per Redis URL, whatever the number of budgets on it. No connection is opened here."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, tuple[Any, RedisHealth]] = {}
+
+    def get(self, url: str) -> tuple[Any, RedisHealth]:
+        link = self._links.get(url)
+        if link is None:
+            module = _redis_module()
+            link = self._links[url] = (module.connect(url), module.RedisHealth(url))
+        return link
+
+    def close(self) -> None:
+        links, self._links = self._links, {}
+        for client, _ in links.values():
+            client.close()
+
+
+def shared_path(
+    settings: Settings,
+    meter: Callable[..., ReachMetrics] | None,
+    budget: str = DEFAULT_BUDGET,
+    links: RedisLinks | None = None,
+) -> SharedPath:
+    """Budget ``budget``'s cold path on the shared limiter of ``settings.redis_url``: a
+    RedisColdLimiter behind a ResilientLimiter that falls back to an in-process limiter of the
+    same figures (or refuses) while Redis is unavailable; metered with ``meter`` (a
+    ``ReachMetrics`` factory) when given. The client and the health are ``links``'s (shared
+    with the app's other budgets; closed by ``links.close()``), else its own (closed last by
+    the closers). ValueError when redis-py is missing. No connection is opened here."""
+    module = _redis_module()
     url = settings.redis_url
     assert url is not None
-    client = connect(url)
-    health = RedisHealth(url)
-    remote = RedisColdLimiter(
+    own = links is None
+    client, health = (links or RedisLinks()).get(url)
+    name = redis_name(budget)
+    remote = module.RedisColdLimiter(
         client,
-        REDIS_LIMITER_NAME,
+        name,
         settings.active,
         settings.queue,
         settings.wait,
@@ -90,25 +129,25 @@ def shared_path(settings: Settings, metrics_class: type[ReachMetrics] | None) ->
     local = ColdLimiter(
         settings.active, settings.queue, settings.wait, settings.limiter_retry_after
     )
-    limiter = ResilientLimiter(remote, local, health, settings.redis_fallback)
-    cache, flight = _shared_cache_and_flight(settings, client, health, remote)
+    limiter = module.ResilientLimiter(remote, local, health, settings.redis_fallback)
+    cache, flight = _shared_cache_and_flight(settings, client, health, remote, name)
     metrics = None
-    if metrics_class is not None:
+    if meter is not None:
         # Its gauges are read from the shared limiter when scraped, never summed per worker.
-        metrics = metrics_class(limiter=limiter, cache=cache, flight=flight)
+        metrics = meter(limiter=limiter, cache=cache, flight=flight, wait=settings.wait)
         path: ColdPath = metrics.path
     else:
         path = ColdPath(limiter, cache, flight)
-    counters = SharedPathCounters(client, path, REDIS_LIMITER_NAME, prefix=settings.redis_prefix)
+    counters = module.SharedPathCounters(client, path, name, prefix=settings.redis_prefix)
     # Counters first: their last flush needs the client, which closes last.
-    closers = [counters.close, limiter.close, cast(Any, flight).close, client.close]
+    closers = [counters.close, limiter.close, cast(Any, flight).close]
+    if own:
+        closers.append(client.close)
     return SharedPath(path, metrics, health, counters, closers)
 
 
-
-
 def _shared_cache_and_flight(
-    settings: Settings, client: Any, health: RedisHealth, limiter: RedisColdLimiter
+    settings: Settings, client: Any, health: RedisHealth, limiter: RedisColdLimiter, name: str
 ) -> tuple[Cache, Flight]:
     """The warm cache and the singleflight of an app on Redis, each over its in-process
     fallback and the limiter's ``health``, so that Redis failing degrades all three at once.
@@ -123,7 +162,7 @@ def _shared_cache_and_flight(
     script that claims the flight, rechecks the cache and acquires."""
     from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
 
-    name, prefix = REDIS_LIMITER_NAME, settings.redis_prefix
+    prefix = settings.redis_prefix
     local_cache: TTLCache[Any] = TTLCache(
         settings.cache_size, settings.cache_ttl, stale=settings.stale
     )
@@ -143,24 +182,36 @@ def _shared_cache_and_flight(
 
 def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | None:
     """For the parent of a worker process that died (gunicorn's ``child_exit``): free every
-    shared build slot and queue place the worker on this host held, at once, instead of
-    when their leases end. ``config`` holds the ``REACHLIMIT_*`` keys (``os.environ``, say).
-    Returns (slots freed, places removed), or None without a Redis URL. Raises ValueError
-    for bad settings and redis-py's errors when Redis cannot be reached."""
+    shared build slot and queue place the worker on this host held, in every budget, at once
+    instead of when their leases end. ``config`` holds the ``REACHLIMIT_*`` keys
+    (``os.environ``, say). The budgets are the default one, those ``config`` lists in
+    REACHLIMIT_BUDGETS and every one whose limiter ever ran under the prefix (each lists its
+    name in Redis, ``reachlimit.redis.registry_key``, at its first call): so budgets declared
+    in code only are freed too. Each budget's ``active`` and lease are read from the
+    settings its processes recorded in Redis. Returns (slots freed, places removed) summed
+    over the budgets, or None without a Redis URL. Raises ValueError for bad settings and
+    redis-py's errors when Redis cannot be reached."""
     settings = _read_settings(config, {})
     if not settings.redis_url:
         return None
-    from .redis import connect, owner_prefix, release_owner
+    from .redis import connect, owner_prefix, registry_key, release_owner
 
+    names = {REDIS_LIMITER_NAME, *(redis_name(b) for b in read_budgets(config))}
     client = connect(settings.redis_url)
     try:
-        return release_owner(
-            client,
-            owner_prefix(pid),
-            name=REDIS_LIMITER_NAME,
-            prefix=settings.redis_prefix,
-            active=settings.active,
-            lease=settings.lease,
-        )
+        listed = client.smembers(registry_key(settings.redis_prefix))
+        names.update(n.decode() if isinstance(n, bytes) else str(n) for n in listed)
+        freed = dropped = 0
+        for name in sorted(names):
+            slots, places = release_owner(
+                client,
+                owner_prefix(pid),
+                name=name,
+                prefix=settings.redis_prefix,
+                active=settings.active,
+                lease=settings.lease,
+            )
+            freed, dropped = freed + slots, dropped + places
+        return freed, dropped
     finally:
         client.close()

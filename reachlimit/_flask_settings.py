@@ -22,6 +22,7 @@ client callable's argument is typed ``Any`` (``ClientFunc``). ``reachlimit.flask
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import re
@@ -34,7 +35,7 @@ from typing import Any, cast
 from ._urls import mask_url, redis_url_problem
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
-           "CLIENT_REMOTE_ADDR", "CLIENT_NONE"]
+           "CLIENT_REMOTE_ADDR", "CLIENT_NONE", "BUDGETS_KEY", "warn_unknown_keys"]
 
 log = logging.getLogger("reachlimit")
 
@@ -133,8 +134,10 @@ def _choice(*choices: str) -> Check:
     return check
 
 
-#: The key a check is given for a ``ReachLimit(...)`` argument: "<name> (ReachLimit argument)".
+#: The key a check is given for a ``ReachLimit(...)`` argument: "<name> (ReachLimit argument)"
+#: (a budget's: "<name> (rl.budget('<budget>') argument)"); only arguments end so.
 _ARGUMENT = " (ReachLimit argument)"
+_ARGUMENT_END = " argument)"
 
 #: REACHLIMIT_RETRY_AFTER's one word: a Retry-After worked out per refusal (AutoRetryAfter).
 RETRY_AFTER_AUTO = "auto"
@@ -158,7 +161,7 @@ def _client(key: str, value: Any) -> str | ClientFunc:
     ``(request) -> hashable``. Never a header by name: which header to trust is the app's
     decision, made in its callable or by ProxyFix."""
     if callable(value):
-        if key.endswith(_ARGUMENT):
+        if key.endswith(_ARGUMENT_END):
             return cast("ClientFunc", value)
         raise ValueError(
             f"{key} must be 'remote_addr' or 'none' (a callable only as the ReachLimit "
@@ -166,7 +169,9 @@ def _client(key: str, value: Any) -> str | ClientFunc:
         )
     text = value.strip().lower() if isinstance(value, str) else value
     if text not in (CLIENT_REMOTE_ADDR, CLIENT_NONE):
-        callable_too = " or a callable (request) -> hashable" if key.endswith(_ARGUMENT) else ""
+        callable_too = (
+            " or a callable (request) -> hashable" if key.endswith(_ARGUMENT_END) else ""
+        )
         raise ValueError(f"{key} must be 'remote_addr' or 'none'{callable_too}, got {value!r}")
     return str(text)
 
@@ -190,6 +195,23 @@ def _redis_url(key: str, value: Any) -> str | None:
 def _redis_prefix(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "{" in value or "}" in value:
         raise ValueError(f"{key} must be a non-empty string without braces, got {value!r}")
+    return value.strip()
+
+
+def _refusal_message(key: str, value: Any) -> str | None:
+    """None or empty: the built-in sentences (``reachlimit._answers``); else the refusal's
+    sentence, a ``str.format`` text that may use ``{budget}`` and ``{retry_after}``."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a text, got {value!r}")
+    try:
+        value.format(budget="default", retry_after=2)
+    except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        raise ValueError(
+            f"{key} may use only the fields {{budget}} and {{retry_after}} (write {{{{ and "
+            f"}}}} for braces), got {value!r}: {type(exc).__name__}: {exc}"
+        ) from None
     return value.strip()
 
 
@@ -230,6 +252,9 @@ class Settings:
     #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
     #: the ReachLimit argument only) a callable ``(request) -> hashable``.
     client: str | ClientFunc = _option(CLIENT_REMOTE_ADDR, _client)
+    #: The sentence of a busy refusal (queue full, timeout, displaced), ``{budget}`` and
+    #: ``{retry_after}`` filled in; None: the built-in sentences, naming the budget.
+    refusal_message: str | None = _option(None, _refusal_message)
 
     @property
     def limiter_retry_after(self) -> int:
@@ -250,8 +275,31 @@ class Settings:
 _CONFIG_PREFIX = "REACHLIMIT_"
 _OPTION_NAMES = frozenset(f.name for f in fields(Settings))
 
+#: The config key of the named budgets: ``{"<name>": {"<option>": value, ...}, ...}`` (or
+#: that as a JSON text, from the environment).
+BUDGETS_KEY = "REACHLIMIT_BUDGETS"
+
 #: Every config key the extension reads, e.g. for an app that takes them from the environment.
-CONFIG_KEYS = tuple(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings))
+CONFIG_KEYS = (*(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings)), BUDGETS_KEY)
+
+#: REACHLIMIT_* names that are not config keys of the extension and never warned about:
+#: the boot id a gunicorn config may export (``reachlimit.redis``'s owner ids) and the
+#: variables of the project's own test and benchmark tools.
+NOT_CONFIG_KEYS = frozenset({
+    "REACHLIMIT_BOOT_ID", "REACHLIMIT_SEED", "REACHLIMIT_STRESS", "REACHLIMIT_STRESS_SEED",
+    "REACHLIMIT_STRESS_SHRINK", "REACHLIMIT_CHROMIUM", "REACHLIMIT_REDIS_SERVER",
+})
+
+def warn_unknown_keys(config: Mapping[str, Any]) -> None:
+    """Log one warning per ``REACHLIMIT_*`` key of ``config`` that the extension does not
+    read, naming the nearest known key (a typo would otherwise be silently ignored)."""
+    known = (*CONFIG_KEYS, *NOT_CONFIG_KEYS)
+    for key in sorted(k for k in config if isinstance(k, str) and k.startswith(_CONFIG_PREFIX)):
+        if key in known:
+            continue
+        near = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        log.warning("unknown config key %s: reachlimit does not read it%s", key, hint)
 
 
 def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
@@ -302,6 +350,19 @@ def _checked(client: ClientFunc) -> ClientFunc:
         return name
 
     return client_of
+
+
+def warn_threads(threads: int | None, budgets: list[tuple[int, int]]) -> None:
+    """Warn when gunicorn gives a worker (``threads``; None: not gunicorn) fewer threads
+    than the ``(active, queue)`` of every budget added up, plus :data:`SPARE_THREADS`."""
+    needed = sum(active + queue for active, queue in budgets) + SPARE_THREADS
+    if threads is not None and threads < needed:
+        log.warning(
+            "gunicorn runs %d thread(s) per worker, fewer than active + queue + %d = %d "
+            "(over the app's %d budget(s)): the queue can never fill and warm requests "
+            "starve behind cold ones; start gunicorn with --threads %d or more",
+            threads, SPARE_THREADS, needed, len(budgets), needed,
+        )
 
 
 def gunicorn_threads() -> int | None:

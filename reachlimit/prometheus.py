@@ -4,25 +4,22 @@ Needs ``prometheus_client`` (``pip install 'reachlimit[prometheus]'``). Only the
 extension imports this module, and only when metrics are turned on, so the core stays
 standard-library only and an app without metrics pays nothing.
 
-design:
+design (every family is labelled ``budget``: one value per budget of the app, so bounded):
 
     figure                                  counted where
     reachlimit_admissions_total{result}     MeteredLimiter.acquire: one event per call -
-    reachlimit_wait_seconds                 granted (fast path or promoted), queue_full,
-                                            timeout, displaced, cancelled; the wait is timed
-                                            for grants, timeouts and displacements (a
-                                            queue_full refusal
-                                            never waits, a cancelled wait has no answer)
+    reachlimit_wait_seconds                 granted, queue_full, timeout, displaced,
+                                            cancelled; the wait is timed for grants,
+                                            timeouts and displacements
     reachlimit_build_seconds                MeteredColdPath.get times the build it passes on
-                                            (only a leader holding a grant ever runs it)
     reachlimit_cache_requests_total{result} copied from the path's own counters, the same
     reachlimit_coalesced_total              numbers as ``stats()`` (hit, miss, stale;
-    reachlimit_refreshes_total{result}      coalesced) and the refreshes ended (done,
-                                            refused, failed)
-    reachlimit_builds_active                the limiter's ``stats()``: active, queued and
-    reachlimit_queue_waiting                the two capacities
-    reachlimit_capacity_active
-    reachlimit_capacity_queue
+    reachlimit_refreshes_total{result}      coalesced; refreshes done, refused, failed)
+    reachlimit_builds_active, _queue_waiting, _capacity_active, _capacity_queue
+                                            the limiter's ``stats()``
+
+One app's budgets are one :class:`MetricsGroup`: one set of families (made on first use), one
+registry, one scrape; each budget's :class:`ReachMetrics` writes its own children.
 
 Two modes; prometheus_client picks one when it is first imported:
 
@@ -40,36 +37,26 @@ Two modes; prometheus_client picks one when it is first imported:
         that dies must be marked dead (``prometheus_client.multiprocess.mark_process_dead``,
         gunicorn's ``child_exit``) so that its gauges drop out.
 
-In the second mode a process must publish its own figures, because nobody else can read them.
-:meth:`ReachMetrics.publish` reads the path's counters and the limiter's ``stats()`` under one
-lock and writes only what changed: counters by their increase since the last publish, gauges
-by their value. It runs after each request through the path, after each admission that moved
-a slot or a queue place, when a leader starts to wait, and before this process answers a
-scrape. Each publish happens after the change that caused it and reads the current figures,
-so the files always hold figures that were true a moment ago and are exact once the process
-is idle. (A grant taken directly on ``path.limiter``, outside ``path.get``, is published at
-once; its release at the next event.) Nothing is written at import or at construction: under a
-preloading server (gunicorn ``preload_app``) the master, which serves nothing, leaves no file
-behind for the workers it forks.
+In the second mode a process must publish its own figures: :meth:`ReachMetrics.publish` reads
+the path's counters and the limiter's ``stats()`` under one lock and writes only what changed
+(counters by their increase, gauges by their value), after each request through the path,
+each admission that moved a slot or a place, and before this process answers a scrape; so the
+files hold figures true a moment ago, exact once the process is idle. Nothing is written at
+import or construction: a preloading gunicorn master leaves no file behind for its workers.
 
-The metered classes (in ``reachlimit._metered``, standard library only; re-exported here) are
-subclasses, so the path and the limiter are the library's own, with
-two seams used: ``ColdLimiter.acquire`` (wrapped: timed and counted) and the limiter's
-admission observer ``on_queued`` (called only for a leader the queue has just admitted, with
-the lock free: the moment to publish its new place). The fast path and the refusal path of the
-limiter itself are not touched.
+The metered classes (``reachlimit._metered``, standard library only; re-exported here) are
+subclasses of the library's own, with two seams used: ``ColdLimiter.acquire`` (timed and
+counted) and the limiter's admission observer ``on_queued`` (a leader the queue has just
+admitted, with the lock free: the moment to publish its new place).
 
-Shared limiters (``ReachMetrics(limiter=...)``, the Redis-backed one): their ``stats()``
-already are the figures of the whole service, so adding them up over processes would count
-every slot once per worker. Such a limiter is wrapped by :class:`MeteredSharedLimiter` (its
-admissions counted and timed in the process that made them, added up as above), and its gauges
-are never published per process: :class:`_LimiterGauges` reads them from the limiter when a
-scrape arrives (one Redis round trip), in both modes. With them come two figures only a shared
-backend has: ``reachlimit_backend_degraded`` (1 while the answering process runs on its
-in-process fallback because Redis cannot be reached; an outage is seen by every process alike,
-and the scrape itself tries Redis) and ``reachlimit_lease_lost_total`` (grants whose lease ran
-out before they were released: a holder paused or cut off longer than the lease; counted in
-Redis, once for the whole service). While degraded, the gauges are the answering process's own.
+Shared limiters (``ReachMetrics(limiter=...)``, the Redis-backed one): their ``stats()`` are
+the whole service's already, so summing them over processes would count every slot once per
+worker. Such a limiter is wrapped by :class:`MeteredSharedLimiter` (admissions counted where
+they were made, added up as above) and its gauges are read from it when a scrape arrives (one
+Redis round trip per budget), in both modes, with two figures only it has:
+``reachlimit_backend_degraded`` (1 while the answering process runs on its fallback) and
+``reachlimit_lease_lost_total`` (grants whose lease ran out before their release, counted in
+Redis for the whole service). While degraded, the gauges are the answering process's own.
 """
 
 from __future__ import annotations
@@ -81,6 +68,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as _values
@@ -93,7 +81,8 @@ from ._metered import MeteredColdPath, MeteredLimiter, MeteredSharedLimiter
 from ._path import Cache, Flight, Limiter
 
 __all__ = [
-    "CONTENT_TYPE", "MeteredColdPath", "MeteredLimiter", "MeteredSharedLimiter", "ReachMetrics",
+    "CONTENT_TYPE", "MeteredColdPath", "MeteredLimiter", "MeteredSharedLimiter", "MetricsGroup",
+    "ReachMetrics",
 ]
 
 log = logging.getLogger("reachlimit")
@@ -136,10 +125,24 @@ def multiprocess_mode() -> bool:
 
 
 @dataclass(frozen=True)
-class _Instruments:
-    """The prometheus_client objects of one :class:`ReachMetrics`."""
+class _Families:
+    """The metric families of one :class:`MetricsGroup`, each labelled by ``budget``."""
 
     admissions: Counter
+    cache: Counter
+    refreshes: Counter
+    coalesced: Counter
+    wait: Histogram
+    build: Histogram
+    # Only when gauges are published per process (else read at scrape time).
+    gauges: Sequence[Gauge] | None
+
+
+@dataclass(frozen=True)
+class _Instruments:
+    """The prometheus_client objects of one :class:`ReachMetrics` (its budget's children)."""
+
+    admissions: Callable[[str], Counter]
     granted: Counter
     queue_full: Counter
     timeout: Counter
@@ -160,51 +163,146 @@ class _Instruments:
     capacity_queue: Gauge | None
 
 
-class _LimiterGauges:
-    """A collector that reads the limiter's gauges when scraped; for a shared limiter, also
-    whether it is degraded and how many leases were lost (figures only such a limiter has)."""
+_T = TypeVar("_T")
 
-    def __init__(self, limiter: Limiter, shared: bool = False) -> None:
-        self._limiter = limiter
-        self._shared = shared
+
+def _made_once(owner: object, name: str, lock: threading.Lock, make: Callable[[], _T]) -> _T:
+    """``owner.<name>``, made by ``make`` (with ``lock`` held) if it is still None."""
+    made: _T | None = getattr(owner, name)
+    if made is None:
+        with lock:
+            made = getattr(owner, name)
+            if made is None:
+                made = make()
+                setattr(owner, name, made)
+    return made
+
+
+class _LimiterGauges:
+    """A collector that reads the gauges of its group's limiters when scraped (one sample
+    per budget); for shared limiters, also whether each is degraded and how many leases
+    were lost (figures only such a limiter has)."""
+
+    def __init__(self, group: MetricsGroup, shared_only: bool) -> None:
+        self._group = group
+        self._shared_only = shared_only
 
     def collect(self) -> Iterator[Metric]:
-        s = self._limiter.stats()
-        for name, value in (
-            ("builds_active", s.active),
-            ("queue_waiting", s.queued),
-            ("capacity_active", s.capacity_active),
-            ("capacity_queue", s.capacity_queue),
-        ):
-            yield GaugeMetricFamily(f"reachlimit_{name}", _HELP[name], value=value)
-        if self._shared:
-            degraded = bool(getattr(s, "degraded", False))
-            yield GaugeMetricFamily(
-                "reachlimit_backend_degraded", _HELP["backend_degraded"], value=int(degraded)
+        members = [m for m in self._group.members if m.shared or not self._shared_only]
+        figures = [(m.budget, m.limiter.stats()) for m in members]
+        names = ("builds_active", "queue_waiting", "capacity_active", "capacity_queue")
+        for i, name in enumerate(names):
+            family = GaugeMetricFamily(f"reachlimit_{name}", _HELP[name], labels=["budget"])
+            for budget, s in figures:
+                family.add_metric([budget], (s.active, s.queued, s.capacity_active,
+                                             s.capacity_queue)[i])
+            yield family
+        shared = [(budget, s) for (budget, s), m in zip(figures, members, strict=True)
+                  if m.shared]
+        if shared:
+            degraded = GaugeMetricFamily(
+                "reachlimit_backend_degraded", _HELP["backend_degraded"], labels=["budget"]
             )
-            yield CounterMetricFamily(
-                "reachlimit_lease_lost", _HELP["lease_lost"],
-                value=int(getattr(s, "lease_lost", 0)),
+            lost = CounterMetricFamily(
+                "reachlimit_lease_lost", _HELP["lease_lost"], labels=["budget"]
             )
+            for budget, s in shared:
+                degraded.add_metric([budget], int(bool(getattr(s, "degraded", False))))
+                lost.add_metric([budget], int(getattr(s, "lease_lost", 0)))
+            yield degraded
+            yield lost
 
 
-# The ReachMetrics of this process in the several-process mode: a second one would write the
-# same series into the same files.
-_per_process_owner: weakref.ref[ReachMetrics] | None = None
+class MetricsGroup:
+    """The figures of several cold paths (one app's budgets) as one set of metric families
+    labelled by ``budget``, in one registry, answered by one scrape (:meth:`exposition`).
+
+    The families are made on first use, never at construction (see the module's design);
+    the wait histogram's buckets are :data:`WAIT_BUCKETS` plus the ``wait`` of every member
+    that joined before then."""
+
+    def __init__(self) -> None:
+        self.per_process = multiprocess_mode()
+        self.registry = CollectorRegistry()  # the one-process mode's
+        self.members: list[ReachMetrics] = []
+        self._lock = threading.Lock()
+        self._families: _Families | None = None  # made on first use; under _lock
+        #: The several-process mode's collector of the shared limiters' gauges.
+        self._scraped: _LimiterGauges | None = None
+
+    def families(self) -> _Families:
+        return _made_once(self, "_families", self._lock, self._make_families)
+
+    def _make_families(self) -> _Families:
+        """Called once, with _lock held."""
+        registry = None if self.per_process else self.registry
+        budget = ["budget"]
+        shared = any(m.shared for m in self.members)
+        gauges: list[Gauge] | None = None
+        if self.per_process and not all(m.shared for m in self.members):
+            # Live processes only: a dead worker's gauges drop out once it is marked dead.
+            # Slots and places in use add up; a capacity is the limit each process enforces.
+            gauges = [
+                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livesum")
+                for n in ("builds_active", "queue_waiting")
+            ] + [
+                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livemax")
+                for n in ("capacity_active", "capacity_queue")
+            ]
+        if not self.per_process:
+            self.registry.register(_LimiterGauges(self, shared_only=False))
+        elif shared:  # read from the shared limiters at scrape time, in exposition()
+            self._scraped = _LimiterGauges(self, shared_only=True)
+        waits = {float(m.wait) for m in self.members}
+        return _Families(
+            admissions=Counter("reachlimit_admissions", _HELP["admissions"],
+                               [*budget, "result"], registry=registry),
+            cache=Counter("reachlimit_cache_requests", _HELP["cache_requests"],
+                          [*budget, "result"], registry=registry),
+            refreshes=Counter("reachlimit_refreshes", _HELP["refreshes"],
+                              [*budget, "result"], registry=registry),
+            coalesced=Counter("reachlimit_coalesced", _HELP["coalesced"], budget,
+                              registry=registry),
+            wait=Histogram("reachlimit_wait_seconds", _HELP["wait"], budget,
+                           buckets=tuple(sorted({*WAIT_BUCKETS, *waits})), registry=registry),
+            build=Histogram("reachlimit_build_seconds", _HELP["build"], budget,
+                            buckets=BUILD_BUCKETS, registry=registry),
+            gauges=gauges,
+        )
+
+    def exposition(self) -> bytes:
+        """The scrape body: every member's metrics in the Prometheus text format."""
+        for member in list(self.members):
+            member.publish(gauges=self.per_process)
+        if not self.per_process:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        self.families()
+        if self._scraped is not None:
+            registry.register(self._scraped)
+        return generate_latest(registry)
+
+
+# The ReachMetrics of this process in the several-process mode, by budget: a second one of
+# a budget would write the same series into the same files.
+_per_process_owners: dict[str, weakref.ref[ReachMetrics]] = {}
 _owner_lock = threading.Lock()
 
 
 class ReachMetrics:
-    """One cold path (``.path``, over ``.limiter``) and its Prometheus figures.
+    """One cold path (``.path``, over ``.limiter``) and its Prometheus figures, every one
+    labelled ``budget="<budget>"``.
 
     ``exposition()`` is the body of a scrape (Prometheus text format, :data:`CONTENT_TYPE`):
     this process's figures in the one-process mode, every process's in the several-process
-    mode (see the module's design notes).
+    mode (see the module's design notes); with ``group=`` (a :class:`MetricsGroup`: one app's
+    budgets), those of every member of the group.
 
     By default the limiter is a new in-process :class:`MeteredLimiter` made from ``active``,
     ``queue``, ``wait`` and ``retry_after``. ``limiter=`` passes a shared limiter instead (the
-    four numbers are then the shared limiter's business and ignored here); ``flight=`` a
-    shared singleflight."""
+    four numbers are then the shared limiter's business and ignored here, but for ``wait``,
+    a bucket of the wait histogram); ``flight=`` a shared singleflight."""
 
     #: The Content-Type of :meth:`exposition`.
     content_type = CONTENT_TYPE
@@ -216,12 +314,15 @@ class ReachMetrics:
         clock: Callable[[], float] = time.monotonic,
         limiter: Limiter | None = None,
         flight: Flight | None = None,
+        budget: str = "default",
+        group: MetricsGroup | None = None,
     ) -> None:
-        global _per_process_owner
         #: Figures are written to per-process files and published by each process.
         self.per_process = multiprocess_mode()
         #: The limiter's figures are the whole service's (read at scrape time, never summed).
         self.shared = limiter is not None
+        self.budget = budget
+        self.wait = wait
         self.limiter: MeteredLimiter | MeteredSharedLimiter
         if limiter is None:
             self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
@@ -230,8 +331,9 @@ class ReachMetrics:
         else:
             self.limiter = MeteredSharedLimiter(limiter, self)
         self.path = MeteredColdPath(self, self.limiter, cache, flight)
-        self.registry = CollectorRegistry()  # the one-process mode's
-        self._wait_buckets = tuple(sorted({*WAIT_BUCKETS, float(wait)}))
+        self.group = group if group is not None else MetricsGroup()
+        self.group.members.append(self)
+        self.registry = self.group.registry  # the one-process mode's
         self._lock = threading.Lock()
         self._instruments: _Instruments | None = None  # made on first use; under _lock
         self._published_counts: tuple[int, ...] = (0,) * 7  # guarded by _lock
@@ -239,14 +341,14 @@ class ReachMetrics:
         self._published_pid = 0  # guarded by _lock
         if self.per_process:
             with _owner_lock:
-                other = _per_process_owner() if _per_process_owner is not None else None
-                if other is not None:
+                owner = _per_process_owners.get(budget)
+                if owner is not None and owner() is not None:
                     log.warning(
-                        "a second reachlimit metrics set in process %d: in the several-process "
-                        "mode both write the same series, so their figures are unreliable; "
-                        "meter one app per process", os.getpid(),
+                        "a second reachlimit metrics set of budget %r in process %d: in the "
+                        "several-process mode both write the same series, so their figures "
+                        "are unreliable; meter one app per process", budget, os.getpid(),
                     )
-                _per_process_owner = weakref.ref(self)
+                _per_process_owners[budget] = weakref.ref(self)
 
     # -- events (request threads) -----------------------------------------------------------
 
@@ -266,7 +368,7 @@ class ReachMetrics:
             # one answer that must stay the cheapest. The request's end publishes the rest.
             inst.queue_full.inc()
             return
-        (inst.timeout if reason == Busy.TIMEOUT else inst.admissions.labels(reason)).inc()
+        (inst.timeout if reason == Busy.TIMEOUT else inst.admissions(reason)).inc()
         if self.per_process:
             self.publish(gauges=True)  # it left the queue
         inst.wait.observe(seconds)
@@ -315,78 +417,43 @@ class ReachMetrics:
             self._published_gauges = figures
 
     def exposition(self) -> bytes:
-        """The scrape body: every metric in the Prometheus text format."""
-        if self.per_process:
-            self.publish(gauges=True)
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-            if self.shared:
-                registry.register(_LimiterGauges(self.limiter, shared=True))
-            return generate_latest(registry)
-        self.publish(gauges=False)
-        return generate_latest(self.registry)
+        """The scrape body: every metric of this path's group in the Prometheus text format."""
+        return self.group.exposition()
 
     # -- the prometheus_client objects --------------------------------------------------------
 
     def instruments(self) -> _Instruments:
         """The metric objects, made on first use (never at construction; see the design)."""
-        inst = self._instruments
-        if inst is not None:
-            return inst
-        with self._lock:
-            if self._instruments is None:
-                self._instruments = self._make_instruments()
-            return self._instruments
+        return _made_once(self, "_instruments", self._lock, self._make_instruments)
 
     def _make_instruments(self) -> _Instruments:
-        """Called once, with _lock held."""
-        registry = None if self.per_process else self.registry
-        admissions = Counter(
-            "reachlimit_admissions", _HELP["admissions"], ["result"], registry=registry
+        """Called once, with _lock held: this budget's children of the group's families."""
+        f = self.group.families()
+        budget = self.budget
+
+        def admission(result: str) -> Counter:
+            return f.admissions.labels(budget, result)
+
+        gauges: Sequence[Gauge | None] = (
+            [g.labels(budget) for g in f.gauges] if f.gauges is not None and not self.shared
+            else (None,) * 4
         )
-        cache = Counter(
-            "reachlimit_cache_requests", _HELP["cache_requests"], ["result"], registry=registry
-        )
-        gauges: Sequence[Gauge | None] = (None,) * 4
-        if self.per_process and self.shared:
-            pass  # read from the shared limiter at scrape time, in exposition()
-        elif self.per_process:
-            # Live processes only: a dead worker's gauges drop out once it is marked dead.
-            # Slots and places in use add up; a capacity is the limit each process enforces.
-            gauges = [
-                Gauge(f"reachlimit_{name}", _HELP[name], registry=None, multiprocess_mode="livesum")
-                for name in ("builds_active", "queue_waiting")
-            ] + [
-                Gauge(f"reachlimit_{name}", _HELP[name], registry=None, multiprocess_mode="livemax")
-                for name in ("capacity_active", "capacity_queue")
-            ]
-        else:
-            self.registry.register(_LimiterGauges(self.limiter, shared=self.shared))
-        granted, queue_full, timeout, cancelled, _ = (admissions.labels(r) for r in RESULTS)
-        refreshes = Counter(
-            "reachlimit_refreshes", _HELP["refreshes"], ["result"], registry=registry
-        )
+        granted, queue_full, timeout, cancelled, _ = (admission(r) for r in RESULTS)
         return _Instruments(
-            admissions=admissions,
+            admissions=admission,
             granted=granted,
             queue_full=queue_full,
             timeout=timeout,
             cancelled=cancelled,
-            hits=cache.labels("hit"),
-            misses=cache.labels("miss"),
-            stale=cache.labels("stale"),
-            refreshed=refreshes.labels("done"),
-            refresh_refused=refreshes.labels("refused"),
-            refresh_failed=refreshes.labels("failed"),
-            coalesced=Counter("reachlimit_coalesced", _HELP["coalesced"], registry=registry),
-            wait=Histogram(
-                "reachlimit_wait_seconds", _HELP["wait"], buckets=self._wait_buckets,
-                registry=registry,
-            ),
-            build=Histogram(
-                "reachlimit_build_seconds", _HELP["build"], buckets=BUILD_BUCKETS,
-                registry=registry,
-            ),
+            hits=f.cache.labels(budget, "hit"),
+            misses=f.cache.labels(budget, "miss"),
+            stale=f.cache.labels(budget, "stale"),
+            refreshed=f.refreshes.labels(budget, "done"),
+            refresh_refused=f.refreshes.labels(budget, "refused"),
+            refresh_failed=f.refreshes.labels(budget, "failed"),
+            coalesced=f.coalesced.labels(budget),
+            wait=f.wait.labels(budget),
+            build=f.build.labels(budget),
             builds_active=gauges[0],
             queue_waiting=gauges[1],
             capacity_active=gauges[2],

@@ -119,7 +119,7 @@ def test_metrics_on_redis_read_the_services_gauges(url: str, apps: list[Flask]) 
         for app in (one, two):  # ... is seen by a scrape of either worker
             text = app.test_client().get("/metrics").get_data(as_text=True)
             samples = {s.name: s.value for f in text_string_to_metric_families(text)
-                       for s in f.samples if not s.labels}
+                       for s in f.samples if s.labels == {"budget": "default"}}
             assert samples["reachlimit_builds_active"] == 1
             assert samples["reachlimit_capacity_active"] == 2
             assert samples["reachlimit_backend_degraded"] == 0
@@ -291,7 +291,8 @@ def test_webapp_on_redis_shares_everything_and_keeps_its_metrics(
     health = client.get("/api/health").get_json()
     assert health["reach"]["backend"] == "redis"
     assert json.dumps(health)
-    assert "reachlimit_backend_degraded 0.0" in client.get("/metrics").get_data(as_text=True)
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'reachlimit_backend_degraded{budget="default"} 0.0' in metrics
     ReachLimit().close(app)
 
 

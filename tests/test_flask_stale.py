@@ -177,8 +177,8 @@ def test_the_stale_figures_reach_health_and_metrics(made: list[App], clock: Fake
     a.settle("x")
     assert a.get("/health").get_json()["reach"]["stale"] == 1
     text = a.get("/metrics").get_data(as_text=True)
-    assert 'reachlimit_cache_requests_total{result="stale"} 1.0' in text
-    assert 'reachlimit_refreshes_total{result="done"} 1.0' in text
+    assert 'reachlimit_cache_requests_total{budget="default",result="stale"} 1.0' in text
+    assert 'reachlimit_refreshes_total{budget="default",result="done"} 1.0' in text
 
 
 @pytest.mark.parametrize("bad", ["-1", "soon", -0.5, "inf", True])

@@ -49,5 +49,5 @@ def test_a_displaced_leader_is_counted_and_timed(threads: Any) -> None:
     # Timed like a timeout: the three grants and the displaced wait.
     assert scrape("reachlimit_wait_seconds_count") == 4
     labels = {name for (_, pairs) in scrape.values for name, _ in pairs}
-    assert labels <= {"result", "le"}, labels  # no label names a client
+    assert labels <= {"budget", "result", "le"}, labels  # no label names a client
     assert path.stats().displaced == 1

@@ -48,7 +48,8 @@ def scrape(metrics: ReachMetrics) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                              if (k, v) != ("budget", "default"))
             out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return out
 

@@ -158,7 +158,8 @@ def scrape(server: GunicornServer) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(reply.body.decode()):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+                              if (k, v) != ("budget", "default"))
             out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return out
 
@@ -530,7 +531,7 @@ def test_the_reach_service_takes_its_redis_settings_from_the_environment(
             assert health["redis"]["url"].startswith("redis://default:***@")
             metrics = server.get("/metrics")
             assert metrics.status == 200
-            assert b"reachlimit_backend_degraded 0.0" in metrics.body
+            assert b'reachlimit_backend_degraded{budget="default"} 0.0' in metrics.body
             assert secret.encode() not in metrics.body
             nodes = server.get_json("/api/nodes?limit=1")["nodes"]
             reply = server.get(f"/api/nodes/{nodes[0]['pubkey']}/reach?days=7")

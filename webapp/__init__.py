@@ -148,6 +148,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     # A report past its TTL is answered from its stale copy for up to 5 more minutes while one
     # refresh rebuilds it (REACHLIMIT_STALE=0 turns that off).
     app.config.setdefault("REACHLIMIT_STALE", 300)
+    # The extension's own refusal sentence names its budget; the service speaks of reports.
+    app.config.setdefault(
+        "REACHLIMIT_REFUSAL_MESSAGE",
+        "Too many reports are being built right now; please retry in {retry_after} s.",
+    )
     if app.logger.level == logging.NOTSET:
         app.logger.setLevel(logging.INFO)  # our start-up and cache messages are INFO
 

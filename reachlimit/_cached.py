@@ -1,0 +1,107 @@
+"""``@rl.cached(key=None)`` and ``@budget.cached(key=None)``: a view whose return value is
+the cold build, answered with the value's own Content-Type and ``Cache-Status``.
+
+design:
+
+    wrapper(**view_args)                       (the request's handler thread)
+      key   = (view's name, key(**view_args))  key given: any hashable it returns
+            | (view's name, request.path, sorted (name, value) pairs of the query string)
+                                               so ?a=1&b=2 and ?b=2&a=1 are one key
+      build = the view called with view_args: in the request when it is the request's own
+              build; in a test_request_context of the same path and query string when a
+              refresh runs it on a refresher thread (REACHLIMIT_STALE > 0), so a view that
+              reads request.path, request.args or its view_args works there too (headers,
+              cookies, the body and the client's address are NOT there: such a view must use
+              cold() and read what it needs first)
+      value = the budget's cold(key, build)    refusals (429/503), clients gone (499) and
+                                               the view's own errors exactly as with cold()
+      answer: bytes  -> mimetype= or application/octet-stream
+              str    -> mimetype= or text/plain; charset=utf-8
+              NOT_FOUND -> 404 (the app's handler), never cached
+              else   -> JSON through the app's JSON provider (null for None, never cached)
+
+The value rule (``reachlimit._values``) applies as to every cached value: a view returning a
+``Response``, a set or an object is a ``TypeError`` naming the key and the view, and nothing
+is cached. Standard library only: what it needs of Flask it is handed, or reads on the app
+(``response_class``, ``json``, ``aborter``, ``test_request_context``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from ._budgets import checked_key
+from ._path import NOT_FOUND
+
+__all__ = ["cached_view", "view_name"]
+
+#: The mimetype of a str answer without ``mimetype=`` (the response class adds the charset).
+TEXT = "text/plain"
+#: The mimetype of a bytes answer without ``mimetype=``.
+OCTETS = "application/octet-stream"
+
+#: cold(key, build, where): the budget's cold(), ``where`` naming the view in a TypeError.
+Cold = Callable[[Hashable, Callable[[], Any], str], Any]
+
+
+def view_name(view: Callable[..., Any]) -> str:
+    return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', repr(view))}"
+
+
+def _refreshable(
+    app: Any, view: Callable[..., Any], args: dict[str, Any], asking: Any,
+    in_request: Callable[[], bool],
+) -> Callable[[], Any]:
+    """The view as a build: called in the request, or in a request context of the same
+    path and query string when run outside any request (a refresh)."""
+    path, query, root = asking.path, asking.query_string, asking.root_url
+
+    def build() -> Any:
+        if in_request():
+            return view(**args)
+        with app.test_request_context(path, base_url=root, query_string=query):
+            return view(**args)
+
+    return build
+
+
+def _answer(app: Any, value: Any, mimetype: str | None) -> Any:
+    if value is NOT_FOUND:
+        app.aborter(404)
+    if isinstance(value, bytes):
+        return app.response_class(value, mimetype=mimetype or OCTETS)
+    if isinstance(value, str):
+        return app.response_class(value, mimetype=mimetype or TEXT)
+    return app.json.response(value)
+
+
+def cached_view(
+    cold: Cold,
+    view: Callable[..., Any],
+    key: Callable[..., Hashable] | None,
+    mimetype: str | None,
+    current: Callable[[], tuple[Any, Any]],
+    in_request: Callable[[], bool],
+) -> Callable[..., Any]:
+    """``view`` wrapped (``functools.wraps``) as the module's design note says. ``current``
+    gives the current app and request objects; ``in_request`` whether a request is active."""
+    if key is not None and not callable(key):
+        raise TypeError(f"cached(key=...) must be a callable taking the view's arguments, "
+                        f"got {key!r}")
+    name = view_name(view)
+    where = f"view {name}"
+
+    @functools.wraps(view)
+    def wrapper(**args: Any) -> Any:
+        app, asking = current()
+        if key is None:
+            pairs = tuple(sorted(asking.args.items(multi=True)))
+            cache_key: Hashable = (name, asking.path, pairs)
+        else:
+            cache_key = (name, checked_key(key(**args), f"the key of {where}"))
+        build = _refreshable(app, view, args, asking, in_request)
+        return _answer(app, cold(cache_key, build, where), mimetype)
+
+    return wrapper
