@@ -312,7 +312,7 @@ def test_a_displacement_is_counted_in_the_metrics(make: Callable[..., App]) -> N
     polite = app.queue("polite", POLITE)
     assert refusal(response(crawler[-1])) == DISPLACED
     text = app.app.test_client().get("/metrics").get_data(as_text=True)
-    assert 'reachlimit_admissions_total{result="displaced"} 1.0' in text
+    assert 'reachlimit_admissions_total{budget="default",result="displaced"} 1.0' in text
     app.builds.let_all_go()
     assert response(polite).status_code == 200
 
