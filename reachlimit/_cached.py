@@ -56,7 +56,8 @@ def _refreshable(
 ) -> Callable[[], Any]:
     """The view as a build: called in the request, or in a request context of the same
     path and query string when run outside any request (a refresh)."""
-    path, query, root = asking.path, asking.query_string, asking.root_url
+    # The query string as the server gave it (WSGI's latin-1 text): the request it describes.
+    path, query, root = asking.path, asking.query_string.decode("latin-1"), asking.root_url
 
     def build() -> Any:
         if in_request():

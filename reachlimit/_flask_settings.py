@@ -297,8 +297,10 @@ def warn_unknown_keys(config: Mapping[str, Any]) -> None:
     for key in sorted(k for k in config if isinstance(k, str) and k.startswith(_CONFIG_PREFIX)):
         if key in known:
             continue
-        near = difflib.get_close_matches(key, known, n=1)
-        hint = f"; did you mean {near[0]}?" if near else ""
+        # Compared without the prefix every key shares (it would make any two look close).
+        cut = len(_CONFIG_PREFIX)
+        near = difflib.get_close_matches(key[cut:], [k[cut:] for k in known], n=1)
+        hint = f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
         log.warning("unknown config key %s: reachlimit does not read it%s", key, hint)
 
 

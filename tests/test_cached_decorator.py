@@ -1,0 +1,253 @@
+"""``@rl.cached()`` and ``@budget.cached()`` through Flask's test client: the view is the build,
+its value the answer (JSON, text, bytes, or the decorator's mimetype) with Cache-Status; the
+default key is the path and the sorted query string; a given key takes the view's arguments;
+refusals, NOT_FOUND and view errors as with ``cold()``; a herd builds once; a stale answer's
+refresh re-runs the view in a request context of the same path and query.
+
+Builds that must be held wait on an Event the test sets; a stale entry is made by moving an
+injected clock, never by sleeping; a refresh is waited for through the refresher.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from flask import Flask, Response, request
+
+from reachlimit import NOT_FOUND, TTLCache
+from reachlimit.flask import ReachLimit
+from tests.support.clock import FakeClock
+from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def make(**overrides: Any) -> tuple[Flask, ReachLimit, list[str]]:
+    """An app whose decorated views record each run in the returned list."""
+    app = Flask("cached")
+    rl = ReachLimit(app, **overrides)
+    runs: list[str] = []
+
+    @app.get("/json/<int:n>")
+    @rl.cached()
+    def as_json(n: int) -> Any:
+        runs.append(f"json {n} {sorted(request.args.items(multi=True))}")
+        return {"n": n, "pair": (1, 2), 3: "int key"}
+
+    @app.get("/text")
+    @rl.cached()
+    def as_text() -> Any:
+        runs.append("text")
+        return "plain words"
+
+    @app.get("/bytes")
+    @rl.cached()
+    def as_bytes() -> Any:
+        runs.append("bytes")
+        return b"\x00\xff"
+
+    @app.get("/csv")
+    @rl.cached(mimetype="text/csv")
+    def as_csv() -> Any:
+        runs.append("csv")
+        return "a,b\n"
+
+    @app.get("/by-id/<item>")
+    @rl.cached(key=lambda item: item.lower())
+    def by_id(item: str) -> Any:
+        runs.append(f"by-id {item}")
+        return {"item": item}
+
+    @app.get("/missing")
+    @rl.cached()
+    def missing() -> Any:
+        runs.append("missing")
+        return NOT_FOUND
+
+    @app.get("/broken")
+    @rl.cached()
+    def broken() -> Any:
+        runs.append("broken")
+        raise RuntimeError("the view failed")
+
+    @app.get("/response")
+    @rl.cached()
+    def response() -> Any:
+        runs.append("response")
+        return Response("not a value")
+
+    return app, rl, runs
+
+
+def test_the_second_answer_is_the_cached_first_with_its_cache_status() -> None:
+    app, _, runs = make()
+    first = app.test_client().get("/json/1")
+    second = app.test_client().get("/json/1")
+    assert first.status_code == second.status_code == 200
+    assert first.mimetype == "application/json"
+    # The value rule: a tuple is a list and an int key a str key, from the first answer.
+    assert first.get_json() == second.get_json() == {"n": 1, "pair": [1, 2], "3": "int key"}
+    assert first.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; stored"
+    assert second.headers["Cache-Status"].startswith("reachlimit; hit; ttl=")
+    assert runs == ["json 1 []"]
+
+
+def test_the_query_string_in_any_order_is_one_key_and_another_value_another() -> None:
+    app, _, runs = make()
+    one = app.test_client().get("/json/2?a=1&b=2")
+    two = app.test_client().get("/json/2?b=2&a=1")
+    other = app.test_client().get("/json/2?a=1&b=3")
+    assert two.headers["Cache-Status"].startswith("reachlimit; hit")
+    assert other.headers["Cache-Status"].endswith("stored")
+    assert one.get_json() == two.get_json()
+    assert runs == ["json 2 [('a', '1'), ('b', '2')]", "json 2 [('a', '1'), ('b', '3')]"]
+
+
+def test_text_bytes_and_a_given_mimetype() -> None:
+    app, _, _ = make()
+    client = app.test_client()
+    text, octets, csv = client.get("/text"), client.get("/bytes"), client.get("/csv")
+    assert (text.content_type, text.get_data()) == ("text/plain; charset=utf-8", b"plain words")
+    assert (octets.content_type, octets.get_data()) == ("application/octet-stream", b"\x00\xff")
+    assert (csv.content_type, csv.get_data()) == ("text/csv; charset=utf-8", b"a,b\n")
+    again = client.get("/bytes")
+    assert again.get_data() == b"\x00\xff" and again.headers["Cache-Status"].startswith(
+        "reachlimit; hit"
+    )
+
+
+def test_a_given_key_takes_the_views_arguments() -> None:
+    app, _, runs = make()
+    assert app.test_client().get("/by-id/ABC").get_json() == {"item": "ABC"}
+    shared = app.test_client().get("/by-id/abc")
+    assert shared.get_json() == {"item": "ABC"}  # one key: item.lower()
+    assert shared.headers["Cache-Status"].startswith("reachlimit; hit")
+    assert runs == ["by-id ABC"]
+
+
+def test_not_found_is_a_404_never_cached_and_a_view_error_is_never_cached() -> None:
+    app, _, runs = make()
+    for _ in range(2):
+        assert app.test_client().get("/missing").status_code == 404
+        assert app.test_client().get("/broken").status_code == 500
+    assert runs == ["missing", "broken", "missing", "broken"]
+
+
+def test_a_view_returning_a_response_is_a_type_error_naming_the_key_and_the_view() -> None:
+    app, _, runs = make()
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+    with pytest.raises(TypeError, match=r"by view .*response for key .*'/response'.*Response"):
+        app.test_client().get("/response")
+    with pytest.raises(TypeError):
+        app.test_client().get("/response")
+    assert runs == ["response", "response"]  # nothing was cached
+
+
+def test_the_decorator_keeps_the_views_name_and_docstring() -> None:
+    rl = ReachLimit()
+
+    def report(day: str) -> str:
+        """One day's report."""
+        return day
+
+    wrapped = rl.cached()(report)
+    assert (wrapped.__name__, wrapped.__doc__) == ("report", "One day's report.")
+    assert wrapped.__wrapped__ is report  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="must be a callable"):
+        rl.cached(key="day")(report)  # type: ignore[arg-type]
+
+
+def test_a_budgets_decorator_is_refused_with_429_and_retry_after() -> None:
+    rl = ReachLimit()
+    exports = rl.budget("exports", active=1, queue=0)
+    app = Flask("refused")
+    rl.init_app(app)
+
+    @app.get("/export")
+    @exports.cached()
+    def export() -> Any:
+        return {"never": True}
+
+    with app.test_request_context():
+        grant = exports.path.limiter.acquire()
+    try:
+        reply = app.test_client().get("/export")
+    finally:
+        grant.release()
+    assert reply.status_code == 429 and reply.headers["Retry-After"] == "2"
+    assert "'exports'" in reply.get_json()["error"]
+    assert reply.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; fwd-status=429"
+
+
+def test_a_herd_on_a_decorated_view_builds_once(threads: ThreadRunner) -> None:
+    rl = ReachLimit()
+    app = Flask("herd")
+    rl.init_app(app)
+    go, building = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    @app.get("/slow")
+    @rl.cached()
+    def slow() -> Any:
+        runs.append(1)
+        building.set()
+        assert go.wait(JOIN_TIMEOUT)
+        return {"ok": True}
+
+    leader = start_call(threads, lambda: app.test_client().get("/slow"), name="leader")
+    assert building.wait(JOIN_TIMEOUT)
+    followers = [
+        start_call(threads, lambda: app.test_client().get("/slow"), name=f"f{i}")
+        for i in range(5)
+    ]
+    with app.test_request_context():
+        flight: Any = rl.path.flight
+    wait_until("five followers", lambda: sum(c.followers for c in flight._calls.values()) == 5)
+    go.set()
+    for outcome in [leader, *followers]:
+        outcome.wait_done(JOIN_TIMEOUT)
+        assert outcome.error is None and outcome.value.get_json() == {"ok": True}
+    assert runs == [1]
+    statuses = sorted(o.value.headers["Cache-Status"] for o in [leader, *followers])
+    assert statuses == ["reachlimit; fwd=uri-miss; collapsed"] * 5 + [
+        "reachlimit; fwd=uri-miss; stored"
+    ]
+
+
+def test_a_stale_answers_refresh_reruns_the_view_in_a_request_of_its_path_and_query() -> None:
+    clock = FakeClock(1000.0)
+    rl = ReachLimit(cache_ttl=10, stale=30)
+    app = Flask("refresh")
+    rl.init_app(app)
+    seen: list[tuple[str, str, str | None]] = []
+
+    @app.get("/day/<day>")
+    @rl.cached()
+    def day(day: str) -> Any:
+        seen.append((day, request.path, request.args.get("lang")))
+        return {"day": day, "run": len(seen)}
+
+    with app.test_request_context():
+        path = rl.path
+    path.cache = TTLCache(64, 10.0, stale=30.0, clock=clock)
+    try:
+        assert app.test_client().get("/day/mon?lang=fr").get_json() == {"day": "mon", "run": 1}
+        clock.advance(12)  # past the TTL, within the stale window
+        stale = app.test_client().get("/day/mon?lang=fr")
+        assert stale.get_json()["run"] == 1
+        assert stale.headers["Cache-Status"].startswith("reachlimit; hit; ttl=-")
+        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(
+            ("tests.test_cached_decorator.test_a_stale_answers_refresh_reruns_the_view_in_a_"
+             "request_of_its_path_and_query.<locals>.day", "/day/mon",
+             (("lang", "fr"),))
+        ))
+        assert seen[1] == ("mon", "/day/mon", "fr")  # the refresh saw the path and the query
+        fresh = app.test_client().get("/day/mon?lang=fr")
+        assert fresh.get_json()["run"] == 2
+        assert fresh.headers["Cache-Status"].startswith("reachlimit; hit; ttl=")
+        assert path.counts().refreshed == 1 and path.counts().refresh_failed == 0
+    finally:
+        rl.close(app)
