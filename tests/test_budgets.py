@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from flask import Flask, jsonify
 from prometheus_client.parser import text_string_to_metric_families
+from werkzeug.test import TestResponse
 
 from reachlimit import Busy
 from reachlimit.flask import _REFUSAL_SENTENCES, Budget, ColdRefused, ReachLimit
@@ -58,6 +59,16 @@ def make_app(rl: ReachLimit, config: dict[str, Any] | None = None, **budgets: Bu
     app.add_url_rule("/health", view_func=rl.health_view)
     app.add_url_rule("/metrics", view_func=rl.metrics_view)
     return app
+
+
+def get_while_full(app: Flask, budget: Budget | ReachLimit, url: str) -> TestResponse:
+    """``GET url`` while the test holds ``budget``'s only build slot (queue 0: refused)."""
+    with app.test_request_context():
+        grant = budget.path.limiter.acquire()
+    try:
+        return app.test_client().get(url)
+    finally:
+        grant.release()
 
 
 def test_a_saturated_budget_leaves_the_default_alone(threads: ThreadRunner) -> None:
@@ -248,12 +259,7 @@ def test_an_apps_own_refusal_handler_keeps_retry_after_and_cache_status(register
     if register == "after":
         app.register_error_handler(ColdRefused, mine)
     app.add_url_rule("/r", "r", lambda: rl.cold("k", lambda: b"never"))
-    with app.test_request_context():
-        grant = rl.path.limiter.acquire()
-    try:
-        reply = app.test_client().get("/r")
-    finally:
-        grant.release()
+    reply = get_while_full(app, rl, "/r")
     assert (reply.status_code, reply.get_json()) == (429, {"mine": True})
     assert reply.headers["Retry-After"] == "2"
     assert reply.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; fwd-status=429"
@@ -265,12 +271,7 @@ def test_an_apps_errorhandler_429_does_not_replace_the_refusal() -> None:
     app.register_error_handler(429, lambda exc: ("generic", 429))
     rl.init_app(app)
     app.add_url_rule("/r", "r", lambda: rl.cold("k", lambda: b"never"))
-    with app.test_request_context():
-        grant = rl.path.limiter.acquire()
-    try:
-        reply = app.test_client().get("/r")
-    finally:
-        grant.release()
+    reply = get_while_full(app, rl, "/r")
     assert reply.get_json()["retryAfter"] == 2 and reply.headers["Retry-After"] == "2"
     assert reply.headers.getlist("Cache-Status") == ["reachlimit; fwd=uri-miss; fwd-status=429"]
 

@@ -21,6 +21,7 @@ from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
+from tests.test_budgets import get_while_full
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -171,12 +172,7 @@ def test_a_budgets_decorator_is_refused_with_429_and_retry_after() -> None:
     def export() -> Any:
         return {"never": True}
 
-    with app.test_request_context():
-        grant = exports.path.limiter.acquire()
-    try:
-        reply = app.test_client().get("/export")
-    finally:
-        grant.release()
+    reply = get_while_full(app, exports, "/export")
     assert reply.status_code == 429 and reply.headers["Retry-After"] == "2"
     assert "'exports'" in reply.get_json()["error"]
     assert reply.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; fwd-status=429"
