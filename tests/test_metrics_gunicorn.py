@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
+from reachlimit.gunicorn import TEMPORARY_PREFIX
 from reachlimit.prometheus import _HELP
 from tests.support.clients import Herd, Reply, check_refusal
 from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, reach_service, serving
@@ -321,7 +322,7 @@ def test_without_a_directory_the_config_file_makes_a_fresh_one_and_removes_it(
         directories = {f.parent for f in mapped_metrics_files(worker)}
         assert len(directories) == 1, directories
         [directory] = directories
-        assert directory.name.startswith("reach-metrics-")
+        assert directory.name.startswith(TEMPORARY_PREFIX)
         assert {f.name for f in directory.iterdir()} >= {f"counter_{worker}.db"}
     assert not directory.exists()  # on_exit removed it
 

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import redis
 
+from reachlimit.gunicorn import BOOT_ID_VARIABLE, MASTER_VARIABLE, TEMPORARY_VARIABLE
 from reachlimit.redis import RedisColdLimiter, owner_prefix
 from tests.apps.file_gate_app import build_pids, running_counts
 from tests.support.clients import Herd, Reply, check_refusal, http_request
@@ -418,8 +419,8 @@ def _load_config(monkeypatch: pytest.MonkeyPatch, tmp: Path, **env: str) -> dict
     for name in ("REACH_WORKERS", "REACH_THREADS", "REACHLIMIT_REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp / "metrics"))
-    monkeypatch.setenv("REACH_METRICS_MASTER", "")
-    monkeypatch.setenv("REACH_METRICS_TEMPORARY", "")
+    for name in (MASTER_VARIABLE, TEMPORARY_VARIABLE, BOOT_ID_VARIABLE):
+        monkeypatch.setenv(name, "")  # so that each load prepares, and teardown undoes it
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return runpy.run_path(str(WEBAPP_CONFIG))
