@@ -3,8 +3,10 @@
 
 design:
 
-    init_app(app) with settings.redis_url             (reachlimit.flask._shared_state)
-      shared_path(settings, metrics_class) -> SharedPath
+    each budget of an app with settings.redis_url        (reachlimit._budgets.build_state)
+      shared_path(settings, meter, budget, links) -> SharedPath
+        keys     {<prefix>:<redis_name(budget)>}: the budget's own; the default keeps "cold"
+        links    RedisLinks: the app's one client and one health per URL, for every budget
         limiter  ResilientLimiter(RedisColdLimiter, ColdLimiter, health, redis_fallback)
         cache    ResilientCache(RedisCache, TTLCache, health)       _shared_cache_and_flight
         flight   ResilientFlight(RedisSingleFlight, SingleFlight, health)
@@ -20,9 +22,13 @@ once. ``SharedPathCounters`` adds up every process's figures for ``rl.stats()`` 
 health view; its thread starts with the process's first request (``cold``), so never in a
 preloading master. No connection is opened while the app is set up.
 
-No Flask here (``reachlimit.flask`` turns a ``SharedPath`` into the app's state and
-re-exports ``release_worker``): the standard library, the core and (lazily)
-``reachlimit.redis``.
+``release_worker`` frees a dead worker's places in every budget: the default, those the
+config's REACHLIMIT_BUDGETS lists, and every limiter name listed in Redis under the prefix
+(``reachlimit.redis.registry_key``; budgets declared only in code included).
+
+No Flask here (``reachlimit._budgets`` turns a ``SharedPath`` into a budget's state;
+``reachlimit.flask`` re-exports ``release_worker``): the standard library, the core and
+(lazily) ``reachlimit.redis``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ design:
         the environment, say) into the setting or raises ValueError naming the key
         argument > config key > default
 
+``warn_unknown_keys`` logs each ``REACHLIMIT_*`` config key the extension does not read, with
+the nearest known one; ``BUDGETS_KEY`` (REACHLIMIT_BUDGETS) is read by
+``reachlimit._budget_names``; ``warn_threads`` adds up every budget's active + queue.
+
 ``gunicorn_threads`` finds the ``threads`` setting of the gunicorn worker loading the app (for
 the warning that the worker has too few threads). The client option's meaning (``_client_of``)
 is here too: None for "remote_addr" (read
