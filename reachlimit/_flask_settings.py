@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from types import FrameType
 from typing import Any, cast
 
-from ._urls import mask_url, redis_url_problem
+from ._urls import REDIS_SCHEMES, SCHEMES_TEXT, mask_url, redis_url_problem
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
            "CLIENT_REMOTE_ADDR", "CLIENT_NONE", "BUDGETS_KEY", "warn_unknown_keys"]
@@ -50,8 +50,6 @@ ClientFunc = Callable[[Any], Hashable]
 #: Threads a worker needs beyond ``active + queue``: room for warm hits and fast refusals
 #: while every build slot and queue place is taken.
 SPARE_THREADS = 4
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 # -- settings: each option's name, default and check are written once, here ---------------
@@ -181,13 +179,13 @@ def _client(key: str, value: Any) -> str | ClientFunc:
 
 
 def _redis_url(key: str, value: Any) -> str | None:
-    """None or empty: no Redis (in-process limits); else a redis://, rediss:// or unix://
-    URL. The error shows the URL with its password masked."""
+    """None or empty: no Redis (in-process limits); else a redis://, rediss://, unix:// or
+    redis+sentinel:// URL. The error shows the URL with its password masked."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if not isinstance(value, str) or not value.strip().startswith(_REDIS_SCHEMES):
+    if not isinstance(value, str) or not value.strip().startswith(REDIS_SCHEMES):
         raise ValueError(
-            f"{key} must be a redis://, rediss:// or unix:// URL (or empty for in-process "
+            f"{key} must be a {SCHEMES_TEXT} URL (or empty for in-process "
             f"limits), got {mask_url(value)!r}"
         )
     problem = redis_url_problem(value.strip())

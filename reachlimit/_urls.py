@@ -12,21 +12,37 @@ split as a URL is shown as a fixed placeholder rather than echoed back.
 it. redis-py reads the path of ``redis://host/<db>`` as the database number but silently
 ignores one that is not a number (``redis://host/abc`` is database 0), so a typo would point
 a service at another database's keys; here it is refused instead.
+
+:func:`sentinel_parts` reads a Sentinel URL (``redis+sentinel://[user:password@]host:port
+[,host:port...]/<service>[/<db>]``, the ``limits`` library's form): the standard library's
+split alone takes ``a:1,b:2`` for one host with the port ``1,b:2``. The password may also
+be the sentinels' own (``sentinel_password=``), and is masked like the others.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["mask_url", "MASK", "REDIS_SCHEMES", "redis_url_problem", "url_secrets", "scrub"]
+__all__ = [
+    "mask_url", "MASK", "REDIS_SCHEMES", "SCHEMES_TEXT", "SENTINEL_SCHEME", "SentinelURL",
+    "redis_url_problem", "sentinel_parts", "url_secrets", "scrub",
+]
 
 #: What a password is replaced with.
 MASK = "***"
 
-_SECRET_QUERY_KEYS = frozenset({"password"})
+_SECRET_QUERY_KEYS = frozenset({"password", "sentinel_password"})
 
-#: The URL schemes of a Redis: plain TCP, TLS, a Unix socket.
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+#: A Redis's primary as the sentinels name it.
+SENTINEL_SCHEME = "redis+sentinel://"
+#: The port of a sentinel written without one.
+SENTINEL_PORT = 26379
+
+#: The URL schemes of a Redis: plain TCP, TLS, a Unix socket, a Sentinel's primary.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
+#: The schemes as a sentence takes them.
+SCHEMES_TEXT = "redis://, rediss:// or unix:// (one server), redis+sentinel:// (Sentinel)"
 
 
 def mask_url(url: object) -> str:
@@ -91,9 +107,16 @@ def redis_url_problem(url: str) -> str | None:
     """What is wrong with Redis URL ``url``, as the end of a sentence, or None when it is a
     ``redis://``, ``rediss://`` or ``unix://`` URL whose database is a whole number: the path
     of a TCP URL (``redis://host``, ``redis://host/``, ``redis://host/0``) and a ``db=``
-    query argument of any. The text never quotes the URL: callers show :func:`mask_url`."""
+    query argument of any; or a ``redis+sentinel://`` URL :func:`sentinel_parts` reads. The
+    text never quotes the URL: callers show :func:`mask_url`."""
     if not url.startswith(REDIS_SCHEMES):
-        return "it must start with redis://, rediss:// or unix://"
+        return f"it must start with {SCHEMES_TEXT}"
+    if url.startswith(SENTINEL_SCHEME):
+        try:
+            sentinel_parts(url)
+        except ValueError as exc:
+            return str(exc)
+        return _db_query_problem(url)
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - reading it checks it (ValueError: not a number, out of range)
@@ -106,10 +129,73 @@ def redis_url_problem(url: str) -> str | None:
                 "the database (the path after the host) must be a whole number, "
                 f"got {database!r}"
             )
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+    return _db_query_problem(url)
+
+
+def _db_query_problem(url: str) -> str | None:
+    for key, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
         if key == "db" and not _whole(value):
             return f"the database (db=) must be a whole number, got {value!r}"
     return None
+
+
+class SentinelURL(NamedTuple):
+    """What a ``redis+sentinel://`` URL names (see :func:`sentinel_parts`)."""
+
+    #: The sentinels' addresses, in the URL's order.
+    hosts: list[tuple[str, int]]
+    #: The name the sentinels monitor the primary under (``sentinel monitor <service>``).
+    service: str
+    #: The database of the path (``/<service>/<db>``), None without one.
+    db: int | None
+    #: The user-info's user and password, None where absent (percent-decoded).
+    username: str | None
+    password: str | None
+    #: The query string, as written.
+    query: str
+
+
+def sentinel_parts(url: str) -> SentinelURL:
+    """The sentinels, service, database and credentials of ``redis+sentinel://[user:password
+    @]host[:port][,host[:port]...]/<service>[/<db>]`` (a sentinel's port defaults to 26379;
+    IPv6 hosts in brackets). ValueError, as the end of a sentence that never quotes the URL,
+    for anything else."""
+    if not url.startswith(SENTINEL_SCHEME):
+        raise ValueError(f"a Sentinel URL starts with {SENTINEL_SCHEME}")
+    parts = urlsplit(url)
+    userinfo, at, netloc = parts.netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon and secret else None
+    hosts: list[tuple[str, int]] = []
+    for place in netloc.split(","):
+        try:
+            host = urlsplit(f"//{place}")
+            port = host.port
+        except ValueError:
+            raise ValueError(
+                "each sentinel's port must be a whole number from 0 to 65535"
+            ) from None
+        if not host.hostname:
+            raise ValueError("it must name at least one sentinel, host:port[,host:port...]")
+        hosts.append((host.hostname, SENTINEL_PORT if port is None else port))
+    path = unquote(parts.path)[1:].split("/")
+    service = path[0]
+    if not service:
+        raise ValueError(
+            "it must name the service the sentinels monitor: redis+sentinel://host:port/<service>"
+        )
+    database = path[1] if len(path) > 1 else ""
+    if len(path) > 2 or (database and not _whole(database)):
+        raise ValueError(
+            "the database (after the service) must be a whole number, "
+            f"got {'/'.join(path[1:])!r}"
+        )
+    return SentinelURL(
+        hosts, service, int(database) if database else None, username, password, parts.query
+    )
 
 
 def _whole(text: str) -> bool:

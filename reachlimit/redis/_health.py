@@ -6,6 +6,18 @@ design:
     timeouts, no retries (a retry would stretch a call past its bound), a health check of idle
     connections.
 
+    ``redis+sentinel://`` (``_sentinel_client``): a ``redis.sentinel.Sentinel`` over the URL's
+    sentinels, with the same bounds, and its ``master_for(service)``: a client that asks the
+    sentinels for the primary whenever it opens a connection, so it follows the primary across
+    a failover (a connection to a primary demoted meanwhile fails with a connection error:
+    the health below marks Redis down and the fallback answers until the new primary does).
+    The URL's user and password are the primary's AND the sentinels' (the ``limits``
+    library's convention); ``sentinel_password=`` (and ``sentinel_username=``) in the query
+    give the sentinels their own, an empty ``sentinel_password=`` none. Other query arguments
+    are redis-py's own, read as ``redis.Redis.from_url`` reads them, for the primary.
+    ``rediss://`` keeps redis-py's TLS parameters (``ssl_ca_certs``, ``ssl_cert_reqs``,
+    ``ssl_certfile``, ``ssl_keyfile``...) as redis-py reads them.
+
     RedisHealth is one per Redis (URL), shared by every wrapper of ``_resilient``. Up: every
     call goes to Redis. A call that fails with a connection problem (any ``redis.RedisError``
     or ``OSError``: refused, reset, timed out, a server still loading) marks it down at once
@@ -29,13 +41,23 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlencode
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .._urls import mask_url, redis_url_problem, scrub, url_secrets
+from .._urls import (
+    REDIS_SCHEMES,
+    SCHEMES_TEXT,
+    SENTINEL_SCHEME,
+    mask_url,
+    redis_url_problem,
+    scrub,
+    sentinel_parts,
+    url_secrets,
+)
 
 __all__ = ["FAILURES", "RedisHealth", "connect"]
 
@@ -44,21 +66,19 @@ log = logging.getLogger("reachlimit")
 #: What a call to Redis can fail with when Redis is unreachable, slow or broken.
 FAILURES: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
 
-_SCHEMES = ("redis://", "rediss://", "unix://")
 
 def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) -> redis.Redis:
-    """A ``redis.Redis`` for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``) whose
-    every call is bounded: connect and read time out after ``timeout`` seconds, a failed
-    call is not retried, and a connection idle for ``health_check_interval`` seconds is
-    checked with a PING before use. No connection is opened here.
+    """A ``redis.Redis`` for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``, or
+    ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]`` for the primary a Sentinel
+    names) whose every call is bounded: connect and read time out after ``timeout`` seconds,
+    a failed call is not retried, and a connection idle for ``health_check_interval``
+    seconds is checked with a PING before use. No connection is opened here.
 
     Raises ``ValueError`` (showing the URL with its password masked) for any other scheme,
     a database (``redis://host/<db>``, ``db=``) or port that is not a whole number, or a URL
     redis-py cannot read."""
-    if not isinstance(url, str) or not url.startswith(_SCHEMES):
-        raise ValueError(
-            f"a Redis URL must start with redis://, rediss:// or unix://, got {mask_url(url)!r}"
-        )
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise ValueError(f"a Redis URL must start with {SCHEMES_TEXT}, got {mask_url(url)!r}")
     problem = redis_url_problem(url)
     if problem is not None:  # redis-py would take redis://host/abc for database 0
         raise ValueError(f"bad Redis URL {mask_url(url)!r}: {problem}")
@@ -68,20 +88,68 @@ def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) 
         or not 0 < timeout < math.inf
     ):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    bounded: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_error": [],
+    }
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_error=[],
-            health_check_interval=health_check_interval,
-        )
+        if url.startswith(SENTINEL_SCHEME):
+            client = _sentinel_client(url, bounded, health_check_interval)
+        else:
+            client = redis.Redis.from_url(
+                url, health_check_interval=health_check_interval, **bounded
+            )
     except ValueError as exc:
         raise ValueError(
             f"bad Redis URL {mask_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
         ) from None
     return client
+
+
+#: Query arguments of a Sentinel URL that are the sentinels' credentials, not the primary's.
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+
+
+class _SentinelPrimary(redis.Redis):
+    """The client of the primary a Sentinel names, whose ``close`` also closes its
+    connections to the sentinels."""
+
+    def close(self) -> None:
+        super().close()
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            sentinel.close()
+
+
+def _sentinel_client(
+    url: str, bounded: dict[str, Any], health_check_interval: int
+) -> redis.Redis:
+    """``master_for`` of a Sentinel over the sentinels of ``url`` (module design)."""
+    from redis.connection import parse_url
+    from redis.sentinel import Sentinel
+
+    where = sentinel_parts(url)
+    auth = {"username": where.username, "password": where.password}
+    pairs = parse_qsl(where.query, keep_blank_values=True)
+    own = {key[9:]: value or None for key, value in pairs if key in _SENTINEL_AUTH}
+    if "password" in own and own["password"] is None:
+        own.setdefault("username", None)  # sentinels without a password: no AUTH at all
+    rest = urlencode([(key, value) for key, value in pairs if key not in _SENTINEL_AUTH])
+    # redis-py's own reading of the other query arguments (types included), as from_url's.
+    options = parse_url(f"redis://localhost/?{rest}")  # type: ignore[no-untyped-call]
+    options.pop("host", None)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        where.hosts,
+        sentinel_kwargs={**bounded, **auth, **own},
+        **{"health_check_interval": health_check_interval, **bounded, **auth,
+           "db": where.db or 0, **options},
+    )
+    primary_client = sentinels.master_for(  # type: ignore[no-untyped-call]
+        where.service, redis_class=_SentinelPrimary
+    )
+    return cast(redis.Redis, primary_client)
 
 
 class RedisHealth:
