@@ -56,13 +56,12 @@ from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
-import redis
-
 from .. import _values
 from .._attrs import shown
 from .._cache import Entry, TTLCache, check_stale
 from . import lua
 from ._common import (
+    Client,
     LogOnce,
     Named,
     check_settings,
@@ -152,7 +151,7 @@ class RedisCache(Named):
     """
 
     def __init__(
-        self, client: redis.Redis, name: str = "reachlimit",
+        self, client: Client, name: str = "reachlimit",
         *,
         prefix: str = "reachlimit",
         ttl: float = 300.0,

@@ -25,19 +25,31 @@ import socket
 import threading
 from collections.abc import Hashable
 from hashlib import sha256
-from typing import Any
+from typing import Any, TypeAlias
+
+from redis import Redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from .._attrs import shown
 from . import lua
 
 __all__ = [
     "Leased", "Named",
-    "BOOT_ID", "BOOT_ID_VARIABLE", "LogOnce", "check_client", "check_names", "check_settings",
-    "client_id", "key_digest", "ms", "owner_prefix", "positive", "socket_timeout",
-    "warn_eviction",
+    "BOOT_ID", "BOOT_ID_VARIABLE", "Client", "LogOnce", "REDIS_ERRORS", "check_client",
+    "check_names", "check_settings", "client_id", "is_cluster", "key_digest", "ms", "owner_prefix",
+    "positive", "socket_timeout", "warn_eviction",
 ]
 
 log = logging.getLogger("reachlimit")
+
+#: What a call to Redis raises when Redis fails: redis-py's errors, and its cluster client's
+#: own (``RedisClusterException``: no node of the cluster reachable, slots not covered),
+#: which it does not derive from ``RedisError``.
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
+
+#: What every object of this package takes: one Redis, or a Redis Cluster.
+Client: TypeAlias = "Redis | RedisCluster"
 
 _HOSTNAME = socket.gethostname()
 
@@ -119,11 +131,23 @@ def check_names(name: str, prefix: str) -> None:
             raise ValueError(f"{label} must be a non-empty string without braces")
 
 
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a ``redis.cluster.RedisCluster``): its
+    keys then live on the nodes of their slots, and a script may touch one slot only."""
+    return isinstance(client, RedisCluster)
+
+
+def _connection_kwargs(client: Any) -> dict[str, Any]:
+    """The options ``client`` opens its connections with (a cluster's: its nodes')."""
+    if is_cluster(client):  # no connection pool of its own: one per node
+        return dict(client.get_connection_kwargs() or {})
+    pool = getattr(client, "connection_pool", None)
+    return dict(getattr(pool, "connection_kwargs", None) or {})
+
+
 def check_client(client: Any) -> None:
     """A client that decodes responses would hand the codecs ``str`` for bytes."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    if kwargs.get("decode_responses"):
+    if _connection_kwargs(client).get("decode_responses"):
         raise ValueError("the client must not decode responses (decode_responses=False)")
 
 
@@ -141,9 +165,7 @@ def ms(seconds: float) -> int:
 
 def socket_timeout(client: Any) -> float | None:
     """The socket timeout the client's connections read with, if it can be found."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    value = kwargs.get("socket_timeout")
+    value = _connection_kwargs(client).get("socket_timeout")
     return float(value) if value else None
 
 
@@ -195,7 +217,8 @@ def warn_eviction(client: Any) -> None:
     """Once per process: warn if Redis may evict any key (``maxmemory-policy allkeys-*``),
     which can drop a limiter's state (its scripts survive it: a missing key is never an
     error, but a grant or a place may be lost with it). A Redis that does not allow CONFIG
-    (many managed ones) is not asked again."""
+    (many managed ones) is not asked again. On a Cluster, one node is asked (redis-py's
+    default node): the nodes of one cluster are configured alike."""
     if _eviction_checked.is_set():
         return
     _eviction_checked.set()

@@ -36,9 +36,8 @@ import threading
 import weakref
 from typing import Any
 
-import redis
-
 from .._path import ColdPath, ColdPathStats, PathCounts
+from ._common import REDIS_ERRORS, Client
 
 __all__ = ["SharedPathCounters"]
 
@@ -65,7 +64,7 @@ class SharedPathCounters:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         path: ColdPath,
         name: str = "reachlimit",
         *,
@@ -106,14 +105,14 @@ class SharedPathCounters:
             thread.join(timeout)
         try:
             self.flush()
-        except redis.RedisError:
+        except REDIS_ERRORS:
             log.debug("reachlimit: last flush of the path counters failed", exc_info=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self.flush()
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass  # kept for the next flush; the fallback layer logs the outage
             except Exception:  # never let the thread die silently
                 log.exception("reachlimit: flushing the path counters failed")

@@ -70,8 +70,6 @@ import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed
 from .._flight import SingleFlight
@@ -79,8 +77,11 @@ from .._path import LEADER_CANCELLED, NOT_FOUND
 from . import lua
 from ._cache import Codec
 from ._common import (
+    REDIS_ERRORS,
+    Client,
     Leased,
     LogOnce,
+    is_cluster,
     key_digest,
     ms,
     positive,
@@ -133,7 +134,8 @@ class RedisSingleFlight(Leased):
     seconds while ``fn`` runs); ``outcome_ttl`` how long a finished flight's outcome stays
     for slow followers. Every process must use the same values for a name.
 
-    ``client`` is a ``redis.Redis`` that does not decode responses, with a socket timeout
+    ``client`` is a ``redis.Redis`` (or a ``redis.cluster.RedisCluster``: a key's flight
+    keys share a hash tag of their own) that does not decode responses, with a socket timeout
     (a follower blocks for at most half of it at a time). Call :meth:`close` at the end to
     stop the renewer thread (a daemon thread either way).
     """
@@ -145,7 +147,7 @@ class RedisSingleFlight(Leased):
     CANCEL_POLL_INTERVAL = POLL_INTERVAL
 
     def __init__(
-        self, client: redis.Redis, name: str = "reachlimit",
+        self, client: Client, name: str = "reachlimit",
         *,
         prefix: str = "reachlimit",
         lease: float = 10.0,
@@ -182,11 +184,22 @@ class RedisSingleFlight(Leased):
         self.on_redis_error: Callable[[BaseException], None] | None = None
         self._fused: tuple[RedisCache, RedisColdLimiter] | None = None
 
-    def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> None:
+    def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> bool:
         """Lead cold paths in one round trip (:meth:`do_cold`; ``reachlimit.redis._lead``):
         ``cache`` and ``limiter`` must be the very ones the path's recheck and acquire end
-        in, on the same Redis as this flight. A single Redis only (not a Cluster)."""
+        in, on the same Redis as this flight. Returns whether it fused: on a Redis Cluster
+        it does nothing (the cold lead's keys span three hash tags, so three slots) and the
+        steps go one by one, a round trip each (the flight's join, the recheck, the
+        acquire)."""
+        if is_cluster(self._client):
+            return False
         self._fused = (cache, limiter)
+        return True
+
+    @property
+    def fused(self) -> bool:
+        """Whether :meth:`fuse` made cold paths lead in one round trip."""
+        return self._fused is not None
 
     def base_of(self, key: Any) -> str:
         """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""
@@ -409,7 +422,7 @@ class RedisSingleFlight(Leased):
                 args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
                       claim.flight, outcome, self._outcome_ms],
             )
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("reachlimit: could not publish a flight outcome: %s", exc)
             self._report(exc)
 
@@ -421,8 +434,13 @@ class RedisSingleFlight(Leased):
     # -- claims and their leases ------------------------------------------------------------
 
     def _renew(self, claims: list[_Claim]) -> list[str]:
-        """The renewer's call (in its thread): renew every claim in one pipelined round trip;
-        the tokens of the claims found gone (never revived)."""
+        """The renewer's call (in its thread): renew every claim in one pipelined round trip
+        (on a Cluster one script a claim: its pipelines take no scripts, and each claim has
+        a slot of its own); the tokens of the claims found gone (never revived)."""
+        if is_cluster(self._client):
+            return [c.token for c in claims if not int(self._renew_script(
+                keys=c.keys, args=[c.base, c.token, self._lease_ms, self._keep_ms, c.flight]
+            ))]
         pipe = self._client.pipeline(transaction=False)
         for c in claims:
             self._renew_script(

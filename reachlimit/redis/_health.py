@@ -18,6 +18,10 @@ design:
     ``rediss://`` keeps redis-py's TLS parameters (``ssl_ca_certs``, ``ssl_cert_reqs``,
     ``ssl_certfile``, ``ssl_keyfile``...) as redis-py reads them.
 
+    ``redis+cluster://`` (``_cluster``): a ``redis.cluster.RedisCluster`` over the URL's
+    nodes, with the same bounds and no retry (redirects are followed, not retried), which
+    reads the cluster's map at its first command, not here.
+
     RedisHealth is one per Redis (URL), shared by every wrapper of ``_resilient``. Up: every
     call goes to Redis. A call that fails with a connection problem (any ``redis.RedisError``
     or ``OSError``: refused, reset, timed out, a server still loading) marks it down at once
@@ -46,6 +50,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .._urls import (
@@ -58,28 +63,48 @@ from .._urls import (
     sentinel_parts,
     url_secrets,
 )
+from ._cluster import CLUSTER_SCHEME, cluster_client
+from ._common import REDIS_ERRORS, Client
 
 __all__ = ["FAILURES", "RedisHealth", "connect"]
 
 log = logging.getLogger("reachlimit")
 
-#: What a call to Redis can fail with when Redis is unreachable, slow or broken.
-FAILURES: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+#: What a call to Redis can fail with when Redis is unreachable, slow or broken (a
+#: cluster's client also raises ``RedisClusterException``, which is not a ``RedisError``).
+FAILURES: tuple[type[BaseException], ...] = (*REDIS_ERRORS, OSError)
 
 
-def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) -> redis.Redis:
+def _cluster_client(url: str, timeout: float, health_check_interval: int) -> Client:
+    """``connect`` for a ``redis+cluster://`` URL (``_cluster.cluster_client``), its
+    problems a ``ValueError`` showing the URL masked."""
+    try:
+        return cluster_client(url, timeout=timeout, health_check_interval=health_check_interval)
+    except (ValueError, RedisClusterException) as exc:
+        raise ValueError(
+            f"bad Redis URL {mask_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
+        ) from None
+
+
+def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) -> Client:
     """A ``redis.Redis`` for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``, or
     ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]`` for the primary a Sentinel
-    names) whose every call is bounded: connect and read time out after ``timeout`` seconds,
+    names), or a ``redis.cluster.RedisCluster`` for ``redis+cluster://[user:password@]host:
+    port[,host:port...]`` (``_cluster``: its map of the cluster read at its first command),
+    whose every call is bounded: connect and read time out after ``timeout`` seconds,
     a failed call is not retried, and a connection idle for ``health_check_interval``
     seconds is checked with a PING before use. No connection is opened here.
 
     Raises ``ValueError`` (showing the URL with its password masked) for any other scheme,
     a database (``redis://host/<db>``, ``db=``) or port that is not a whole number, or a URL
     redis-py cannot read."""
-    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
-        raise ValueError(f"a Redis URL must start with {SCHEMES_TEXT}, got {mask_url(url)!r}")
-    problem = redis_url_problem(url)
+    if not isinstance(url, str) or not url.startswith((*REDIS_SCHEMES, CLUSTER_SCHEME)):
+        raise ValueError(
+            f"a Redis URL must start with {SCHEMES_TEXT} or {CLUSTER_SCHEME} (Cluster), "
+            f"got {mask_url(url)!r}"
+        )
+    cluster = url.startswith(CLUSTER_SCHEME)
+    problem = None if cluster else redis_url_problem(url)  # a cluster's: cluster_client's
     if problem is not None:  # redis-py would take redis://host/abc for database 0
         raise ValueError(f"bad Redis URL {mask_url(url)!r}: {problem}")
     if (
@@ -88,6 +113,8 @@ def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) 
         or not 0 < timeout < math.inf
     ):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if cluster:
+        return _cluster_client(url, timeout, health_check_interval)
     bounded: dict[str, Any] = {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,

@@ -49,8 +49,15 @@ design:
     so an acquire has a thread to wake at most once per interval. No Redis call is made
     under the lock.
 
-    Cluster: the fixed keys are passed as KEYS; a doorbell key is built inside the script
-    from the same hash tag, so it lives in the same slot.
+    Cluster: the fixed keys are passed as KEYS; a doorbell key (and a client's queue, and
+    the given-up set) is built inside the script from the same hash tag, so every script
+    touches the one slot of its tag and redis-py sends it to the node serving that slot
+    (its EVALSHA's first key decides). A node that does not know a script (restarted, or
+    serving the slot since a migration) gets it with one ``EVAL`` of its text, which also
+    caches it there. The waker nudges the node of the tag (``EXISTS`` of a key of it: a
+    ``PING`` would go to whichever node redis-py picks). The cold lead spans three tags:
+    :meth:`RedisColdLimiter.lead` refuses to run on a Cluster (``RedisSingleFlight.fuse``
+    does nothing there).
 """
 
 from __future__ import annotations
@@ -63,7 +70,6 @@ from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import Any
 
-import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -72,9 +78,12 @@ from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
+    REDIS_ERRORS,
+    Client,
     Leased,
     check_settings,
     client_id,
+    is_cluster,
     ms,
     owner_prefix,
     positive,
@@ -109,7 +118,8 @@ class RedisColdLimiter(Leased, LimiterFigures):
     ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
     first-out by a ticket from Redis, with a direct hand-off.
 
-    ``client`` is a ``redis.Redis``. Make it with short timeouts, say
+    ``client`` is a ``redis.Redis`` (or a ``redis.cluster.RedisCluster``: every key of a
+    limiter shares one hash tag, so one slot). Make it with short timeouts, say
     ``redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)``: a waiter
     blocks in ``BLPOP`` for at most half the socket timeout, so that the read never times out
     first. Redis 6 or newer (``BLPOP`` with a fractional timeout).
@@ -153,7 +163,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
     GIVEN_UP_FOR = 60.0
 
     def __init__(
-        self, client: redis.Redis, name: str = "reachlimit",
+        self, client: Client, name: str = "reachlimit",
         active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
         *, lease: float = 10.0, prefix: str = "reachlimit",
     ) -> None:
@@ -213,7 +223,9 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._give_up_script = client.register_script(lua.GIVE_UP)
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._leases.paused
-        self._waker = Waker(client)
+        self._cluster = is_cluster(client)
+        # On a Cluster, a PING would go to any node: nudge the one serving this tag.
+        self._waker = Waker(client, self._keys[0] if self._cluster else None)
         # The cold lead's two scripts (as the acquire's two), registered on its first use.
         self._lead_scripts: tuple[Script, Script] | None = None
         # An admission the cold lead made, for the acquire that follows in the same thread.
@@ -267,8 +279,11 @@ class RedisColdLimiter(Leased, LimiterFigures):
         two keys and four arguments, as ``RedisSingleFlight`` sends them to its join),
         rechecks the cache ``entry`` (its Redis key) and acquires for ``client``. What it
         acquired is this thread's to take with :meth:`hand_over`. A single Redis only (the
-        keys span three hash tags). Errors of Redis propagate (the token is then given up).
+        keys span three hash tags): ``RuntimeError`` on a Cluster. Errors of Redis propagate
+        (the token is then given up).
         """
+        if self._cluster:
+            raise RuntimeError("the cold lead spans three hash tags: not on a Redis Cluster")
         token, who = self._attempt(client)
         if self._lead_scripts is None:
             self._lead_scripts = lead_scripts(self._client, self._hot)
@@ -295,7 +310,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         script did is given up next time)."""
         try:
             return self._evalsha(script, head, *args)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self._lose(token)
             raise
 
@@ -309,7 +324,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._lose(admission[0])
         try:
             self._give_up_lost()
-        except redis.RedisError:
+        except REDIS_ERRORS:
             pass  # kept for the next round trip
 
     def stats(self) -> RedisLimiterStats:
@@ -346,13 +361,16 @@ class RedisColdLimiter(Leased, LimiterFigures):
     def _evalsha(self, script: Script, head: tuple[bytes, ...], *args: str | bytes | int) -> Any:
         """One EVALSHA of ``script``: ``head`` is its SHA, the key count, the keys and the
         common arguments, encoded; ``args`` follow. A Redis that does not know the script
-        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does.
-        Tokens whose replies were lost are given up first."""
+        (restarted, flushed) gets it loaded and the call made again, as ``Script`` does (on
+        a Cluster: one EVAL of its text, sent to the node of its keys). Tokens whose replies
+        were lost are given up first."""
         if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
             self._give_up_lost()
         try:
             return self._execute("EVALSHA", *head, *args)
         except NoScriptError:
+            if self._cluster:  # SCRIPT LOAD would go to every primary, not to this one
+                return self._execute("EVAL", script.script, *head[1:], *args)
             self._client.script_load(script.script)
             return self._execute("EVALSHA", *head, *args)
 
@@ -390,7 +408,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
             freed, left = self._give_up_script(
                 keys=self._keys, args=[*self._common, ms(self.GIVEN_UP_FOR), *tokens]
             )
-        except redis.RedisError:
+        except REDIS_ERRORS:
             with self._lock:
                 self._lost_tokens.update(tokens)
             raise
@@ -437,7 +455,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
             self._leases.drop_locked(grant.token)
         try:
             kept = self._free(grant.token)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self._lose(grant.token)  # freed at the next round trip, not after its lease
             raise
         if not kept:

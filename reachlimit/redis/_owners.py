@@ -10,17 +10,15 @@ design:
 
 from __future__ import annotations
 
-import redis
-
 from . import lua
-from ._common import owner_prefix
+from ._common import Client, owner_prefix
 from ._limiter import RedisColdLimiter
 
 __all__ = ["owner_prefix", "release_owner"]
 
 
 def release_owner(
-    client: redis.Redis,
+    client: Client,
     owner: str,
     *,
     name: str = "reachlimit",

@@ -28,8 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-import redis
-
+from ._common import REDIS_ERRORS
 from ._daemon import Daemon
 
 __all__ = ["LeaseRenewer"]
@@ -107,7 +106,7 @@ class LeaseRenewer(Daemon, Generic[T]):
                 continue
             try:
                 lost = list(self._renew(list(held.values())))
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("reachlimit: could not renew %d %s: %s", len(held), self._what, exc)
                 if self._on_error is not None:
                     self._on_error(exc)

@@ -28,11 +28,10 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-import redis
-
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled
 from .._limiter import Grant
+from ._common import REDIS_ERRORS
 from ._replies import _ABANDON, _DISPLACED, _DISPLACED_BELL, _GIVE_UP, _GRANTED, _STAY, _WAITING
 from ._waker import Waker
 
@@ -101,7 +100,7 @@ def wait_for_slot(
         # one presence period after our last poll.
         try:
             self._poll(token, _ABANDON)
-        except redis.RedisError:
+        except REDIS_ERRORS:
             self._lose(token)  # Redis drops us anyway, a presence period later
         raise
     if outcome == _GRANTED:

@@ -8,8 +8,7 @@ import threading
 import time
 from typing import Any
 
-import redis
-
+from ._common import REDIS_ERRORS
 from ._daemon import Daemon
 
 __all__ = ["Waker"]
@@ -25,15 +24,20 @@ class Waker(Daemon):
     ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait;
     a ``PING`` that comes when the ``BLPOP`` has already ended is harmless. A failing
     ``PING`` is ignored: the waiter then ends on Redis's tick, as it would without this.
+
+    On a Redis Cluster the nudge must reach the node the waiters block on, which a ``PING``
+    would not (redis-py sends it to a node of its choice): given ``key`` (a key of the
+    waiters' hash tag), the nudge is an ``EXISTS`` of it, which goes to that key's node.
     """
 
     #: After a slice's end: the first nudge, and a second in case the first came too early
     #: for Redis's clock (the BLPOP's timeout starts when Redis reads it).
     NUDGES = (0.001, 0.005)
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, key: str | None = None) -> None:
         super().__init__("reachlimit-blpop-waker", threading.Condition(threading.Lock()))
         self._client = client
+        self._key = key
         self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
 
     def wake_at(self, end: float) -> None:
@@ -63,6 +67,9 @@ class Waker(Daemon):
                 while self._due and self._due[0] <= now:
                     heapq.heappop(self._due)
             try:
-                self._client.ping()
-            except redis.RedisError:
+                if self._key is None:
+                    self._client.ping()
+                else:
+                    self._client.exists(self._key)
+            except REDIS_ERRORS:
                 pass

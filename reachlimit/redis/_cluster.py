@@ -1,0 +1,205 @@
+"""Redis Cluster: the client ``connect`` makes for a ``redis+cluster://`` URL.
+
+design:
+
+    URL: ``redis+cluster://[user:password@]host:port[,host:port...][/0][?option=value...]``
+    (the ``limits`` library's form): the nodes the client first asks for the cluster's map
+    (any of them will do; redis-py then knows every node), the one user and password of every
+    node, and redis-py's own connection options in the query, read as ``redis.Redis.from_url``
+    reads them. A cluster has one database: a path or ``db=`` other than 0 is refused.
+
+    The client (:class:`ClusterClient`) is a ``redis.cluster.RedisCluster`` with the bounds
+    of every client of this package: connect and read timeouts of ``timeout`` seconds and no
+    retry (``Retry(NoBackoff(), 0)``: redis-py's cluster client would otherwise retry a
+    failed command on a fresh map of the cluster, three times by default). Redirects are not
+    retries: a ``MOVED`` (a slot now served elsewhere) or ``ASK`` (a slot migrating) is
+    followed by redis-py at once, at most 16 times per command, and a ``TRYAGAIN`` (a
+    multi-key command while a slot's keys are split between two nodes) is sent again after
+    a 50 ms pause from the ninth attempt on. A call that fails on a node (refused, timed out)
+    is not retried, but redis-py first reads the cluster's map again from the other nodes
+    (so that it finds a replica promoted meanwhile): with every node hung rather than down,
+    such a call can last one timeout per node before it fails.
+
+    Two differences from redis-py's own cluster client, each for a promise of this package:
+
+      lazy       no connection is opened until the first command (redis-py's reads the map
+                 at construction), so an app starts while its cluster is down, and a
+                 preloading master forks no cluster connection; a first command that finds
+                 no node raises redis-py's error (``RedisClusterException``), and the next
+                 one tries again.
+      scripts    a script Redis does not know (a node restarted, or new since a migration)
+                 is sent once with ``EVAL``, to the node of its keys, which also caches it
+                 there (redis-py's ``Script`` would ``SCRIPT LOAD`` it on every primary, so
+                 one dead primary would stop scripts on the others).
+
+    ``RedisHealth`` and the fallback take ``RedisClusterException`` (which redis-py does not
+    derive from ``RedisError``) for an outage like any Redis error (``_common.REDIS_ERRORS``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import redis.cluster
+import redis.connection
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+# redis-py leaves these untyped.
+_parse_url: Callable[[str], dict[str, Any]] = redis.connection.parse_url
+_node: Callable[[str, int], Any] = redis.cluster.ClusterNode
+_encoder: Callable[[str, str, bool], Any] = cast(Any, redis.connection).Encoder
+
+__all__ = ["CLUSTER_SCHEME", "ClusterClient", "cluster_client", "cluster_nodes"]
+
+#: The scheme of a Redis Cluster URL (the ``limits`` library's).
+CLUSTER_SCHEME = "redis+cluster://"
+
+#: The port of a node written without one.
+_DEFAULT_PORT = 6379
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The startup nodes of a ``redis+cluster://`` URL and the connection options its
+    user-info and query give (as redis-py reads them). ``ValueError``, as the end of a
+    sentence that never quotes the URL, for anything else."""
+    if not url.startswith(CLUSTER_SCHEME):
+        raise ValueError(f"a Redis Cluster URL starts with {CLUSTER_SCHEME}")
+    parts = urlsplit(url)
+    userinfo, at, netloc = parts.netloc.rpartition("@")
+    nodes: list[tuple[str, int]] = []
+    for place in netloc.split(","):
+        try:
+            node = urlsplit(f"//{place}")
+            port = node.port
+        except ValueError:
+            raise ValueError("each node's port must be a whole number from 0 to 65535") from None
+        if not node.hostname:
+            raise ValueError("it must name at least one node: host:port[,host:port...]")
+        nodes.append((node.hostname, _DEFAULT_PORT if port is None else port))
+    if unquote(parts.path) not in ("", "/", "/0"):
+        raise ValueError("a cluster has one database: no path but /0 is allowed")
+    first = netloc.split(",")[0]
+    single = f"redis://{userinfo}{at}{first}" + (f"?{parts.query}" if parts.query else "")
+    options = _parse_url(single)  # ValueError for a query redis-py cannot read
+    for key in ("host", "port"):
+        options.pop(key, None)
+    if options.pop("db", 0) != 0:
+        raise ValueError("a cluster has one database: db= must be 0")
+    return nodes, options
+
+
+def cluster_client(url: str, *, timeout: float, health_check_interval: int) -> ClusterClient:
+    """The :class:`ClusterClient` of ``url`` with ``timeout`` for connecting and reading
+    (``ValueError`` for a URL :func:`cluster_nodes` refuses). No connection is opened here.
+    ``health_check_interval`` is kept for the day redis-py passes it to a cluster's nodes
+    (it does not today: a node's idle connection is not PINGed before use)."""
+    nodes, options = cluster_nodes(url)
+    return ClusterClient(
+        startup_nodes=[_node(host, port) for host, port in nodes],
+        retry=Retry(NoBackoff(), 0),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=health_check_interval,
+        **options,
+    )
+
+
+class _ClusterScript(Script):
+    """A script sent with ``EVALSHA``, and once with ``EVAL`` (to the node of its keys)
+    where that node does not know it."""
+
+    def __call__(
+        self,
+        keys: Sequence[Any] | None = None,
+        args: Iterable[Any] | None = None,
+        client: Any = None,
+    ) -> Any:
+        sent = (*(keys or ()), *(args or ()))
+        count = len(keys or ())
+        client = self.registered_client if client is None else client
+        try:
+            return client.evalsha(self.sha, count, *sent)
+        except NoScriptError:
+            return client.eval(self.script, count, *sent)
+
+
+class ClusterClient(RedisCluster):
+    """``redis.cluster.RedisCluster`` that reads the cluster's map at its first command,
+    not at construction, and sends a script a node does not know with ``EVAL`` (module
+    design). Takes ``RedisCluster``'s arguments."""
+
+    def __init__(self, **options: Any) -> None:  # RedisCluster.__init__ runs at first use
+        self._options = options
+        self._ready = False
+        self._starting = False
+        self._start_lock = threading.RLock()
+        # What a script needs before the first command: the encoding of its text.
+        self.encoder = _encoder(
+            options.get("encoding", "utf-8"),
+            options.get("encoding_errors", "strict"),
+            options.get("decode_responses", False),
+        )
+
+    def _start(self) -> None:
+        """Read the cluster's map (redis-py's construction), once; raises redis-py's
+        errors when no node answers (the next call tries again)."""
+        with self._start_lock:
+            if self._ready:
+                return
+            self._starting = True
+            try:
+                RedisCluster.__init__(self, **self._options)
+            finally:
+                self._starting = False
+            self._ready = True
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for what RedisCluster's construction sets (the nodes' map, the parsers):
+        # asked for before the first command, it is made then.
+        state = self.__dict__
+        if name.startswith("__") or "_options" not in state or state.get("_starting"):
+            raise AttributeError(name)
+        if state.get("_ready"):
+            raise AttributeError(name)
+        self._start()
+        return getattr(self, name)
+
+    @property
+    def started(self) -> bool:
+        """Whether the cluster's map was read (a first command was sent)."""
+        return self._ready
+
+    def get_connection_kwargs(self) -> dict[str, Any]:
+        """The nodes' connection options (known before the first command too)."""
+        if not self._ready:
+            return dict(self._options)
+        kwargs: dict[str, Any] = cast(Any, super()).get_connection_kwargs()
+        return kwargs
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._ready and not self._starting:  # (the construction sends commands)
+            self._start()
+        return cast(Any, super()).execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        if not self._ready and not self._starting:
+            self._start()
+        return cast(Any, super()).pipeline(transaction, shard_hint)
+
+    def register_script(self, script: Any) -> Script:
+        return _ClusterScript(self, script)
+
+    def close(self) -> None:
+        if self._ready:
+            super().close()
+
+    def __repr__(self) -> str:
+        nodes = ",".join(f"{n.host}:{n.port}" for n in self._options.get("startup_nodes", ()))
+        return f"<ClusterClient {nodes} {'started' if self._ready else 'not started'}>"
