@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = [
     "mask_url", "MASK", "REDIS_SCHEMES", "SCHEMES_TEXT", "SENTINEL_SCHEME", "SentinelURL",
-    "redis_url_problem", "sentinel_parts", "url_secrets", "scrub",
+    "redis_url_problem", "sentinel_parts", "split_hosts", "url_secrets", "scrub",
 ]
 
 #: What a password is replaced with.
@@ -139,6 +139,26 @@ def _db_query_problem(url: str) -> str | None:
     return None
 
 
+def split_hosts(netloc: str, default_port: int, what: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` pairs of ``host[:port][,host[:port]...]`` (the part of a URL
+    after its user-info: a Sentinel's sentinels, a Cluster's nodes), ``default_port`` where
+    none is written, IPv6 hosts in brackets. ValueError naming ``what`` (``"sentinel"``,
+    ``"node"``), as the end of a sentence, for an empty host or a port that is not one."""
+    hosts: list[tuple[str, int]] = []
+    for place in netloc.split(","):
+        try:
+            host = urlsplit(f"//{place}")
+            port = host.port
+        except ValueError:
+            raise ValueError(
+                f"each {what}'s port must be a whole number from 0 to 65535"
+            ) from None
+        if not host.hostname:
+            raise ValueError(f"it must name at least one {what}, host:port[,host:port...]")
+        hosts.append((host.hostname, default_port if port is None else port))
+    return hosts
+
+
 class SentinelURL(NamedTuple):
     """What a ``redis+sentinel://`` URL names (see :func:`sentinel_parts`)."""
 
@@ -169,18 +189,7 @@ def sentinel_parts(url: str) -> SentinelURL:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon and secret else None
-    hosts: list[tuple[str, int]] = []
-    for place in netloc.split(","):
-        try:
-            host = urlsplit(f"//{place}")
-            port = host.port
-        except ValueError:
-            raise ValueError(
-                "each sentinel's port must be a whole number from 0 to 65535"
-            ) from None
-        if not host.hostname:
-            raise ValueError("it must name at least one sentinel, host:port[,host:port...]")
-        hosts.append((host.hostname, SENTINEL_PORT if port is None else port))
+    hosts = split_hosts(netloc, SENTINEL_PORT, "sentinel")
     path = unquote(parts.path)[1:].split("/")
     service = path[0]
     if not service:

@@ -9,7 +9,8 @@ another port. ``stop`` is by PID: SIGTERM, SIGKILL after a bounded wait. ``resta
 and starts a new, empty one on the same port: what a Redis restarted without persistence is.
 
 Without ``redis-server`` the tests that need it are skipped, except under CI (``$CI`` set),
-where a missing server is a failure (``require_redis_server``). The fixture ``redis_server``
+where a missing server is a failure (``require_redis_server``; ``require_binary`` for any
+other binary a test needs). The fixture ``redis_server``
 (module-scoped) is registered for the whole suite by ``tests/conftest.py``.
 """
 
@@ -34,15 +35,21 @@ REDIS_SERVER = os.environ.get("REACHLIMIT_REDIS_SERVER", "redis-server")
 DEADLINE = 10.0
 
 
-def require_redis_server() -> str:
-    """The path of ``redis-server``; skip the test (fail under CI) when there is none."""
-    path = shutil.which(REDIS_SERVER)
+def require_binary(binary: str, package: str) -> str:
+    """The path of ``binary``; skip the test (fail under CI) when it is not installed
+    (``package`` is the Debian package that has it)."""
+    path = shutil.which(binary)
     if path is None:
-        message = f"{REDIS_SERVER} is not installed (Debian: apt-get install redis-server)"
+        message = f"{binary} is not installed (Debian: apt-get install {package})"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def require_redis_server() -> str:
+    """The path of ``redis-server``; skip the test (fail under CI) when there is none."""
+    return require_binary(REDIS_SERVER, "redis-server")
 
 
 def _pings(port: int) -> bool:

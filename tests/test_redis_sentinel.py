@@ -1,0 +1,238 @@
+"""A service on Redis behind Sentinel (``redis+sentinel://``): one primary, one replica and
+three sentinels that the tests start (``tests/support/redis_sentinel.py``), real gunicorn
+in front.
+
+design:
+
+    The failover test runs ``tests.apps.build_log_app`` under gunicorn (2 workers, the
+    shipped config) on ``redis+sentinel://<three sentinels>/svc/0``. Six client threads send
+    distinct cold keys, one after another each (50 ms builds), while the test SIGKILLs the
+    primary. The sentinels notice after 1 s (down-after) and promote the replica; meanwhile
+    each worker answers from its in-process fallback and probes Redis with its backoff (0.25
+    s doubled up to 5 s), whose client asks the sentinels where the primary is at each new
+    connection. What is asserted: no 5xx and no client error at any time; no request longer
+    than its bound (below); the replica promoted and named by the sentinels; both workers
+    back on Redis and not degraded; the budget's keys and a grant made after the failover on
+    the promoted replica; then a burst of 40 distinct cold keys (builds held by the test)
+    admits exactly 2 building and 8 waiting, read on the new primary, and answers 10 x 200
+    and 30 x 429. Before the kill the builds log never shows more than the budget's 2 at once.
+
+    What is printed, never asserted (the figures the README's guarantees quote): the time
+    from the SIGKILL to the promotion and to the first grant on the new primary, and the most
+    builds at once during the switch (the over-admission: the fallback's per-process limits,
+    plus any grant written to the old primary that had not reached the replica).
+
+    The request bound is the contract's, wait + two socket timeouts (a waiter queued on the
+    primary that dies goes on with the fallback for the rest of its wait; leaving the shared
+    queue can take one more timeout), plus the build itself and a slack for the HTTP round
+    trip and gunicorn on a loaded 2-core machine (SLACK, deliberately generous: it is the
+    one machine-dependent part of the bound).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.sentinel import Sentinel
+
+from reachlimit import ColdLimiter
+from reachlimit.redis import RedisColdLimiter, RedisHealth, ResilientLimiter, connect
+from tests.apps.build_log_app import at_once_along, running_now
+from tests.support import HOST
+from tests.support.clients import Herd, Reply, check_refusal, http_request
+from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.redis_sentinel import (  # noqa: F401 - the gate and sentinels fixtures
+    SERVICE,
+    Gate,
+    SentinelSet,
+    build_log_server,
+    gate_fixture,
+    sentinels_fixture,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.gunicorn, pytest.mark.timeout(120)]
+
+PREFIX = "sentinel"
+TAG = "{" + PREFIX + ":cold}"
+WAIT = 2.0  # REACHLIMIT_WAIT
+LEASE = 3.0  # REACHLIMIT_LEASE: a grant lost with the old primary ends within it
+SOCKET_TIMEOUT = 0.5  # reachlimit.redis.connect's default
+BUILD = 0.05  # BUILD_SECONDS of a load key
+SLACK = 3.0  # HTTP and gunicorn on a loaded 2-core machine (see the module's design)
+LOADERS = 10
+
+
+def settings_env() -> dict[str, str]:
+    return {
+        "REACHLIMIT_REDIS_PREFIX": PREFIX,
+        "REACHLIMIT_WAIT": str(WAIT),
+        "REACHLIMIT_LEASE": str(LEASE),
+        "BUILD_SECONDS": str(BUILD),
+    }
+
+
+def test_connect_gives_the_primary_the_sentinels_name(sentinels: SentinelSet) -> None:
+    client = connect(sentinels.url())
+    ready = Sentinel([(HOST, s.port) for s in sentinels.sentinels], socket_timeout=0.5)
+    try:
+        assert client.set("where", b"primary")
+        primary = sentinels.primary.client()
+        assert primary.get("where") == b"primary"  # written to the primary itself
+        primary.close()
+        # The library objects take the client connect() made and a ready master_for(...).
+        for n, each in enumerate((client, ready.master_for(SERVICE, socket_timeout=0.5))):
+            shared = RedisColdLimiter(each, f"lib{n}", 1, 1, 1.0, prefix="lib")
+            resilient = ResilientLimiter(shared, ColdLimiter(1, 1, 1.0), RedisHealth())
+            with resilient.acquire():
+                assert shared.stats().active == 1
+                assert resilient.stats().backend == "redis"
+            resilient.close()
+    finally:
+        client.close()
+        for sentinel in ready.sentinels:
+            sentinel.close()
+
+
+class Load:
+    """Client threads, each sending distinct cold keys one after another until stopped,
+    recording every outcome with how long it took."""
+
+    def __init__(self, port: int, threads: int) -> None:
+        self.port = port
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.outcomes: list[tuple[Reply | BaseException, float]] = []  # guarded by _lock
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            began = time.monotonic()
+            outcome: Reply | BaseException
+            try:
+                outcome = http_request(self.port, "GET", f"/report/load-{i}-{n}")
+            except BaseException as exc:  # recorded and failed on by the test
+                outcome = exc
+            with self._lock:
+                self.outcomes.append((outcome, time.monotonic() - began))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.outcomes)
+
+    def finish(self) -> list[tuple[Reply | BaseException, float]]:
+        self.stop.set()
+        for t in self._threads:
+            t.join(60)
+            assert not t.is_alive(), "a client thread did not finish"
+        return self.outcomes
+
+
+def worker_figures(server: GunicornServer, workers: int = 2) -> dict[int, dict[str, Any]]:
+    """The latest /debug/health figures of each worker, once every worker has answered."""
+    seen: dict[int, dict[str, Any]] = {}
+
+    def all_answered() -> bool:
+        reply = server.get("/debug/health")
+        assert reply.status == 200, reply
+        body = reply.json()
+        seen[body["pid"]] = body["reach"]
+        return len(seen) >= workers
+
+    wait_until("every worker's figures", all_answered, interval=0.005)
+    return seen
+
+
+def test_a_primary_killed_under_load_fails_over_to_the_replica(
+    tmp_path: Path, gate: Gate, sentinels: SentinelSet
+) -> None:
+    assert sentinels.replica is not None
+    server = build_log_server(tmp_path, "sentinel", gate, sentinels.url(), settings_env())
+    with serving(server):
+        assert all(f["backend"] == "redis" for f in worker_figures(server).values())
+        load = Load(server.port, LOADERS)
+        try:
+            wait_until("the load under way", lambda: load.count() >= 40)
+            replica = sentinels.replica.client()
+            before = len(at_once_along(gate.dir))  # log lines written before the kill
+            sentinels.primary.kill()
+            killed = time.monotonic()
+            # The replica is frozen until promoted: its count of grants is exact now.
+            acquired_before = int(replica.hget(f"{TAG}:stats", "acquired") or 0)
+            wait_until("the replica promoted and named by the sentinels",
+                       lambda: sentinels.replica_is_primary()
+                       and sentinels.named_primary() == sentinels.replica.port,
+                       timeout=30, interval=0.005)
+            promoted = time.monotonic() - killed
+            wait_until("a grant on the new primary",
+                       lambda: int(replica.hget(f"{TAG}:stats", "acquired") or 0)
+                       > acquired_before, timeout=30, interval=0.005)
+            first_grant = time.monotonic() - killed
+
+            def both_back() -> bool:
+                figures = worker_figures(server)
+                return all(f["backend"] == "redis" and not f["degraded"]
+                           for f in figures.values())
+
+            wait_until("both workers back on Redis", both_back, timeout=30, interval=0.01)
+            back = time.monotonic() - killed
+            after = len(at_once_along(gate.dir))
+        finally:
+            outcomes = load.finish()
+        wait_until("the load's builds ended", lambda: running_now(gate.dir) == 0)
+
+        bound = WAIT + 2 * SOCKET_TIMEOUT + BUILD + SLACK
+        errors = [o for o, _ in outcomes if not isinstance(o, Reply)]
+        assert not errors, errors[:3]
+        statuses = Counter(o.status for o, _ in outcomes if isinstance(o, Reply))
+        assert all(status in (200, 429) for status in statuses), statuses  # never a 5xx
+        longest = max(seconds for _, seconds in outcomes)
+        assert longest <= bound, (longest, bound)
+        counts = at_once_along(gate.dir)
+        assert max(counts[:before]) <= 2  # one budget for both workers while it answered
+        switch = max(counts[before:after] or [0])
+        over = max(switch - 2, 0)
+
+        # The new primary holds the budget's keys and is the one in use: grants lost with
+        # the old primary end with their lease, then a burst admits exactly the budget.
+        new_primary = connect(f"redis://{HOST}:{sentinels.replica.port}/0")
+        watch = RedisColdLimiter(new_primary, "cold", 2, 8, WAIT, lease=LEASE, prefix=PREFIX)
+        try:
+            assert replica.exists(f"{TAG}:settings", f"{TAG}:stats") == 2
+            wait_until("nothing held or queued on the new primary",
+                       lambda: (s := watch.stats()).active == 0 and s.queued == 0,
+                       timeout=LEASE + 10, interval=0.05)
+            herd = Herd(server.port, [f"/report/hold-{n}" for n in range(40)])
+            refused = herd.wait_done(30)
+            for reply in refused:
+                check_refusal(reply)
+            stats = watch.stats()
+            assert (stats.active, stats.queued) == (2, 8)
+            assert all(f["backend"] == "redis" and not f["degraded"]
+                       for f in worker_figures(server).values())
+            gate.open()
+            assert Counter(r.status for r in herd.results()) == {200: 10, 429: 30}
+        finally:
+            watch.close()
+            new_primary.close()
+            replica.close()
+    print(
+        f"\nSentinel failover under {LOADERS} clients (2 workers, active 2, wait {WAIT} s, "
+        f"lease {LEASE} s): promoted {promoted * 1000:.0f} ms after the SIGKILL, first grant "
+        f"on the new primary {first_grant * 1000:.0f} ms, both workers back on Redis "
+        f"{back * 1000:.0f} ms; most builds at once during the switch {switch} (over-admission "
+        f"{over} beyond active 2); {len(outcomes)} requests {dict(statuses)}, longest "
+        f"{longest * 1000:.0f} ms (bound {bound * 1000:.0f} ms)"
+    )
+    assert "is unavailable" in server.stderr() and "answers again" in server.stderr()

@@ -1,0 +1,145 @@
+"""The shared backend over TLS (``rediss://``), against a redis-server with TLS on and a
+password, with a CA and a server certificate the test makes (``tests/support/redis_tls.py``).
+
+design:
+
+    Under real gunicorn (2 workers, the shipped config) on ``rediss://:<password>@127.0.0.1:
+    <port>/0?ssl_ca_certs=<ca>&ssl_cert_reqs=required``, redis-py's own parameters: a burst
+    of 40 distinct cold keys whose builds the test holds admits exactly 2 building and 8
+    waiting in Redis (read over TLS by the test's own limiter) and answers 10 x 200 and
+    30 x 429. Then the TLS Redis is stopped and the next request is answered from the
+    fallback, so that the outage's warning is written. The password is in none of: the
+    health answer (``redis.url`` masked), gunicorn's logs (the outage warning included).
+
+    In-process, a client that trusts another CA cannot verify the server: every request is
+    answered from the fallback (200, ``degraded``), the health view says why, masked, and
+    neither the log records nor an answer shows the password; never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from reachlimit.flask import ReachLimit
+from reachlimit.redis import RedisColdLimiter, connect
+from tests.apps.slow_app import add_cold_routes
+from tests.support.clients import Herd, check_refusal
+from tests.support.gunicorn_server import serving
+from tests.support.redis_sentinel import (  # noqa: F401 - the gate fixture
+    Gate,
+    build_log_server,
+    gate_fixture,
+)
+from tests.support.redis_tls import (  # noqa: F401 - the tls_redis fixture
+    SECRET,
+    TLSRedis,
+    tls_redis_fixture,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+
+PREFIX = "tls"
+
+
+@pytest.mark.gunicorn
+def test_a_burst_over_tls_admits_exactly_the_budget_and_the_password_never_shows(
+    tmp_path: Path, gate: Gate, tls_redis: TLSRedis
+) -> None:
+    url = tls_redis.url()
+    server = build_log_server(tmp_path, "tls", gate, url, {
+        "REACHLIMIT_REDIS_PREFIX": PREFIX, "REACHLIMIT_WAIT": "30"})
+    client = connect(url)
+    watch = RedisColdLimiter(client, "cold", 2, 8, 30.0, prefix=PREFIX)
+    try:
+        with serving(server):
+            health = server.get_json("/health")
+            assert health["redis"]["up"] is True and health["reach"]["backend"] == "redis"
+            assert health["redis"]["url"].startswith("rediss://:***@127.0.0.1:")
+            assert "ssl_ca_certs=" in health["redis"]["url"]
+
+            herd = Herd(server.port, [f"/report/hold-{n}" for n in range(40)])
+            refused = herd.wait_done(30)
+            for reply in refused:
+                check_refusal(reply)
+            stats = watch.stats()  # over TLS too
+            assert (stats.active, stats.queued, stats.rejected_full) == (2, 8, 30)
+            during = server.get("/health")
+            gate.open()
+            assert Counter(r.status for r in herd.results()) == {200: 10, 429: 30}
+
+            tls_redis.stop()  # an outage: its warning shows the URL, masked
+
+            def on_the_fallback() -> bool:
+                reply = server.get("/report/after-the-outage")
+                assert reply.status == 200, reply
+                return "is unavailable" in server.stderr()
+
+            wait_until("the outage logged", on_the_fallback)
+            after = server.get("/health")
+            assert after.status == 200 and after.json()["reach"]["degraded"] is True
+    finally:
+        watch.close()
+        client.close()
+    logs = server.stderr() + server.stdout()
+    assert "rediss://:***@127.0.0.1:" in logs
+    for text in (logs, during.body.decode(), after.body.decode()):
+        assert SECRET not in text
+
+
+def make_app(url: str) -> tuple[Flask, ReachLimit]:
+    app = Flask(__name__)
+    app.config.update(REACHLIMIT_REDIS_URL=url, REACHLIMIT_REDIS_PREFIX=PREFIX)
+    rl = ReachLimit(app)
+
+    def build(key: str) -> dict[str, Any]:
+        return {"key": key}
+
+    add_cold_routes(app, rl, build)
+    return app, rl
+
+
+def test_a_server_the_client_cannot_verify_is_a_clean_fallback_answer(
+    tls_redis: TLSRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, rl = make_app(tls_redis.url(ca=tls_redis.certs.wrong_ca))
+    caplog.set_level(logging.DEBUG)
+    try:
+        with app.test_client() as http:
+            for n in range(3):
+                reply = http.get(f"/report/k{n}")
+                assert reply.status_code == 200, reply.data
+                assert reply.get_json() == {"key": f"k{n}"}
+            health = http.get("/health")
+            assert health.status_code == 200
+            body = health.get_json()
+    finally:
+        rl.close(app)
+    assert body["reach"]["backend"] == "local" and body["reach"]["degraded"] is True
+    assert body["redis"]["up"] is False
+    assert "certificate verify failed" in body["redis"]["last_error"], body["redis"]
+    assert body["redis"]["url"].startswith("rediss://:***@")
+    assert "is unavailable" in caplog.text
+    assert SECRET not in caplog.text and SECRET not in health.get_data(as_text=True)
+
+
+def test_the_right_ca_but_a_wrong_password_is_a_clean_fallback_answer_too(
+    tls_redis: TLSRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = "not-the-" + SECRET
+    app, rl = make_app(tls_redis.url(password=wrong))
+    caplog.set_level(logging.DEBUG)
+    try:
+        with app.test_client() as http:
+            assert http.get("/report/k").status_code == 200
+            body = http.get("/health").get_json()
+    finally:
+        rl.close(app)
+    assert body["reach"]["degraded"] is True and body["redis"]["up"] is False
+    assert wrong not in caplog.text and wrong not in str(body)
