@@ -6,6 +6,7 @@
     python benchmarks/redis_micro.py --json     # the same figures as JSON on stdout
     python benchmarks/redis_micro.py --url redis://127.0.0.1:6379/15   # an existing Redis
                                                 # (the database is FLUSHED: use a spare one)
+    python benchmarks/redis_micro.py --tls      # the same paths over TLS vs plain TCP
 
 Without ``--url`` it starts its own ``redis-server`` (Debian's package) on a free loopback
 port in a temporary directory, without persistence, and stops it by PID at the end.
@@ -24,6 +25,12 @@ rounds, limiter first on odd rounds; 61 rounds of 200 calls); a ratio is the med
 per-round ratios (both sides of a round saw the same machine load), with the spread of the
 per-round ratios and the best-of-rounds figures beside it. The goals (fast path <= 1.0x,
 refusal <= 1.5x) are printed as met or missed; nothing here fails on them.
+
+With ``--tls`` it starts two servers instead, one plain and one with TLS on (a CA and a
+server certificate made by ``openssl`` in the temporary directory; clients verify it through
+redis-py's own URL parameters, ``rediss://...?ssl_ca_certs=<ca>&ssl_cert_reqs=required``),
+and times each path over TLS against the same path over plain TCP, alternating rounds again:
+(a) the fast path, (b) the refusal, (c) a ``PING`` (the transport's own cost per round trip).
 """
 
 from __future__ import annotations
@@ -58,9 +65,32 @@ class _Parked(RedisColdLimiter):
     PRESENCE = 3600.0
 
 
+def _certificates(tmp: str) -> list[str]:
+    """A CA and a server certificate for 127.0.0.1 signed by it, made by ``openssl`` in
+    ``tmp``: redis-server's TLS options."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        sys.exit("openssl is not installed (Debian: apt-get install openssl)")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=tmp, check=True, capture_output=True, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
+        "-out", "ca.pem", "-subj", "/CN=bench CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+        "server.csr", "-subj", "/CN=127.0.0.1")
+    with open(f"{tmp}/san.cnf", "w", encoding="ascii") as f:
+        f.write("subjectAltName = IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "san.cnf", "-out", "server.pem")
+    return ["--tls-cert-file", f"{tmp}/server.pem", "--tls-key-file", f"{tmp}/server.key",
+            "--tls-ca-cert-file", f"{tmp}/ca.pem", "--tls-auth-clients", "no"]
+
+
 @contextmanager
-def own_redis_server() -> Iterator[str]:
-    """A throwaway redis-server on 127.0.0.1; its URL. Stopped by PID on the way out."""
+def own_redis_server(tls: bool = False) -> Iterator[str]:
+    """A throwaway redis-server on 127.0.0.1 (TLS only, with ``tls``); its URL. Stopped by
+    PID on the way out."""
     binary = shutil.which("redis-server")
     if binary is None:
         sys.exit("redis-server is not installed (Debian: apt-get install redis-server); "
@@ -69,14 +99,18 @@ def own_redis_server() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
+        where = ["--port", str(port)]
+        url = f"redis://127.0.0.1:{port}/0"
+        if tls:
+            where = ["--port", "0", "--tls-port", str(port), *_certificates(tmp)]
+            url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tmp}/ca.pem&ssl_cert_reqs=required"
         proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            [binary, *where, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", tmp],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            url = f"redis://127.0.0.1:{port}/0"
             deadline = time.monotonic() + 10
             while True:
                 try:
@@ -127,53 +161,103 @@ def paired(limiter: Callable[[], None], baseline: Callable[[], None], n: int, ro
     }
 
 
-def run(url: str, n: int, rounds: int) -> dict[str, Any]:
+def bench_client(url: str) -> redis.Redis:
+    """A client with the library's short timeouts, on an emptied database."""
     client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
     client.flushdb()
-    results: dict[str, Any] = {}
+    return client
 
+
+def fast_path_of(client: redis.Redis) -> tuple[Callable[[], None], RedisColdLimiter]:
+    """``acquire(); release()`` of a free limiter on ``client`` (scripts loaded)."""
     lim = RedisColdLimiter(client, "bench-fast", active=2, queue=8, lease=60.0)
-    lock = client.lock("bench-lock", timeout=60)
 
     def fast_path() -> None:
         lim.acquire().release()
+
+    fast_path()
+    return fast_path, lim
+
+
+class Refusals:
+    """A ``queue_full`` refusal on ``client``: two ghost holders and eight ghost waiters
+    keep the queue full for the whole run; ``check`` says every call was refused so."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.limiter = _Parked(client, "bench-full", active=2, queue=8, lease=3600.0)
+        for i in range(10):
+            self.limiter._admit(f"parked-{i}")
+        self.refused = 0
+        self()
+        self.before = self.limiter.stats()
+
+    def __call__(self) -> None:
+        try:
+            self.limiter.acquire()
+        except Busy:
+            self.refused += 1
+
+    def check(self) -> dict[str, Any]:
+        after = self.limiter.stats()
+        self.limiter.close()
+        return {
+            # Every call was a queue_full refusal: no grant, no waiter, nothing reaped.
+            "ok": self.refused == after.rejected_full
+            and after.acquired == self.before.acquired
+            and (after.active, after.queued, after.lease_lost) == (2, 8, 0),
+            "refused": self.refused,
+        }
+
+
+def run(url: str, n: int, rounds: int) -> dict[str, Any]:
+    client = bench_client(url)
+    results: dict[str, Any] = {}
+
+    fast_path, lim = fast_path_of(client)
+    lock = client.lock("bench-lock", timeout=60)
 
     def lock_pair() -> None:
         lock.acquire()
         lock.release()
 
-    fast_path()  # load the scripts
     lock_pair()
     results["fast_path"] = paired(fast_path, lock_pair, n, rounds)
     lim.close()
 
-    full = _Parked(client, "bench-full", active=2, queue=8, lease=3600.0)
-    for i in range(10):  # two ghost holders and eight ghost waiters: the queue is full
-        full._admit(f"parked-{i}")
-    refused = 0
-
-    def refusal() -> None:
-        nonlocal refused
-        try:
-            full.acquire()
-        except Busy:
-            refused += 1
-
-    refusal()
-    before = full.stats()
+    refusal = Refusals(client)
     results["refusal"] = paired(refusal, client.ping, n, rounds)
-    after = full.stats()
-    results["refusal"]["check"] = {
-        # Every call was a queue_full refusal: no grant, no waiter, nothing reaped.
-        "ok": refused == after.rejected_full
-        and after.acquired == before.acquired
-        and (after.active, after.queued, after.lease_lost) == (2, 8, 0),
-        "refused": refused,
-    }
-    full.close()
+    results["refusal"]["check"] = refusal.check()
     client.flushdb()
     client.close()
     return results
+
+
+def run_tls(plain_url: str, tls_url: str, n: int, rounds: int) -> dict[str, Any]:
+    """Each path over TLS (the candidate) against the same path over plain TCP."""
+    plain, tls = bench_client(plain_url), bench_client(tls_url)
+    results: dict[str, Any] = {}
+    (plain_fast, plain_lim), (tls_fast, tls_lim) = fast_path_of(plain), fast_path_of(tls)
+    results["tls_fast_path"] = paired(tls_fast, plain_fast, n, rounds)
+    plain_lim.close()
+    tls_lim.close()
+    plain_refusal, tls_refusal = Refusals(plain), Refusals(tls)
+    results["tls_refusal"] = paired(tls_refusal, plain_refusal, n, rounds)
+    results["tls_refusal"]["check"] = {
+        "plain": plain_refusal.check(), "tls": tls_refusal.check()}
+    results["tls_ping"] = paired(tls.ping, plain.ping, n, rounds)
+    for client in (plain, tls):
+        client.flushdb()
+        client.close()
+    return results
+
+
+def print_row(label: str, row: dict[str, Any]) -> None:
+    print(
+        f"{label}: {row['limiter_us']} us vs {row['baseline_us']} us, "
+        f"median ratio {row['ratio']}x (rounds {row['ratio_spread'][0]}-"
+        f"{row['ratio_spread'][1]}x; best {row['best_limiter_us']} / "
+        f"{row['best_baseline_us']} us; {row['rounds']} rounds x {row['ops_per_round']})"
+    )
 
 
 def main() -> None:
@@ -181,9 +265,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--url", help="an existing Redis (its database is flushed)")
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS against plain TCP, on two servers of its own")
     args = parser.parse_args()
     n, rounds = (100, 5) if args.quick else (200, 61)
-    if args.url:
+    if args.tls:
+        if args.url:
+            sys.exit("--tls starts its own two servers: leave out --url")
+        with own_redis_server() as plain_url, own_redis_server(tls=True) as tls_url:
+            results = run_tls(plain_url, tls_url, n, rounds)
+    elif args.url:
         results = run(args.url, n, rounds)
     else:
         with own_redis_server() as url:
@@ -193,17 +284,20 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print("machine:", json.dumps(report["machine"]))
+    if args.tls:
+        for name, label in (
+            ("tls_fast_path", "acquire+release over TLS vs over plain TCP"),
+            ("tls_refusal", "queue_full refusal over TLS vs over plain TCP"),
+            ("tls_ping", "PING over TLS vs over plain TCP"),
+        ):
+            print_row(label, results[name])
+        print("refusal check:", results["tls_refusal"]["check"])
+        return
     for name, label in (
         ("fast_path", "acquire+release vs redis-py Lock acquire+release"),
         ("refusal", "queue_full refusal vs PING"),
     ):
-        row = results[name]
-        print(
-            f"{label}: {row['limiter_us']} us vs {row['baseline_us']} us, "
-            f"median ratio {row['ratio']}x (rounds {row['ratio_spread'][0]}-"
-            f"{row['ratio_spread'][1]}x; best {row['best_limiter_us']} / "
-            f"{row['best_baseline_us']} us; {row['rounds']} rounds x {row['ops_per_round']})"
-        )
+        print_row(label, results[name])
     for name, goal in GOALS.items():
         ratio = results[name]["ratio"]
         print(f"goal {name} <= {goal}x: {'met' if ratio <= goal else 'MISSED'} ({ratio}x)")

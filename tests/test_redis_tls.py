@@ -14,6 +14,9 @@ design:
     In-process, a client that trusts another CA cannot verify the server: every request is
     answered from the fallback (200, ``degraded``), the health view says why, masked, and
     neither the log records nor an answer shows the password; never a 500.
+
+    ``benchmarks/redis_micro.py --tls`` (TLS against plain TCP) is run once, for its report's
+    shape only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from flask import Flask
 from reachlimit.flask import ReachLimit
 from reachlimit.redis import RedisColdLimiter, connect
 from tests.apps.slow_app import add_cold_routes
+from tests.support.bench_scripts import run_json
 from tests.support.clients import Herd, check_refusal
 from tests.support.gunicorn_server import serving
 from tests.support.redis_sentinel import (  # noqa: F401 - the gate fixture
@@ -36,6 +40,7 @@ from tests.support.redis_sentinel import (  # noqa: F401 - the gate fixture
     build_log_server,
     gate_fixture,
 )
+from tests.support.redis_server import require_binary
 from tests.support.redis_tls import (  # noqa: F401 - the tls_redis fixture
     SECRET,
     TLSRedis,
@@ -143,3 +148,17 @@ def test_the_right_ca_but_a_wrong_password_is_a_clean_fallback_answer_too(
         rl.close(app)
     assert body["reach"]["degraded"] is True and body["redis"]["up"] is False
     assert wrong not in caplog.text and wrong not in str(body)
+
+
+def test_the_tls_micro_benchmark_runs() -> None:
+    """benchmarks/redis_micro.py --tls, as a process with its own two servers (one with TLS,
+    its certificate made by openssl): it finishes and reports each path over TLS against
+    plain TCP (never its speed)."""
+    require_binary("redis-server", "redis-server")
+    require_binary("openssl", "openssl")
+    report = run_json("redis_micro.py", "--tls")
+    for key in ("tls_fast_path", "tls_refusal", "tls_ping"):
+        row = report["results"][key]
+        assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
+    checks = report["results"]["tls_refusal"]["check"]
+    assert checks["plain"]["ok"] and checks["tls"]["ok"], checks
