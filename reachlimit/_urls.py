@@ -13,6 +13,10 @@ it. redis-py reads the path of ``redis://host/<db>`` as the database number but 
 ignores one that is not a number (``redis://host/abc`` is database 0), so a typo would point
 a service at another database's keys; here it is refused instead.
 
+:func:`cluster_problem` checks a Cluster URL (``redis+cluster://[user:password@]host:port
+[,host:port...]``, the same ``limits`` form without a service: the nodes first asked for the
+cluster's map).
+
 :func:`sentinel_parts` reads a Sentinel URL (``redis+sentinel://[user:password@]host:port
 [,host:port...]/<service>[/<db>]``, the ``limits`` library's form): the standard library's
 split alone takes ``a:1,b:2`` for one host with the port ``1,b:2``. The password may also
@@ -25,8 +29,9 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = [
-    "mask_url", "MASK", "REDIS_SCHEMES", "SCHEMES_TEXT", "SENTINEL_SCHEME", "SentinelURL",
-    "redis_url_problem", "sentinel_parts", "split_hosts", "url_secrets", "scrub",
+    "mask_url", "MASK", "CLUSTER_PORT", "CLUSTER_SCHEME", "REDIS_SCHEMES", "SCHEMES_TEXT",
+    "SENTINEL_SCHEME", "SentinelURL", "cluster_problem", "redis_url_problem",
+    "sentinel_parts", "split_hosts", "url_secrets", "scrub",
 ]
 
 #: What a password is replaced with.
@@ -39,10 +44,19 @@ SENTINEL_SCHEME = "redis+sentinel://"
 #: The port of a sentinel written without one.
 SENTINEL_PORT = 26379
 
-#: The URL schemes of a Redis: plain TCP, TLS, a Unix socket, a Sentinel's primary.
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME)
+#: A Redis Cluster, reached through any of the nodes named.
+CLUSTER_SCHEME = "redis+cluster://"
+#: The port of a cluster node written without one.
+CLUSTER_PORT = 6379
+
+#: The URL schemes of a Redis: plain TCP, TLS, a Unix socket, a Sentinel's primary, a
+#: Cluster.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME, CLUSTER_SCHEME)
 #: The schemes as a sentence takes them.
-SCHEMES_TEXT = "redis://, rediss:// or unix:// (one server), redis+sentinel:// (Sentinel)"
+SCHEMES_TEXT = (
+    "redis://, rediss:// or unix:// (one server), redis+sentinel:// (Sentinel), "
+    "redis+cluster:// (Cluster)"
+)
 
 
 def mask_url(url: object) -> str:
@@ -107,10 +121,13 @@ def redis_url_problem(url: str) -> str | None:
     """What is wrong with Redis URL ``url``, as the end of a sentence, or None when it is a
     ``redis://``, ``rediss://`` or ``unix://`` URL whose database is a whole number: the path
     of a TCP URL (``redis://host``, ``redis://host/``, ``redis://host/0``) and a ``db=``
-    query argument of any; or a ``redis+sentinel://`` URL :func:`sentinel_parts` reads. The
-    text never quotes the URL: callers show :func:`mask_url`."""
+    query argument of any; or a ``redis+sentinel://`` URL :func:`sentinel_parts` reads; or
+    a ``redis+cluster://`` one :func:`cluster_problem` passes. The text never quotes the
+    URL: callers show :func:`mask_url`."""
     if not url.startswith(REDIS_SCHEMES):
         return f"it must start with {SCHEMES_TEXT}"
+    if url.startswith(CLUSTER_SCHEME):
+        return cluster_problem(url)
     if url.startswith(SENTINEL_SCHEME):
         try:
             sentinel_parts(url)
@@ -136,6 +153,22 @@ def _db_query_problem(url: str) -> str | None:
     for key, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
         if key == "db" and not _whole(value):
             return f"the database (db=) must be a whole number, got {value!r}"
+    return None
+
+
+def cluster_problem(url: str) -> str | None:
+    """What is wrong with ``redis+cluster://[user:password@]host[:port][,host[:port]...]
+    [/0]`` (a node's port defaults to 6379), or None: a cluster has one database, so no
+    path but ``/0`` and no ``db=`` but 0."""
+    try:
+        split_hosts(urlsplit(url).netloc.rpartition("@")[2], CLUSTER_PORT, "node")
+    except ValueError as exc:
+        return str(exc)
+    if unquote(urlsplit(url).path) not in ("", "/", "/0"):
+        return "a cluster has one database: no path but /0"
+    for key, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if key == "db" and value != "0":
+            return f"a cluster has one database: db= must be 0, got {value!r}"
     return None
 
 

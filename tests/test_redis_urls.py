@@ -73,7 +73,7 @@ def test_the_usual_forms_pass_the_check(template: str) -> None:
 def test_a_scheme_that_is_not_redis_is_a_problem_too() -> None:
     assert redis_url_problem("http://host:6379/0") == (
         "it must start with redis://, rediss:// or unix:// (one server), "
-        "redis+sentinel:// (Sentinel)"
+        "redis+sentinel:// (Sentinel), redis+cluster:// (Cluster)"
     )
 
 

@@ -10,12 +10,25 @@ design:
     a number too long is a miss too. JSON turns tuples into lists, as JSON does.
 
     RedisCache keys (one hash tag for the cache, ``C = {<prefix>:<name>:cache}``, so the set
-    script touches one Cluster slot):
+    script touches one slot):
 
       C:e:<digest>   STR   one entry: the encoded value, with a TTL (``PX``)
       C:index        ZSET  digest -> expiry (ms, Redis time) of every entry; scores strictly
                            increase (a set in the same millisecond as the last one adds
                            1/100 ms), so the index is in the order of the sets
+
+    On a Redis Cluster the entries spread over slots (and so over nodes): an entry is
+    ``<prefix>:<name>:cache:e:<digest>``, no hash tag, hashed by itself; the index (and the
+    settings) keep the tag, one slot. A set is then up to three round trips instead of one:
+    the entry's ``SET ... PX`` on its node, the index script (``lua.CACHE_INDEX``: index it,
+    evict past ``size``, answer the evicted digests) on the index's, and, only when
+    something was evicted, one pipeline of ``DEL`` (one batch per node). The entry is SET
+    before it is indexed, so an entry always outlives its index entry or dies with its own
+    TTL: a process that dies between the two leaves one entry that only its TTL bounds.
+    ``clear`` empties the index in one script (``lua.CACHE_DRAIN``, answering every digest
+    it held) and deletes those entries, one batch per node; an entry whose set raced the
+    clear (SET before it, indexed after) survives it, as a set just after the clear would.
+    A get is one GET (or GET and PTTL, same key) on the entry's node, as on one Redis.
 
     ``get``: the first level (an in-process ``TTLCache`` with ``local_ttl``) first; a hit
     there makes no Redis call. Otherwise one ``GET``; a hit is copied into the first level, a
@@ -65,6 +78,7 @@ from ._common import (
     LogOnce,
     Named,
     check_settings,
+    is_cluster,
     key_digest,
     ms,
     positive,
@@ -144,7 +158,8 @@ class RedisCache(Named):
     set here is seen by every other process at once, except one that holds an older value in
     its first level: that one sees the new value within ``local_ttl``.
 
-    ``client`` is a ``redis.Redis`` that does not decode responses. Errors of Redis
+    ``client`` is a ``redis.Redis`` (or a ``redis.cluster.RedisCluster``: entries then
+    spread over slots, see the module's note) that does not decode responses. Errors of Redis
     (``redis.exceptions.RedisError``) propagate from ``get`` and ``set``; a stored value that
     does not decode is a miss, never an exception. A value the codec cannot store makes
     ``set`` raise ``TypeError`` (under ColdPath: the build that made it fails).
@@ -175,11 +190,15 @@ class RedisCache(Named):
         self._size = size
         tag = "{" + prefix + ":" + name + ":cache}"
         self._index = f"{tag}:index"
-        self._entry_prefix = f"{tag}:e:"
+        # On a Cluster an entry's key has no hash tag: hashed by itself, entries spread.
+        self._spread = is_cluster(client)
+        self._entry_prefix = f"{prefix}:{name}:cache:e:" if self._spread else f"{tag}:e:"
         self._ttl_ms = ms(self._ttl)
         self._local: TTLCache[Any] = TTLCache(local_size, local_ttl, clock=clock)
         self._set_script = client.register_script(lua.CACHE_SET)
         self._clear_script = client.register_script(lua.CACHE_CLEAR)
+        self._index_script = client.register_script(lua.CACHE_INDEX)  # a Cluster's
+        self._drain_script = client.register_script(lua.CACHE_DRAIN)  # a Cluster's
         self._settings_key = f"{tag}:settings"
         self._checked = False  # racy: set once the settings were checked against Redis
         self._undecodable = LogOnce()
@@ -252,18 +271,43 @@ class RedisCache(Named):
         if not self._checked:
             self._check()
         sent = self._clock()  # before the script: its entry is fresh until after sent + ttl
-        self._set_script(
-            keys=[self._index, self._entry_prefix + digest],
-            args=[self._entry_prefix, digest, data, self._ttl_ms + self._stale_ms, self._size],
-        )
+        if self._spread:
+            self._set_spread(digest, data)
+        else:
+            self._set_script(
+                keys=[self._index, self._entry_prefix + digest],
+                args=[self._entry_prefix, digest, data, self._ttl_ms + self._stale_ms,
+                      self._size],
+            )
         self._hold(key, value, sent + self._ttl, build_time)
+
+    def _set_spread(self, digest: str, data: bytes) -> None:
+        """A set on a Cluster (module design): the entry's SET on its node, the index
+        script on the index's, then the evicted entries deleted on theirs."""
+        lives = self._ttl_ms + self._stale_ms
+        self._client.set(self._entry_prefix + digest, data, px=lives)
+        evicted = self._index_script(keys=[self._index], args=[digest, lives, self._size])
+        self._delete(evicted)
+
+    def _delete(self, digests: list[Any]) -> None:
+        """Delete the entries of ``digests`` on a Cluster: one pipeline, which redis-py
+        sends as one batch per node (1000 at a time)."""
+        for start in range(0, len(digests), 1000):
+            pipe = self._client.pipeline(transaction=False)
+            for digest in digests[start:start + 1000]:
+                text = digest.decode() if isinstance(digest, bytes) else str(digest)
+                pipe.delete(self._entry_prefix + text)
+            pipe.execute()
 
     def clear(self) -> None:
         """Empty the cache for every process: every entry in Redis (one script) and this
         process's first level at once; another process's first level keeps what it holds
         for at most ``local_ttl``."""
         self._local.clear()
-        self._clear_script(keys=[self._index], args=[self._entry_prefix])
+        if self._spread:  # a Cluster: the index emptied in one script, the entries on theirs
+            self._delete(self._drain_script(keys=[self._index]))
+        else:
+            self._clear_script(keys=[self._index], args=[self._entry_prefix])
         self._local.clear()  # a get that raced the script may have copied an entry back
 
     def settings(self) -> dict[str, int]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import redis.cluster
 import redis.connection
@@ -51,6 +51,8 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from .._urls import CLUSTER_PORT, CLUSTER_SCHEME, cluster_problem, split_hosts
+
 # redis-py leaves these untyped.
 _parse_url: Callable[[str], dict[str, Any]] = redis.connection.parse_url
 _node: Callable[[str, int], Any] = redis.cluster.ClusterNode
@@ -58,40 +60,24 @@ _encoder: Callable[[str, str, bool], Any] = cast(Any, redis.connection).Encoder
 
 __all__ = ["CLUSTER_SCHEME", "ClusterClient", "cluster_client", "cluster_nodes"]
 
-#: The scheme of a Redis Cluster URL (the ``limits`` library's).
-CLUSTER_SCHEME = "redis+cluster://"
-
-#: The port of a node written without one.
-_DEFAULT_PORT = 6379
-
 
 def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The startup nodes of a ``redis+cluster://`` URL and the connection options its
     user-info and query give (as redis-py reads them). ``ValueError``, as the end of a
-    sentence that never quotes the URL, for anything else."""
+    sentence that never quotes the URL, for anything else (``reachlimit._urls``' check)."""
     if not url.startswith(CLUSTER_SCHEME):
         raise ValueError(f"a Redis Cluster URL starts with {CLUSTER_SCHEME}")
+    problem = cluster_problem(url)
+    if problem is not None:
+        raise ValueError(problem)
     parts = urlsplit(url)
     userinfo, at, netloc = parts.netloc.rpartition("@")
-    nodes: list[tuple[str, int]] = []
-    for place in netloc.split(","):
-        try:
-            node = urlsplit(f"//{place}")
-            port = node.port
-        except ValueError:
-            raise ValueError("each node's port must be a whole number from 0 to 65535") from None
-        if not node.hostname:
-            raise ValueError("it must name at least one node: host:port[,host:port...]")
-        nodes.append((node.hostname, _DEFAULT_PORT if port is None else port))
-    if unquote(parts.path) not in ("", "/", "/0"):
-        raise ValueError("a cluster has one database: no path but /0 is allowed")
-    first = netloc.split(",")[0]
-    single = f"redis://{userinfo}{at}{first}" + (f"?{parts.query}" if parts.query else "")
-    options = _parse_url(single)  # ValueError for a query redis-py cannot read
-    for key in ("host", "port"):
+    nodes = split_hosts(netloc, CLUSTER_PORT, "node")
+    # The user-info and the query, as redis-py reads them for one node.
+    single = f"redis://{userinfo}{at}{netloc.split(',')[0]}"
+    options = _parse_url(single + (f"?{parts.query}" if parts.query else ""))
+    for key in ("host", "port", "db"):
         options.pop(key, None)
-    if options.pop("db", 0) != 0:
-        raise ValueError("a cluster has one database: db= must be 0")
     return nodes, options
 
 
@@ -138,7 +124,7 @@ class ClusterClient(RedisCluster):
     def __init__(self, **options: Any) -> None:  # RedisCluster.__init__ runs at first use
         self._options = options
         self._ready = False
-        self._starting = False
+        self._starter = 0  # the thread running RedisCluster's construction, while it runs
         self._start_lock = threading.RLock()
         # What a script needs before the first command: the encoding of its text.
         self.encoder = _encoder(
@@ -149,24 +135,29 @@ class ClusterClient(RedisCluster):
 
     def _start(self) -> None:
         """Read the cluster's map (redis-py's construction), once; raises redis-py's
-        errors when no node answers (the next call tries again)."""
+        errors when no node answers (the next call tries again). Another thread's first
+        command waits here until the map is read."""
         with self._start_lock:
             if self._ready:
                 return
-            self._starting = True
+            self._starter = threading.get_ident()
             try:
                 RedisCluster.__init__(self, **self._options)
             finally:
-                self._starting = False
+                self._starter = 0
             self._ready = True
+
+    def _starting(self) -> bool:
+        """Whether this thread is running the construction (which sends commands itself)."""
+        return self._starter == threading.get_ident()
 
     def __getattr__(self, name: str) -> Any:
         # Only for what RedisCluster's construction sets (the nodes' map, the parsers):
         # asked for before the first command, it is made then.
         state = self.__dict__
-        if name.startswith("__") or "_options" not in state or state.get("_starting"):
+        if name.startswith("__") or "_options" not in state or state.get("_ready"):
             raise AttributeError(name)
-        if state.get("_ready"):
+        if state.get("_starter") == threading.get_ident():
             raise AttributeError(name)
         self._start()
         return getattr(self, name)
@@ -184,12 +175,12 @@ class ClusterClient(RedisCluster):
         return kwargs
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._ready and not self._starting:  # (the construction sends commands)
+        if not self._ready and not self._starting():  # (the construction sends commands)
             self._start()
         return cast(Any, super()).execute_command(*args, **kwargs)
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        if not self._ready and not self._starting:
+        if not self._ready and not self._starting():
             self._start()
         return cast(Any, super()).pipeline(transaction, shard_hint)
 

@@ -54,6 +54,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .._urls import (
+    CLUSTER_SCHEME,
     REDIS_SCHEMES,
     SCHEMES_TEXT,
     SENTINEL_SCHEME,
@@ -63,7 +64,7 @@ from .._urls import (
     sentinel_parts,
     url_secrets,
 )
-from ._cluster import CLUSTER_SCHEME, cluster_client
+from ._cluster import cluster_client
 from ._common import REDIS_ERRORS, Client
 
 __all__ = ["FAILURES", "RedisHealth", "connect"]
@@ -98,13 +99,9 @@ def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) 
     Raises ``ValueError`` (showing the URL with its password masked) for any other scheme,
     a database (``redis://host/<db>``, ``db=``) or port that is not a whole number, or a URL
     redis-py cannot read."""
-    if not isinstance(url, str) or not url.startswith((*REDIS_SCHEMES, CLUSTER_SCHEME)):
-        raise ValueError(
-            f"a Redis URL must start with {SCHEMES_TEXT} or {CLUSTER_SCHEME} (Cluster), "
-            f"got {mask_url(url)!r}"
-        )
-    cluster = url.startswith(CLUSTER_SCHEME)
-    problem = None if cluster else redis_url_problem(url)  # a cluster's: cluster_client's
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise ValueError(f"a Redis URL must start with {SCHEMES_TEXT}, got {mask_url(url)!r}")
+    problem = redis_url_problem(url)
     if problem is not None:  # redis-py would take redis://host/abc for database 0
         raise ValueError(f"bad Redis URL {mask_url(url)!r}: {problem}")
     if (
@@ -113,7 +110,7 @@ def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) 
         or not 0 < timeout < math.inf
     ):
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if cluster:
+    if url.startswith(CLUSTER_SCHEME):
         return _cluster_client(url, timeout, health_check_interval)
     bounded: dict[str, Any] = {
         "socket_timeout": timeout,

@@ -32,7 +32,11 @@ design:
 
     :data:`PRELUDE` is every sent-settings script's start; :func:`hot_script` makes the two
     hot scripts (acquire and release) for one limiter's settings. The flight's scripts are
-    ``flight_prelude`` plus their own; the cache's set is one file.
+    ``flight_prelude`` plus their own; the cache's set is its head (``cache_set``: the
+    entry's SET), ``cache_index`` (index it, evict the oldest over ``size``) and its tail
+    (delete the evicted entries); on a Redis Cluster, where entries spread over slots, the
+    SET and the deletes are commands of their own and the script is ``cache_index_spread``
+    and ``cache_index`` (``CACHE_INDEX``), the clear's ``cache_drain``.
 
     The cold lead (:func:`cold_lead`) is a hot acquire of one limiter made into a function,
     between ``flight_prelude`` with ``cold_lead_head`` (claim or follow, recheck the cache)
@@ -51,6 +55,8 @@ from importlib.resources import files
 
 __all__ = [
     "CACHE_CLEAR",
+    "CACHE_DRAIN",
+    "CACHE_INDEX",
     "CACHE_SET",
     "FLIGHT_CHECK",
     "FLIGHT_JOIN",
@@ -108,8 +114,11 @@ FLIGHT_CHECK = _FLIGHT + FRAGMENTS["flight_check"]
 FLIGHT_PUBLISH = _FLIGHT + FRAGMENTS["flight_publish"]
 FLIGHT_RENEW = _FLIGHT + FRAGMENTS["flight_renew"]
 
-CACHE_SET = FRAGMENTS["cache_set"]
+CACHE_SET = FRAGMENTS["cache_set"] + FRAGMENTS["cache_index"] + FRAGMENTS["cache_set_tail"]
 CACHE_CLEAR = FRAGMENTS["cache_clear"]
+#: A Redis Cluster's cache (entries spread over slots): the set's index step, the clear's.
+CACHE_INDEX = FRAGMENTS["cache_index_spread"] + FRAGMENTS["cache_index"] + "return evicted\n"
+CACHE_DRAIN = FRAGMENTS["cache_drain"]
 SETTINGS = FRAGMENTS["settings"]
 
 #: A hot script derives the doorbell prefix from KEYS[1] (``T:holders`` -> ``T:w:``).
