@@ -158,7 +158,7 @@ class Extension(Protocol):
     """What a :class:`Budget` asks of its ``ReachLimit``."""
 
     def _cold(
-        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str
+        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str | None
     ) -> Any: ...
 
     def _cached(

@@ -12,28 +12,29 @@ design:
               refresh runs it on a refresher thread (REACHLIMIT_STALE > 0), so a view that
               reads request.path, request.args or its view_args works there too (headers,
               cookies, the body and the client's address are NOT there: such a view must use
-              cold() and read what it needs first)
+              cold() and read what it needs first); its value through the value rule
       value = the budget's cold(key, build)    refusals (429/503), clients gone (499) and
                                                the view's own errors exactly as with cold()
-      answer: bytes  -> mimetype= or application/octet-stream
-              str    -> mimetype= or text/plain; charset=utf-8
-              NOT_FOUND -> 404 (the app's handler), never cached
-              else   -> JSON through the app's JSON provider (null for None, never cached)
 
-The value rule (``reachlimit._values``) applies as to every cached value: a view returning a
-``Response``, a set or an object is a ``TypeError`` naming the key and the view, and nothing
-is cached. Standard library only: what it needs of Flask it is handed, or reads on the app
-(``response_class``, ``json``, ``aborter``, ``test_request_context``).
+A warm hit never runs the build, so the request makes it and nothing more: one
+``functools.partial`` of ``_run_view`` (no closure cells) with the value rule inside it (cold()
+is told the build applies it and adds no wrapper of its own); the request's path, query string
+and root URL are read only when a refresh runs it (werkzeug works the root URL out afresh for
+each request: a few microseconds, most of what the decorator cost a hit before). The partial
+holds the request object for that: a refresh runs soon after the request that handed it out,
+and the request's environ is not changed after it ends.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 from ._budgets import checked_key
 from ._path import NOT_FOUND
+from ._values import normalised
 
 __all__ = ["cached_view", "view_name"]
 
@@ -42,30 +43,32 @@ TEXT = "text/plain"
 #: The mimetype of a bytes answer without ``mimetype=``.
 OCTETS = "application/octet-stream"
 
-#: cold(key, build, where): the budget's cold(), ``where`` naming the view in a TypeError.
-Cold = Callable[[Hashable, Callable[[], Any], str], Any]
+#: cold(key, build): the budget's cold() for a build that applies the value rule itself.
+Cold = Callable[[Hashable, Callable[[], Any]], Any]
 
 
 def view_name(view: Callable[..., Any]) -> str:
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', repr(view))}"
 
 
-def _refreshable(
+def _run_view(
     app: Any, view: Callable[..., Any], args: dict[str, Any], asking: Any,
-    in_request: Callable[[], bool],
-) -> Callable[[], Any]:
-    """The view as a build: called in the request, or in a request context of the same
-    path and query string when run outside any request (a refresh)."""
-    # The query string as the server gave it (WSGI's latin-1 text): the request it describes.
-    path, query, root = asking.path, asking.query_string.decode("latin-1"), asking.root_url
-
-    def build() -> Any:
-        if in_request():
-            return view(**args)
-        with app.test_request_context(path, base_url=root, query_string=query):
-            return view(**args)
-
-    return build
+    in_request: Callable[[], bool], key: Hashable, where: str,
+) -> Any:
+    """The view as a build, its value through the value rule: called in the request, or in a
+    request context of the same path and query string when run outside any request (a
+    refresh). Nothing is read of the request until then (see the module's design note)."""
+    if in_request():
+        value = view(**args)
+    else:
+        # The query string as the server gave it (WSGI's latin-1 text): the request it
+        # describes.
+        with app.test_request_context(
+            asking.path, base_url=asking.root_url,
+            query_string=asking.query_string.decode("latin-1"),
+        ):
+            value = view(**args)
+    return normalised(value, key, where)
 
 
 def _answer(app: Any, value: Any, mimetype: str | None) -> Any:
@@ -102,7 +105,7 @@ def cached_view(
             cache_key: Hashable = (name, asking.path, pairs)
         else:
             cache_key = (name, checked_key(key(**args), f"the key of {where}"))
-        build = _refreshable(app, view, args, asking, in_request)
-        return _answer(app, cold(cache_key, build, where), mimetype)
+        build = partial(_run_view, app, view, args, asking, in_request, cache_key, where)
+        return _answer(app, cold(cache_key, build), mimetype)
 
     return wrapper

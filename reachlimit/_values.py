@@ -12,6 +12,9 @@ design:
     normalised(value, key, where)        decode(encode(value)), without the bytes where they
                                          are not needed: what the extension stores and answers,
                                          in process or on Redis, from the very first answer
+    run_ruled(build, key, where)         normalised(build(), key, where): cold() hands the
+                                         path partial(run_ruled, build, key, where); the cached
+                                         decorator's build applies the rule itself instead
 
 So a tuple comes back as a list, a dict with int keys with str keys, bytearray as bytes,
 everywhere and at once, exactly as a value read back from Redis would. ``None`` and
@@ -25,12 +28,12 @@ is the extension's. Standard library only.
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ._path import NOT_FOUND
 
-__all__ = ["encode", "decode", "normalised", "BYTES_TAG", "JSON_TAG"]
+__all__ = ["encode", "decode", "normalised", "run_ruled", "BYTES_TAG", "JSON_TAG"]
 
 BYTES_TAG = b"b"
 JSON_TAG = b"j"
@@ -83,3 +86,12 @@ def normalised(value: Any, key: Hashable, where: str = "") -> Any:
             f"cannot hold: a cached value must be bytes, str or JSON-able ({exc})"
         ) from None
     return json.loads(text)
+
+
+def run_ruled(build: Callable[[], Any], key: Hashable, where: str) -> Any:
+    """``build()``'s value through :func:`normalised`: what ``cold()`` hands the path is
+    ``partial(run_ruled, build, key, where)``, so the TypeError is raised where the build
+    returned (inside the build: nothing is cached, its followers share the error). Made on
+    every ``cold()``, warm hits included, a ``partial`` is the cheapest callable to make
+    there: no Python frame, no closure cells."""
+    return normalised(build(), key, where)

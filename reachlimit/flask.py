@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any, cast
 
 from flask import (
@@ -94,7 +95,7 @@ from ._flask_settings import CLIENT_REMOTE_ADDR as CLIENT_REMOTE_ADDR
 from ._flask_settings import RETRY_AFTER_AUTO as RETRY_AFTER_AUTO
 from ._flask_settings import SPARE_THREADS as SPARE_THREADS
 from ._retry_after import AutoRetryAfter
-from ._values import normalised
+from ._values import run_ruled
 
 __all__ = [
     "ReachLimit", "Budget", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS",
@@ -323,8 +324,8 @@ class ReachLimit:
     def _cached(
         self, name: str, key: Callable[..., Hashable] | None, mimetype: str | None
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def cold(cache_key: Hashable, build: Callable[[], Any], where: str) -> Any:
-            return self._cold(self._budget_state(name), cache_key, build, where)
+        def cold(cache_key: Hashable, build: Callable[[], Any]) -> Any:
+            return self._cold(self._budget_state(name), cache_key, build, None)
 
         def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
             return cached_view(cold, view, key, mimetype, _current, has_request_context)
@@ -332,8 +333,10 @@ class ReachLimit:
         return decorate
 
     def _cold(
-        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str
+        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str | None
     ) -> Any:
+        # where: the caller, named in the value rule's TypeError ("" for cold()); None: the
+        # build applies the rule itself (the decorator's), so no wrapper is made here.
         if state.counters is not None:
             state.counters.ensure_running()  # the first request of this (forked) process
         asking = _request_proxy._get_current_object()
@@ -343,12 +346,8 @@ class ReachLimit:
         # client callable that fails leaves nothing behind (not even a socket watch).
         client = asking.remote_addr if client_of is None else client_of(asking)
         cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
-        built = build
-
-        def build_normalised() -> Any:  # the value rule, where the build returned
-            return normalised(built(), key, where)
-
-        build = build_normalised
+        if where is not None:
+            build = partial(run_ruled, build, key, where)
         if state.retry_auto is not None:
             build = state.retry_auto.timed(build)
         try:
