@@ -27,6 +27,12 @@ design:
     queue can take one more timeout), plus the build itself and a slack for the HTTP round
     trip and gunicorn on a loaded 2-core machine (SLACK, deliberately generous: it is the
     one machine-dependent part of the bound).
+
+    The unreplicated-grants test makes the other half of the over-admission certain instead
+    of hoping for replication lag: replication is cut with both servers up
+    (``SentinelSet.cut_replication``), two builds are granted on the primary and held, the
+    primary is killed, and the new primary, which never heard of them, admits a whole
+    budget beside them: exactly 4 builds at once with active 2.
 """
 
 from __future__ import annotations
@@ -237,3 +243,55 @@ def test_a_primary_killed_under_load_fails_over_to_the_replica(
         f"{longest * 1000:.0f} ms (bound {bound * 1000:.0f} ms)"
     )
     assert "is unavailable" in server.stderr() and "answers again" in server.stderr()
+
+
+def test_grants_the_replica_never_received_are_unknown_to_the_new_primary(
+    tmp_path: Path, gate: Gate, sentinels: SentinelSet
+) -> None:
+    """The over-admission a failover can cause, made certain: replication is cut (both
+    servers up), two builds are granted on the primary and held, the primary is killed and
+    the replica promoted. The new primary has never heard of those two grants, so it admits
+    a whole budget beside them: 4 builds at once with active 2, until the two end."""
+    assert sentinels.replica is not None
+    server = build_log_server(tmp_path, "unreplicated", gate, sentinels.url(), settings_env())
+    with serving(server):
+        assert all(f["backend"] == "redis" for f in worker_figures(server).values())
+        primary = sentinels.primary.client()
+        sentinels.cut_replication()
+        first = Herd(server.port, ["/report/hold-old-0", "/report/hold-old-1"])
+        wait_until("2 builds running, granted on the primary",
+                   lambda: running_now(gate.dir) == 2 and primary.zcard(f"{TAG}:holders") == 2)
+        primary.close()
+        sentinels.primary.kill()
+        wait_until("the replica promoted and named by the sentinels",
+                   lambda: sentinels.replica_is_primary()
+                   and sentinels.named_primary() == sentinels.replica.port,
+                   timeout=30, interval=0.01)
+
+        def both_back() -> bool:
+            return all(f["backend"] == "redis" and not f["degraded"]
+                       for f in worker_figures(server).values())
+
+        wait_until("both workers back on Redis", both_back, timeout=30, interval=0.01)
+        new_primary = connect(f"redis://{HOST}:{sentinels.replica.port}/0")
+        watch = RedisColdLimiter(new_primary, "cold", 2, 8, WAIT, lease=LEASE, prefix=PREFIX)
+        try:
+            stats = watch.stats()
+            assert (stats.active, stats.queued) == (0, 0)  # the 2 grants: never replicated
+            assert running_now(gate.dir) == 2  # ... while their builds still run
+            second = Herd(server.port, [f"/report/hold-new-{n}" for n in range(12)])
+            for reply in second.wait_done(2):
+                check_refusal(reply)
+            stats = watch.stats()
+            assert (stats.active, stats.queued) == (2, 8)
+            wait_until("the new grants' builds running", lambda: running_now(gate.dir) == 4)
+            most = max(at_once_along(gate.dir))
+            gate.open()
+            assert Counter(r.status for r in first.results()) == {200: 2}
+            assert Counter(r.status for r in second.results()) == {200: 10, 429: 2}
+        finally:
+            watch.close()
+            new_primary.close()
+    assert most == 4
+    print(f"\ngrants the replica never received: {most} builds at once with active 2 "
+          f"(over-admission {most - 2}, as long as the 2 unknown builds run)")

@@ -23,9 +23,10 @@ design:
                    down-after 1000 ms and failover-timeout 5000 ms, hostnames not resolved
 
     ``start`` returns once every sentinel sees the primary with its replica and the two other
-    sentinels: a failover can then be agreed on (two of three). ``promoted`` waits until the
-    sentinels name the replica as the primary and the replica says it is one. Everything is
-    stopped by PID (``stop``), whatever state the test left it in.
+    sentinels: a failover can then be agreed on (two of three). ``replica_is_primary`` and
+    ``named_primary`` say what the replica and the sentinels think; ``cut_replication``
+    stops replication with both servers up (what a lagging replica misses, made certain).
+    Everything is stopped by PID (``stop``), whatever state the test left it in.
 
 A binary that is missing skips the test, except under CI (``$CI`` set), where it fails
 (``require_binary``): CI installs them (``.ci/run``).
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -46,6 +48,7 @@ import redis
 
 from tests.support import HOST
 from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer
+from tests.support.processes import free_port
 from tests.support.redis_server import RedisServer, require_binary
 from tests.support.waiting import wait_until
 
@@ -155,21 +158,35 @@ class SentinelSet:
         self.server = require_binary("redis-server", "redis-server")
         self.sentinel = require_binary("redis-sentinel", "redis-sentinel")
         self.directory = directory
-        self.primary = Node(directory / "primary",
-                            server_command(self.server, directory / "primary"))
+        # No wait for more replicas before a full sync (redis-server waits 5 s by default).
+        self.primary = Node(directory / "primary", server_command(
+            self.server, directory / "primary", "--repl-diskless-sync-delay", "0"))
         self.replica: Node | None = None
         self.sentinels: list[Node] = []
 
-    def _sentinel_command(self, directory: Path) -> Callable[[int], list[str]]:
+    def _sentinel_command(
+        self, directory: Path, me: int, ports: list[int], ids: list[str]
+    ) -> Callable[[int], list[str]]:
+        """Sentinel ``me`` of three on ``ports`` with run ids ``ids``: told of the replica
+        and of the two others from the start, so none waits for the periodic discovery
+        (INFO every 10 s, hellos every 2 s) before a failover can be agreed on."""
+        assert self.replica is not None
+        replica = self.replica.port
+
         def command(port: int) -> list[str]:
+            others = "".join(
+                f"sentinel known-sentinel {SERVICE} {HOST} {ports[n]} {ids[n]}\n"
+                for n in range(len(ports)) if n != me
+            )
             conf = directory / "sentinel.conf"
             conf.write_text(
                 f"port {port}\nbind {HOST}\nprotected-mode no\ndaemonize no\n"
-                f"dir {directory}\nsentinel resolve-hostnames no\n"
+                f"dir {directory}\nsentinel resolve-hostnames no\nsentinel myid {ids[me]}\n"
                 f"sentinel monitor {SERVICE} {HOST} {self.primary.port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
+                f"sentinel known-replica {SERVICE} {HOST} {replica}\n{others}"
             )
             return [self.sentinel, str(conf)]
 
@@ -187,11 +204,17 @@ class SentinelSet:
                 "master_link_status") == "up", timeout=DEADLINE, interval=0.02)
         finally:
             replica.close()
-        for n in range(3):
-            node = Node(self.directory / f"sentinel-{n}",
-                        self._sentinel_command(self.directory / f"sentinel-{n}"))
+        ports: list[int] = []
+        while len(ports) < 3:  # each sentinel's config names the others' ports up front
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        ids = [secrets.token_hex(20) for _ in ports]
+        for n, port in enumerate(ports):
+            directory = self.directory / f"sentinel-{n}"
+            node = Node(directory, self._sentinel_command(directory, n, ports, ids))
             self.sentinels.append(node)
-            node.start()
+            node.start(port=port, attempts=1)
         wait_until("every sentinel seeing the replica and the two others",
                    lambda: all(self._agreed(s) for s in self.sentinels),
                    timeout=DEADLINE, interval=0.05)
@@ -236,6 +259,21 @@ class SentinelSet:
             return False
         finally:
             client.close()
+
+    def cut_replication(self) -> None:
+        """Cut the replica off its primary, both still running and still seen by the
+        sentinels: the replica is given a primary password the primary does not have
+        (``masterauth``) and its link is dropped, so each reconnection fails at AUTH and
+        what is written to the primary from now on never reaches the replica."""
+        assert self.replica is not None
+        replica = self.replica.client()
+        try:
+            replica.config_set("masterauth", "not-the-primarys")
+            replica.client_kill_filter(_type="master")
+            wait_until("the replica's link down", lambda: replica.info("replication").get(
+                "master_link_status") == "down", timeout=DEADLINE, interval=0.01)
+        finally:
+            replica.close()
 
     def stop(self) -> None:
         for node in [*self.sentinels, self.replica, self.primary]:
