@@ -38,6 +38,7 @@ from reachlimit.redis import (
 )
 from reachlimit.redis._cluster import ClusterClient
 from tests.apps.slow_app import create_app
+from tests.support.bench_scripts import run_json
 from tests.support.fairness import RULES
 from tests.support.processes import free_port
 from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # noqa: F401
@@ -365,3 +366,13 @@ def test_a_grant_held_across_a_migration_of_its_slot_is_released_once(
     stats = lim.stats()
     assert (stats.active, stats.queued, stats.acquired, stats.lease_lost) == (0, 0, 3, 0)
     lim.close()
+
+
+def test_the_cluster_micro_benchmark_runs() -> None:
+    """benchmarks/redis_cluster_micro.py, as a process with its own cluster: it finishes and
+    reports what it promises (never its speed)."""
+    report = run_json("redis_cluster_micro.py")
+    for key in ("fast_path", "refusal_vs_get", "refusal_vs_ping"):
+        row = report["results"][key]
+        assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
+    assert report["results"]["refusal_vs_ping"]["check"]["ok"]

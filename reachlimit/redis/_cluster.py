@@ -32,6 +32,26 @@ design:
                  there (redis-py's ``Script`` would ``SCRIPT LOAD`` it on every primary, so
                  one dead primary would stop scripts on the others).
 
+    What the objects of this package do differently on a cluster (any ``RedisCluster``,
+    this one or a caller's):
+
+      limiter    every key a script touches carries the limiter's tag (the doorbells and a
+                 client's queue are built inside the scripts from it): one slot, whose node
+                 redis-py sends each EVALSHA to (its first key decides); a node that does
+                 not know the script gets one ``EVAL`` of it; the waker nudges that node
+                 with an ``EXISTS`` of a key of the tag (a ``PING`` would go to any node)
+      cold lead  its keys span three tags (limiter, flight, cache): not used;
+                 ``RedisSingleFlight.fuse`` does nothing and ``RedisColdLimiter.lead``
+                 refuses, so a cold request's steps go one by one: its cache miss, the
+                 flight's join, the recheck, the acquire (four round trips before its
+                 build instead of two; a refusal is also published to the flight: five)
+      cache      entries spread over slots (``_cache``'s design note): a set is up to
+                 three round trips, ``clear`` drains the index and deletes per node
+      flight     each key's keys share a tag of their own; claims are renewed one script
+                 each (a cluster pipeline takes no scripts)
+      the rest   the settings record, the counters' hash and the budgets' registry are
+                 one key each (one slot): unchanged
+
     ``RedisHealth`` and the fallback take ``RedisClusterException`` (which redis-py does not
     derive from ``RedisError``) for an outage like any Redis error (``_common.REDIS_ERRORS``).
 """

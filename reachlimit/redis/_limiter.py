@@ -49,15 +49,8 @@ design:
     so an acquire has a thread to wake at most once per interval. No Redis call is made
     under the lock.
 
-    Cluster: the fixed keys are passed as KEYS; a doorbell key (and a client's queue, and
-    the given-up set) is built inside the script from the same hash tag, so every script
-    touches the one slot of its tag and redis-py sends it to the node serving that slot
-    (its EVALSHA's first key decides). A node that does not know a script (restarted, or
-    serving the slot since a migration) gets it with one ``EVAL`` of its text, which also
-    caches it there. The waker nudges the node of the tag (``EXISTS`` of a key of it: a
-    ``PING`` would go to whichever node redis-py picks). The cold lead spans three tags:
-    :meth:`RedisColdLimiter.lead` refuses to run on a Cluster (``RedisSingleFlight.fuse``
-    does nothing there).
+    Cluster: the keys a script builds (doorbells, ...) carry the tag of its KEYS: one slot.
+    What else differs there: ``_cluster``'s design note.
 """
 
 from __future__ import annotations
@@ -118,11 +111,10 @@ class RedisColdLimiter(Leased, LimiterFigures):
     ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
     first-out by a ticket from Redis, with a direct hand-off.
 
-    ``client`` is a ``redis.Redis`` (or a ``redis.cluster.RedisCluster``: every key of a
-    limiter shares one hash tag, so one slot). Make it with short timeouts, say
-    ``redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)``: a waiter
-    blocks in ``BLPOP`` for at most half the socket timeout, so that the read never times out
-    first. Redis 6 or newer (``BLPOP`` with a fractional timeout).
+    ``client`` is a ``redis.Redis`` or a ``redis.cluster.RedisCluster``, with short timeouts
+    (``reachlimit.redis.connect`` makes one): a waiter blocks in ``BLPOP`` for at most half
+    the socket timeout, so that the read never times out first. Redis 6 or newer (``BLPOP``
+    with a fractional timeout).
 
     ``lease`` is how long a grant outlives its process: it is renewed in the background every
     ``lease / 3`` seconds while held. Every process must use the same ``active``, ``queue``,
@@ -223,8 +215,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._give_up_script = client.register_script(lua.GIVE_UP)
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._leases.paused
-        self._cluster = is_cluster(client)
-        # On a Cluster, a PING would go to any node: nudge the one serving this tag.
+        self._cluster = is_cluster(client)  # a PING there would go to any node: nudge ours
         self._waker = Waker(client, self._keys[0] if self._cluster else None)
         # The cold lead's two scripts (as the acquire's two), registered on its first use.
         self._lead_scripts: tuple[Script, Script] | None = None
@@ -278,9 +269,8 @@ class RedisColdLimiter(Leased, LimiterFigures):
         """The cold lead (``reachlimit.redis._lead``): one script that claims a flight (its
         two keys and four arguments, as ``RedisSingleFlight`` sends them to its join),
         rechecks the cache ``entry`` (its Redis key) and acquires for ``client``. What it
-        acquired is this thread's to take with :meth:`hand_over`. A single Redis only (the
-        keys span three hash tags): ``RuntimeError`` on a Cluster. Errors of Redis propagate
-        (the token is then given up).
+        acquired is this thread's to take with :meth:`hand_over`. Not on a Cluster (three
+        hash tags: RuntimeError). Errors of Redis propagate (the token is then given up).
         """
         if self._cluster:
             raise RuntimeError("the cold lead spans three hash tags: not on a Redis Cluster")
