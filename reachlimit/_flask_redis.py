@@ -165,7 +165,8 @@ def _shared_cache_and_flight(
     The flight's lease is the limiter's: a leader whose process dies is taken over after it.
     The flight is fused with the shared cache and ``limiter`` (the cold lead), so a cold
     request makes two round trips before its build or its refusal: its cache miss, then one
-    script that claims the flight, rechecks the cache and acquires."""
+    script that claims the flight, rechecks the cache and acquires. On a Redis Cluster
+    ``fuse`` does nothing (the three keys live in three slots): the steps go one by one."""
     from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
 
     prefix = settings.redis_prefix

@@ -187,19 +187,14 @@ class RedisSingleFlight(Leased):
     def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> bool:
         """Lead cold paths in one round trip (:meth:`do_cold`; ``reachlimit.redis._lead``):
         ``cache`` and ``limiter`` must be the very ones the path's recheck and acquire end
-        in, on the same Redis as this flight. Returns whether it fused: on a Redis Cluster
-        it does nothing (the cold lead's keys span three hash tags, so three slots) and the
-        steps go one by one, a round trip each (the flight's join, the recheck, the
-        acquire)."""
+        in, on the same Redis as this flight. Returns whether it fused: not on a Cluster
+        (three hash tags), where the steps go one by one."""
         if is_cluster(self._client):
             return False
         self._fused = (cache, limiter)
         return True
 
-    @property
-    def fused(self) -> bool:
-        """Whether :meth:`fuse` made cold paths lead in one round trip."""
-        return self._fused is not None
+    fused = property(lambda self: self._fused is not None, doc="Whether fuse() fused.")
 
     def base_of(self, key: Any) -> str:
         """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""
