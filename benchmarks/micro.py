@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import timeit
+from collections.abc import Callable
 from typing import Any
 
 import _common
@@ -285,6 +286,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def wsgi_caller(
+    app: Any, statuses: list[str], headers: list[Any] | None = None
+) -> Callable[[dict[str, Any]], bytes]:
+    """``request(environ) -> body``: one whole WSGI request to ``app`` (body read and closed),
+    its status appended to ``statuses`` (and its headers to ``headers``, when given)."""
+
+    def start_response(status: str, response_headers: Any, exc_info: Any = None) -> None:
+        statuses.append(status)
+        if headers is not None:
+            headers.append(response_headers)
+
+    def request(environ: dict[str, Any]) -> bytes:
+        body = app(dict(environ), start_response)
+        try:
+            return b"".join(body)
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+    return request
+
+
 def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
     """(d): a refused request through ReachLimit against a constant-JSON route, same app."""
     from flask import Flask, jsonify
@@ -307,19 +331,7 @@ def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
         return rl.cold(key, lambda: {"key": key})
 
     statuses: list[str] = []
-
-    def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
-        statuses.append(status)
-
-    def request(environ: dict[str, Any]) -> bytes:
-        body = app(dict(environ), start_response)
-        try:
-            return b"".join(body)
-        finally:
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
-
+    request = wsgi_caller(app, statuses)
     constant_env = EnvironBuilder(path="/constant/k").get_environ()
     refused_env = EnvironBuilder(path="/cold/k").get_environ()
     with app.app_context():

@@ -62,6 +62,29 @@ def test_micro_quick_json() -> None:
     assert all(isinstance(g["met"], bool) for g in report["goals"])
 
 
+
+@pytest.mark.timeout(120)
+def test_flask_cached_quick_json() -> None:
+    proc = run_script("flask_cached.py", "--help", timeout=30)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--json" in proc.stdout
+    report = run_json("flask_cached.py")
+    results = report["results"]
+    config = report["config"]
+    timed = config["rounds"] * config["number"]
+    for key in ("warm_hit", "refusal", "refusal_vs_cold"):
+        row = results[key]
+        assert row["limiter_ns"] > 0 and row["baseline_ns"] > 0 and row["ratio"] > 0
+        assert (row["rounds"], row["ops_per_round"]) == (config["rounds"], config["number"])
+    # Behaviour, not speed: the warm pair never built (the two warm-ups only) and every timed
+    # request of it was a hit; every timed refusal was a counted queue_full.
+    assert results["warm_hit"]["builds"] == 2
+    assert results["warm_hit"]["hits_counted"] >= 2 * timed
+    assert results["refusal"]["refusals_counted"] >= 3 * timed  # both pairs' refusals
+    assert [g["goal"].split(" through")[0] for g in report["goals"]] == ["warm hit", "refusal"]
+    assert all(isinstance(g["met"], bool) and g["value"] > 0 for g in report["goals"])
+    text = run_script("flask_cached.py", "--quick", timeout=60).stdout
+    assert "(goal <= 1.05x)" in text and "(goal <= 1.2x)" in text
+
 @pytest.mark.timeout(120)
 def test_threaded_burst_quick_json() -> None:
     report = run_json("threaded_burst.py")
