@@ -1,6 +1,7 @@
 """Budgets and the ``@cached`` decorator under real gunicorn (``tests/apps/budgets_app.py``,
 its own config ``tests/apps/budgets_gunicorn.conf.py`` whose hooks are
-``reachlimit.gunicorn``'s: its child_exit frees a dead worker's places in every budget), on 127.0.0.1, stopped by PID:
+``reachlimit.gunicorn``'s: its child_exit frees a dead worker's places in every budget),
+on 127.0.0.1, stopped by PID:
 
     one worker, in process: a saturated budget leaves the default alone; a herd on a
         decorated view builds once; its next answer is the cached first (Cache-Status hit),
