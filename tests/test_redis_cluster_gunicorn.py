@@ -26,11 +26,11 @@ import pytest
 from reachlimit.redis import RedisColdLimiter, connect
 from tests import test_redis_gunicorn as single
 from tests.apps.file_gate_app import build_pids, running_counts
-from tests.support.clients import Herd, check_refusal, http_request
+from tests.support.clients import Herd, http_request
 from tests.support.gunicorn_server import WEBAPP_CONFIG, serving
 from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # noqa: F401
 from tests.support.waiting import wait_until
-from tests.test_redis_gunicorn import PREFIX, Watch, answered, debug_health, gate_server
+from tests.test_redis_gunicorn import PREFIX, Watch, debug_health, gate_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.gunicorn, pytest.mark.timeout(180)]
 
@@ -70,14 +70,7 @@ def test_a_burst_on_a_cluster_admits_exactly_the_shared_budget(
     with serving(server):
         assert len(server.worker_pids()) == 2
         herds = [Herd(server.port, [f"/report/burst-{n}" for n in range(40)])]
-        wait_until("30 replies", lambda: len(answered(herds)) >= 30)
-        refused = answered(herds)
-        assert len(refused) == 30
-        for reply in refused:
-            check_refusal(reply)
-        stats = watch.stats()
-        assert (stats.active, stats.queued, stats.rejected_full) == (2, 8, 30)
-        wait_until("2 builds running", lambda: len(build_pids(gate)) == 2)
+        single.burst_refused(herds, watch, gate)
         reach = debug_health(server)["reach"]
         assert (reach["backend"], reach["degraded"], reach["active"], reach["queued"]) == (
             "redis", False, 2, 8

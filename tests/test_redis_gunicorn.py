@@ -150,6 +150,19 @@ def answered(herds: list[Herd]) -> list[Reply]:
     return out
 
 
+def burst_refused(herds: list[Herd], watch: Watch, gate: Path) -> None:
+    """A burst of 40 held against the shared budget (2 + 8): 30 refused at once with the
+    refusal every layer promises, the budget full in Redis and 2 builds running."""
+    wait_until("30 replies", lambda: len(answered(herds)) >= 30)
+    refused = answered(herds)
+    assert len(refused) == 30
+    for reply in refused:
+        check_refusal(reply)
+    stats = watch.stats()
+    assert (stats.active, stats.queued, stats.rejected_full) == (2, 8, 30)
+    wait_until("2 builds running", lambda: len(build_pids(gate)) == 2)
+
+
 def scrape(server: GunicornServer) -> dict[str, float]:
     """One scrape of ``server``'s /metrics: every sample by name (labels in braces)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -184,14 +197,7 @@ def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
     with serving(a), serving(b):
         paths = [f"/report/burst-{n}" for n in range(40)]
         herds = [Herd(a.port, paths[0::2]), Herd(b.port, paths[1::2])]
-        wait_until("30 replies", lambda: len(answered(herds)) >= 30)
-        refused = answered(herds)
-        assert len(refused) == 30
-        for reply in refused:
-            check_refusal(reply)
-        stats = watch.stats()
-        assert (stats.active, stats.queued, stats.rejected_full) == (2, 8, 30)
-        wait_until("2 builds running", lambda: len(build_pids(gate)) == 2)
+        burst_refused(herds, watch, gate)
 
         # Every worker of both servers reports the same global figures.
         seen: dict[int, dict[str, Any]] = {}
