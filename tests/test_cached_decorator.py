@@ -107,6 +107,21 @@ def test_the_query_string_in_any_order_is_one_key_and_another_value_another() ->
     assert runs == ["json 2 [('a', '1'), ('b', '2')]", "json 2 [('a', '1'), ('b', '3')]"]
 
 
+def test_the_key_takes_the_query_as_sent_so_two_spellings_are_two_entries() -> None:
+    """The key is not parsed out of the query (that is what a refusal's key would cost most):
+    the pairs as sent, sorted; an empty pair changes nothing, another spelling is a build."""
+    app, _, runs = make()
+    client = app.test_client()
+    first = client.get("/json/3?q=a+b")
+    again = client.get("/json/3?&q=a+b&")
+    spelled = client.get("/json/3?q=a%20b")
+    assert first.headers["Cache-Status"].endswith("stored")
+    assert again.headers["Cache-Status"].startswith("reachlimit; hit")
+    assert spelled.headers["Cache-Status"].endswith("stored")
+    assert first.get_json() == spelled.get_json()  # the same answer, built twice
+    assert runs == ["json 3 [('q', 'a b')]", "json 3 [('q', 'a b')]"]
+
+
 def test_text_bytes_and_a_given_mimetype() -> None:
     app, _, _ = make()
     client = app.test_client()
