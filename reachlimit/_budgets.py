@@ -232,8 +232,13 @@ def metrics_group(settings: Settings) -> MetricsGroup | None:
     return MetricsGroup()
 
 
-def build_state(name: str, settings: Settings, budgets: AppBudgets) -> BudgetState:
-    """Budget ``name``'s state (see the module's design note). No connection is opened."""
+def build_state(
+    name: str, settings: Settings, budgets: AppBudgets,
+    refresh_wrapper: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
+) -> BudgetState:
+    """Budget ``name``'s state (see the module's design note), its path's
+    ``refresh_wrapper`` set before the state is added where other threads can find it. No
+    connection is opened."""
     group = budgets.group
     meter = (
         None if group is None else partial(_metrics_class(), budget=name, group=group)
@@ -262,6 +267,7 @@ def build_state(name: str, settings: Settings, budgets: AppBudgets) -> BudgetSta
             state = BudgetState(settings, ColdPath(limiter, cache), name=name)
     # The refresher's threads stop first: a refresh running may still need the rest.
     state.closers.insert(0, state.path.close)
+    state.path.refresh_wrapper = refresh_wrapper
     budgets.add(state)
     return state
 
@@ -280,12 +286,21 @@ def service_stats(state: BudgetState) -> ColdPathStats:
         return stats
 
 
+def _shareable(key: object) -> bool:
+    """Whether ``key`` is what a shared (Redis) key may be: str, bytes, int or a tuple of
+    those (``reachlimit.redis`` encodes exactly these)."""
+    if isinstance(key, (str, bytes, int)):
+        return True
+    return isinstance(key, tuple) and all(_shareable(item) for item in key)
+
+
 def checked_key(key: Hashable, where: str) -> Hashable:
-    """``key``, or TypeError naming ``where`` when it cannot be hashed."""
-    try:
-        hash(key)
-    except TypeError:
+    """``key``, or TypeError naming ``where`` when it is not a str, bytes, int or a tuple of
+    those: the same rule with and without Redis (a float key would work in process and
+    fail once the budget is on Redis)."""
+    if not _shareable(key):
         raise TypeError(
-            f"{where} returned an unhashable {type(key).__name__} as the cache key"
-        ) from None
+            f"{where} returned a {type(key).__name__} as the cache key: a key must be str, "
+            "bytes, int or a tuple of those (the same with and without Redis)"
+        )
     return key

@@ -4,8 +4,10 @@ the cold build, answered with the value's own Content-Type and ``Cache-Status``.
 design:
 
     wrapper(**view_args)                       (the request's handler thread)
-      key   = (view's name, key(**view_args))  key given: any hashable it returns
-            | (view's name, request.path, the query's raw name=value pairs, sorted)
+      key   = (endpoint, key(**view_args))     key given: str, bytes, int or a tuple of those
+            | (endpoint, request.path, the query's raw name=value pairs, sorted by name)
+              (the endpoint: unique in the app, where two views of one factory share a
+              qualified name; the view's name where a request has none)
                                                so ?a=1&b=2 and ?b=2&a=1 are one key
       build = the view called with view_args: in the request when it is the request's own
               build; in a test_request_context of the same path and query string when a
@@ -51,6 +53,11 @@ def view_name(view: Callable[..., Any]) -> str:
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', repr(view))}"
 
 
+def _name_of(pair: str) -> str:
+    """The name of a query's ``name=value`` pair, as sent."""
+    return pair.partition("=")[0]
+
+
 def _run_view(
     app: Any, view: Callable[..., Any], args: dict[str, Any], asking: Any,
     in_request: Callable[[], bool], key: Hashable, where: str,
@@ -61,11 +68,12 @@ def _run_view(
     if in_request():
         value = view(**args)
     else:
-        # The query string as the server gave it (WSGI's latin-1 text): the request it
-        # describes.
+        # The query string exactly as the server gave it (WSGI's latin-1 text, put back into
+        # the environ as it was: passed as query_string= werkzeug would encode it again, and
+        # raw UTF-8 bytes in it would reach the view as mojibake).
         with app.test_request_context(
             asking.path, base_url=asking.root_url,
-            query_string=asking.query_string.decode("latin-1"),
+            environ_overrides={"QUERY_STRING": asking.environ.get("QUERY_STRING", "")},
         ):
             value = view(**args)
     return normalised(value, key, where)
@@ -101,14 +109,21 @@ def cached_view(
     def wrapper(**args: Any) -> Any:
         app, asking = current()
         if key is None:
-            # The query's name=value pairs as sent, sorted: no parse of request.args (that
-            # costs more than the rest of a refusal's key). Two spellings of one value
-            # (%20 and +) are two entries, which costs a build, never a wrong answer.
+            # The query's name=value pairs as sent, sorted by name only (stable: pairs of
+            # one name keep their order, which request.args.getlist answers): no parse of
+            # request.args, which costs more than the rest of a refusal's key. Two
+            # spellings of one value (%20 and +) are two entries: a build, never a wrong
+            # answer.
             query = asking.environ.get("QUERY_STRING", "")
-            pairs = tuple(sorted(p for p in query.split("&") if p)) if query else ()
-            cache_key: Hashable = (name, asking.path, pairs)
+            pairs = tuple(sorted((p for p in query.split("&") if p), key=_name_of)) if query \
+                else ()
+            cache_key: Hashable = (asking.endpoint or name, asking.path, pairs)
         else:
-            cache_key = (name, checked_key(key(**args), f"the key of {where}"))
+            # The endpoint, unique in the app, before the view's name: views made by one
+            # factory (or MethodView.as_view) share a qualified name.
+            cache_key = (
+                asking.endpoint or name, checked_key(key(**args), f"the key of {where}")
+            )
         build = partial(_run_view, app, view, args, asking, in_request, cache_key, where)
         return _answer(app, cold(cache_key, build), mimetype)
 

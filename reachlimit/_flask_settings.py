@@ -179,8 +179,9 @@ def _client(key: str, value: Any) -> str | ClientFunc:
 
 
 def _redis_url(key: str, value: Any) -> str | None:
-    """None or empty: no Redis (in-process limits); else a redis://, rediss://, unix:// or
-    redis+sentinel:// URL. The error shows the URL with its password masked."""
+    """None or empty: no Redis (in-process limits); else a redis://, rediss://, unix://,
+    redis+sentinel:// or redis+cluster:// URL. The error shows the URL with its password
+    masked."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, str) or not value.strip().startswith(REDIS_SCHEMES):
@@ -209,7 +210,7 @@ def _refusal_message(key: str, value: Any) -> str | None:
         raise ValueError(f"{key} must be a text, got {value!r}")
     try:
         value.format(budget="default", retry_after=2)
-    except (KeyError, IndexError, ValueError, AttributeError) as exc:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(
             f"{key} may use only the fields {{budget}} and {{retry_after}} (write {{{{ and "
             f"}}}} for braces), got {value!r}: {type(exc).__name__}: {exc}"

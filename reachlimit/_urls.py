@@ -37,7 +37,8 @@ __all__ = [
 #: What a password is replaced with.
 MASK = "***"
 
-_SECRET_QUERY_KEYS = frozenset({"password", "sentinel_password"})
+#: Query arguments that hold a secret (``ssl_password``: the passphrase of ``ssl_keyfile``).
+_SECRET_QUERY_KEYS = frozenset({"password", "sentinel_password", "ssl_password"})
 
 #: A Redis's primary as the sentinels name it.
 SENTINEL_SCHEME = "redis+sentinel://"
@@ -59,20 +60,35 @@ SCHEMES_TEXT = (
 )
 
 
+def _raw_password(url: str) -> tuple[int, int] | None:
+    """Where the user-info's password stands in ``url`` (start, end), read from the raw
+    text rather than from ``urlsplit``: a password written with an unencoded ``/``, ``?`` or
+    ``#`` (base64 passwords have ``/``) ends the netloc early for ``urlsplit``, which would
+    then show the rest of the password as the path. Everything from the first ``:`` after
+    ``scheme://`` to the last ``@`` counts: too much may be masked, never too little."""
+    start = url.find("://")
+    if start < 0:
+        return None
+    start += 3
+    at = url.rfind("@", start)
+    if at < 0:
+        return None
+    colon = url.find(":", start, at)
+    return None if colon < 0 else (colon + 1, at)
+
+
 def mask_url(url: object) -> str:
     """``url`` with its password (user-info or ``password=`` query argument) replaced by
     ``***``. Never raises; a value that is not a string URL becomes ``<unparseable url>``."""
     if not isinstance(url, str):
         return "<unparseable url>"
+    where = _raw_password(url)
+    if where is not None:
+        url = url[: where[0]] + MASK + url[where[1]:]
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        netloc = f"{user}:{MASK}@{hostport}" if colon else f"{user}@{hostport}"
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -81,21 +97,21 @@ def mask_url(url: object) -> str:
                 [(k, MASK if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs],
                 safe="*",
             )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
 def url_secrets(url: str) -> list[str]:
     """The secrets :func:`mask_url` hides in ``url`` (raw and as written), so that text
     which might quote them (an exception message from a client library) can be scrubbed."""
     found: list[str] = []
+    where = _raw_password(url)
+    if where is not None:
+        found.append(url[where[0]:where[1]])
+        url = url[: where[0]] + MASK + url[where[1]:]
     try:
         parts = urlsplit(url)
     except ValueError:
         return found
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        if ":" in userinfo:
-            found.append(userinfo.partition(":")[2])
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key.lower() in _SECRET_QUERY_KEYS:
             found.append(value)

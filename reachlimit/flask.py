@@ -224,6 +224,8 @@ class ReachLimit:
         self._overrides = dict(overrides)
         #: Budgets declared in code, by name: their options (arguments of budget()).
         self._declared: dict[str, dict[str, Any]] = {}
+        #: Budgets some init_app built from REACHLIMIT_BUDGETS alone (not declared then).
+        self._from_config: set[str] = set()
         self._handles: dict[str, Budget] = {DEFAULT_BUDGET: Budget(self, DEFAULT_BUDGET)}
         if app is not None:
             self.init_app(app)
@@ -239,7 +241,15 @@ class ReachLimit:
         the budget is then built in each app at its ``init_app``. Called after, the budget
         is built in each app already initialised at its first use there (cold, cached,
         stats, the health and metrics views). ``rl.budget(name)`` again returns the same
-        object; declaring a name again with other options is a ValueError."""
+        object; declaring a name again with other options is a ValueError, and so is
+        declaring options, after an ``init_app``, for a budget that app built from its
+        ``REACHLIMIT_BUDGETS`` alone (they could not reach it: declare it before)."""
+        if overrides and name in self._from_config and name not in self._declared:
+            raise ValueError(
+                f"budget {name!r} was built at init_app from REACHLIMIT_BUDGETS alone, so "
+                f"options given to rl.budget({name!r}, ...) now would not reach it: declare "
+                "it before init_app (its options win over its REACHLIMIT_BUDGETS entry)"
+            )
         if declare(self._declared, name, overrides):
             self._handles[name] = Budget(self, name)
         return self._handles[name]
@@ -263,6 +273,7 @@ class ReachLimit:
         default = self._build(app, budgets, DEFAULT_BUDGET)
         for name in [*self._declared, *(n for n in configured if n not in self._declared)]:
             self._build(app, budgets, name)
+        self._from_config.update(n for n in configured if n not in self._declared)
         app.extensions["reachlimit"] = default
         spec = app.error_handler_spec.get(None, {})
         for answered in (ColdRefused, ClientGone):
@@ -279,11 +290,10 @@ class ReachLimit:
         settings = budgets.base if name == DEFAULT_BUDGET else budget_settings(
             budgets.base, name, budgets.configured.get(name, {}), self._declared.get(name, {})
         )
-        state = build_state(name, settings, budgets)
-        if settings.stale > 0:
-            # A refresh runs the build on a refresher thread: in an app context of its own.
-            state.path.refresh_wrapper = lambda build: _in_app_context(app, build)
-        return state
+        # A refresh runs the build on a refresher thread: in an app context of its own
+        # (set before a budget built after init_app is visible to other request threads).
+        wrapper = partial(_in_app_context, app) if settings.stale > 0 else None
+        return build_state(name, settings, budgets, wrapper)
 
     def close(self, app: Flask | None = None) -> None:
         """Stop ``app``'s (default: the current app's) background work for good, in every
@@ -315,8 +325,10 @@ class ReachLimit:
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A view decorator (default budget; see ``reachlimit._cached``): the view is the
         build, its value (JSON-able, str or bytes) the answer, with ``Cache-Status``.
-        ``key(**view_args) -> hashable``; default: the request's path and its query
-        string's (name, value) pairs, sorted. ``mimetype`` for str and bytes answers
+        ``key(**view_args)`` -> str, bytes, int or a tuple of those (a TypeError otherwise,
+        with and without Redis); default: the request's path and its query string's
+        ``name=value`` pairs as sent, sorted by name; the endpoint is part of either.
+        ``mimetype`` for str and bytes answers
         (default text/plain; charset=utf-8 and application/octet-stream). Always called:
         ``@rl.cached()``."""
         return self._cached(DEFAULT_BUDGET, key, mimetype)

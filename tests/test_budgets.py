@@ -233,7 +233,7 @@ def test_the_refusal_message_option_and_its_fields() -> None:
         other.release()
     assert held.runs == 0
     assert _REFUSAL_SENTENCES[Busy.QUEUE_FULL].startswith("Too many 'default' builds")
-    for bad in ("{nope}", "{0}", "{budget"):
+    for bad in ("{nope}", "{0}", "{budget", "{retry_after[0]}"):
         with pytest.raises(ValueError, match="REACHLIMIT_REFUSAL_MESSAGE may use only"):
             ReachLimit().init_app(_with(REACHLIMIT_REFUSAL_MESSAGE=bad))
 
@@ -317,3 +317,19 @@ def test_close_stops_every_budgets_background_work() -> None:
     rl.close(app)  # safe twice
     assert sorted(closed) == ["default", "reports"]
 
+
+
+def test_options_declared_after_init_app_for_a_configured_budget_are_refused() -> None:
+    """A budget an init_app built from REACHLIMIT_BUDGETS alone cannot take options declared
+    later: a ValueError says to declare it first, instead of the options being ignored."""
+    rl = ReachLimit(_with(REACHLIMIT_BUDGETS={"reports": {"queue": 4}}))
+    with pytest.raises(ValueError, match="declare it before init_app"):
+        rl.budget("reports", active=1)
+    assert rl.budget("reports").name == "reports"  # without options: the configured one
+    early = ReachLimit()
+    early.budget("reports", active=1)
+    app = _with(REACHLIMIT_BUDGETS={"reports": {"queue": 4}})
+    early.init_app(app)
+    with app.app_context():
+        settings = early.budget("reports").settings()
+    assert (settings.active, settings.queue) == (1, 4)  # declared first: both reach it

@@ -1,8 +1,9 @@
 """``@rl.cached()`` and ``@budget.cached()`` through Flask's test client: the view is the build,
 its value the answer (JSON, text, bytes, or the decorator's mimetype) with Cache-Status; the
-default key is the path and the sorted query string; a given key takes the view's arguments;
-refusals, NOT_FOUND and view errors as with ``cold()``; a herd builds once; a stale answer's
-refresh re-runs the view in a request context of the same path and query.
+default key is the endpoint, the path and the query pairs sorted by name; a given key takes
+the view's arguments; refusals, NOT_FOUND and view errors as with ``cold()``; a herd builds
+once; a stale answer's refresh re-runs the view in a request context of the same path and
+query.
 
 Builds that must be held wait on an Event the test sets; a stale entry is made by moving an
 injected clock, never by sleeping; a refresh is waited for through the refresher.
@@ -120,6 +121,78 @@ def test_the_key_takes_the_query_as_sent_so_two_spellings_are_two_entries() -> N
     assert spelled.headers["Cache-Status"].endswith("stored")
     assert first.get_json() == spelled.get_json()  # the same answer, built twice
     assert runs == ["json 3 [('q', 'a b')]", "json 3 [('q', 'a b')]"]
+
+
+def test_repeated_names_keep_their_order_in_the_key() -> None:
+    """Sorted by name only: ?tag=a&tag=b and ?tag=b&tag=a ask different things of getlist."""
+    app = Flask("tags")
+    rl = ReachLimit(app)
+
+    @app.get("/tags")
+    @rl.cached()
+    def tags() -> Any:
+        return {"tags": request.args.getlist("tag")}
+
+    client = app.test_client()
+    assert client.get("/tags?tag=a&tag=b&x=1").get_json() == {"tags": ["a", "b"]}
+    assert client.get("/tags?tag=b&tag=a&x=1").get_json() == {"tags": ["b", "a"]}
+    again = client.get("/tags?x=1&tag=b&tag=a")
+    assert again.get_json() == {"tags": ["b", "a"]}
+    assert again.headers["Cache-Status"].startswith("reachlimit; hit")
+
+
+def test_views_of_one_factory_keep_their_own_entries() -> None:
+    """Two views made by one function share a qualified name; their endpoints tell them
+    apart, with a given key too."""
+    app = Flask("factory")
+    rl = ReachLimit(app)
+
+    def register(kind: str) -> None:
+        def show(n: int) -> Any:
+            return {"kind": kind, "n": n}
+
+        view = rl.cached(key=lambda n: n)(show)
+        app.add_url_rule(f"/{kind}/<int:n>", endpoint=kind, view_func=view)
+
+    register("users")
+    register("orders")
+    client = app.test_client()
+    assert client.get("/users/5").get_json() == {"kind": "users", "n": 5}
+    assert client.get("/orders/5").get_json() == {"kind": "orders", "n": 5}
+
+
+def test_a_refresh_gets_the_query_as_the_server_gave_it() -> None:
+    """Raw UTF-8 bytes in the query (as curl sends them) reach the refreshed view as they
+    reached the first one: the refresh is not a differently decoded request."""
+    clock = FakeClock(1000.0)
+    rl = ReachLimit(cache_ttl=10, stale=30)
+    app = Flask("raw")
+    rl.init_app(app)
+    seen: list[str | None] = []
+
+    @app.get("/q")
+    @rl.cached()
+    def q() -> Any:
+        seen.append(request.args.get("q"))
+        return {"q": request.args.get("q")}
+
+    with app.test_request_context():
+        path = rl.path
+    path.cache = TTLCache(64, 10.0, stale=30.0, clock=clock)
+    raw = "q=\u00e9".encode().decode("latin-1")  # the WSGI text of the bytes q=\xc3\xa9
+    try:
+        first = app.test_client().get("/q", environ_overrides={"QUERY_STRING": raw})
+        assert first.get_json() == {"q": "\u00e9"}
+        clock.advance(12)
+        app.test_client().get("/q", environ_overrides={"QUERY_STRING": raw})
+        key = ("q", "/q", (raw,))
+        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        assert seen == ["\u00e9", "\u00e9"]
+        assert app.test_client().get(
+            "/q", environ_overrides={"QUERY_STRING": raw}
+        ).get_json() == {"q": "\u00e9"}
+    finally:
+        rl.close(app)
 
 
 def test_text_bytes_and_a_given_mimetype() -> None:
@@ -250,11 +323,9 @@ def test_a_stale_answers_refresh_reruns_the_view_in_a_request_of_its_path_and_qu
         stale = app.test_client().get("/day/mon?lang=fr")
         assert stale.get_json()["run"] == 1
         assert stale.headers["Cache-Status"].startswith("reachlimit; hit; ttl=-")
-        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(
-            ("tests.test_cached_decorator.test_a_stale_answers_refresh_reruns_the_view_in_a_"
-             "request_of_its_path_and_query.<locals>.day", "/day/mon",
-             (("lang", "fr"),))
-        ))
+        key = ("day", "/day/mon", ("lang=fr",))  # (endpoint, path, the query's pairs)
+        assert path.cache.lookup(key) is not None  # the key the refresh is known by
+        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
         assert seen[1] == ("mon", "/day/mon", "fr")  # the refresh saw the path and the query
         fresh = app.test_client().get("/day/mon?lang=fr")
         assert fresh.get_json()["run"] == 2
@@ -262,3 +333,25 @@ def test_a_stale_answers_refresh_reruns_the_view_in_a_request_of_its_path_and_qu
         assert path.counts().refreshed == 1 and path.counts().refresh_failed == 0
     finally:
         rl.close(app)
+
+
+def test_a_given_key_follows_the_shared_key_rule_with_or_without_redis() -> None:
+    """A float key would work in process and fail on Redis: refused in both, naming the view;
+    str, int and tuples of those pass."""
+    app = Flask("keys")
+    app.testing = True  # the view's exception reaches the test, not a 500 page
+    rl = ReachLimit(app)
+
+    @app.get("/f/<float:x>")
+    @rl.cached(key=lambda x: x)
+    def by_float(x: float) -> Any:
+        return {"x": x}
+
+    @app.get("/t/<int:n>")
+    @rl.cached(key=lambda n: (n, "t"))
+    def by_tuple(n: int) -> Any:
+        return {"n": n}
+
+    with pytest.raises(TypeError, match=r"by_float returned a float as the cache key"):
+        app.test_client().get("/f/1.5")
+    assert app.test_client().get("/t/3").get_json() == {"n": 3}

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from reachlimit import Busy, Cancelled, ColdPath
-from reachlimit._urls import mask_url
+from reachlimit._urls import mask_url, url_secrets
 from reachlimit.redis import (
     RedisHealth,
     RedisLimiterStats,
@@ -96,11 +96,30 @@ def test_connect_errors_and_reprs_never_show_the_password() -> None:
         ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
         ("redis://host/0?password=pw&db=1", "redis://host/0?password=***&db=1"),
         ("redis://u:p%40ss@h", "redis://u:***@h"),
+        # An unencoded / ? # in a password ends urlsplit's netloc early: masked all the same.
+        ("redis://:s3cr/et+pw==@redis.internal:6379/0", "redis://:***@redis.internal:6379/0"),
+        ("redis://u:a?b#c@h/0", "redis://u:***@h/0"),
+        ("rediss://h/0?ssl_keyfile=k.pem&ssl_password=pp", "rediss://h/0?ssl_keyfile=k.pem&ssl_password=***"),
         ("http://[::1", "<unparseable url>"),
     ],
 )
 def test_mask_url(url: str, masked: str) -> None:
     assert mask_url(url) == masked
+
+
+def test_a_password_with_an_unencoded_slash_is_in_no_error_of_the_extension() -> None:
+    """The URL check refuses such a URL (its "port" is the password's start): the message
+    shows the URL masked, never a piece of the password."""
+    from flask import Flask
+
+    from reachlimit.flask import ReachLimit
+
+    app = Flask(__name__)
+    app.config["REACHLIMIT_REDIS_URL"] = "redis://:s3cr/et+pw==@redis.internal:6379/0"
+    with pytest.raises(ValueError) as info:
+        ReachLimit(app)
+    assert "s3cr" not in str(info.value) and "pw==" not in str(info.value), info.value
+    assert url_secrets("redis://:s3cr/et+pw==@h:1/0") == ["s3cr/et+pw=="]
 
 
 # -- the health tracker ----------------------------------------------------------------------

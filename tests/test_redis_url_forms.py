@@ -122,3 +122,13 @@ def test_rediss_passes_redis_pys_certificate_parameters_as_it_reads_them() -> No
     app.config["REACHLIMIT_REDIS_URL"] = url
     rl = ReachLimit(app)  # the extension takes it (no connection is opened at init_app)
     rl.close(app)
+
+
+def test_a_timeout_in_a_cluster_urls_query_wins_as_it_does_for_one_server() -> None:
+    """redis-py's from_url lets a query's socket_timeout win for one server; a cluster URL
+    takes it the same way instead of failing at start-up (no connection is opened here)."""
+    one = connect("redis://127.0.0.1:1/0?socket_timeout=2")
+    assert one.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+    cluster = connect("redis+cluster://127.0.0.1:1,127.0.0.1:2?socket_timeout=2")
+    assert type(cluster).__name__ == "ClusterClient"
+    one.close()

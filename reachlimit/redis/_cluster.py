@@ -107,14 +107,16 @@ def cluster_client(url: str, *, timeout: float, health_check_interval: int) -> C
     ``health_check_interval`` is kept for the day redis-py passes it to a cluster's nodes
     (it does not today: a node's idle connection is not PINGed before use)."""
     nodes, options = cluster_nodes(url)
-    return ClusterClient(
-        startup_nodes=[_node(host, port) for host, port in nodes],
-        retry=Retry(NoBackoff(), 0),
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        health_check_interval=health_check_interval,
+    # A timeout written in the URL's query wins, as redis-py's from_url lets it for one
+    # server (given twice, the constructor would raise a TypeError at start-up).
+    settings: dict[str, Any] = {
+        "retry": Retry(NoBackoff(), 0),
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "health_check_interval": health_check_interval,
         **options,
-    )
+    }
+    return ClusterClient(startup_nodes=[_node(host, port) for host, port in nodes], **settings)
 
 
 class _ClusterScript(Script):
