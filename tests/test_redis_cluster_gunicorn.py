@@ -99,15 +99,7 @@ def test_a_same_key_herd_on_a_cluster_builds_once_and_is_warm_in_both_workers(
         assert len({r.body for r in replies}) == 1  # one answer: the one build's
         assert len(running_counts(gate)) == 1  # built once in the whole service
 
-        answered_by: Counter[str] = Counter()
-        for _ in range(400):
-            reply = server.get("/report/herd")
-            assert reply.status == 200 and reply.body == replies[0].body
-            answered_by[reply.headers["x-worker-pid"]] += 1
-            if len(answered_by) == 2:
-                break
-        print(f"\nwarm answers by worker: {dict(answered_by)}")
-        assert {int(pid) for pid in answered_by} == workers  # warm in both workers
+        single.warm_in_every_worker([server], "/report/herd", replies[0].body, workers)
         assert len(running_counts(gate)) == 1
         assert watch.stats().acquired == 1  # one admission in all: the one build's
 

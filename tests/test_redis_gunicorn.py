@@ -150,6 +150,24 @@ def answered(herds: list[Herd]) -> list[Reply]:
     return out
 
 
+def warm_in_every_worker(
+    servers: list[GunicornServer], path: str, body: bytes, workers: set[int]
+) -> Counter[str]:
+    """Ask ``path`` of ``servers`` in turn until every one of ``workers`` has answered it with
+    ``body`` (a bounded number of tries); the answers by worker PID."""
+    answered_by: Counter[str] = Counter()
+    for _ in range(400):
+        for server in servers:
+            reply = server.get(path)
+            assert reply.status == 200 and reply.body == body
+            answered_by[reply.headers["x-worker-pid"]] += 1
+        if len(answered_by) == len(workers):
+            break
+    print(f"\nwarm answers by worker: {dict(answered_by)}")
+    assert {int(pid) for pid in answered_by} == workers
+    return answered_by
+
+
 def burst_refused(herds: list[Herd], watch: Watch, gate: Path) -> None:
     """A burst of 40 held against the shared budget (2 + 8): 30 refused at once with the
     refusal every layer promises, the budget full in Redis and 2 builds running."""
@@ -263,16 +281,7 @@ def test_a_same_key_herd_over_two_servers_builds_once_and_is_warm_in_every_worke
         assert len(running_counts(gate)) == 1  # built once in the whole service
 
         # Warm: every worker of both servers answers from the shared cache, without a build.
-        answered_by: Counter[str] = Counter()
-        for _ in range(400):
-            for server in (a, b):
-                reply = server.get("/report/herd")
-                assert reply.status == 200 and reply.body == replies[0].body
-                answered_by[reply.headers["x-worker-pid"]] += 1
-            if len(answered_by) == 4:
-                break
-        print(f"\nwarm answers by worker: {dict(answered_by)}")
-        assert {int(pid) for pid in answered_by} == workers
+        answered_by = warm_in_every_worker([a, b], "/report/herd", replies[0].body, workers)
         assert len(running_counts(gate)) == 1
         assert watch.stats().acquired == 1  # one admission in all: the one build's
         warm = sum(answered_by.values())
