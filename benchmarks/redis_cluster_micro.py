@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine
-from redis_micro import Refusals, fast_path_of, paired, print_row
+from redis_micro import Refusals, fast_path_of, paired, print_rows
 
 from reachlimit.redis import connect
 from tests.support.redis_cluster import RedisCluster
@@ -86,12 +86,11 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print("machine:", json.dumps(report["machine"]))
-    for name, label in (
+    print_rows(results, (
         ("fast_path", "acquire+release vs 2 GET (same node, RedisCluster)"),
         ("refusal_vs_get", "queue_full refusal vs GET (same node, RedisCluster)"),
         ("refusal_vs_ping", "queue_full refusal vs PING (same node, RedisCluster)"),
-    ):
-        print_row(label, results[name])
+    ))
     print("refusal check:", results["refusal_vs_ping"]["check"])
 
 

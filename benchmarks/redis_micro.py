@@ -251,13 +251,16 @@ def run_tls(plain_url: str, tls_url: str, n: int, rounds: int) -> dict[str, Any]
     return results
 
 
-def print_row(label: str, row: dict[str, Any]) -> None:
-    print(
-        f"{label}: {row['limiter_us']} us vs {row['baseline_us']} us, "
-        f"median ratio {row['ratio']}x (rounds {row['ratio_spread'][0]}-"
-        f"{row['ratio_spread'][1]}x; best {row['best_limiter_us']} / "
-        f"{row['best_baseline_us']} us; {row['rounds']} rounds x {row['ops_per_round']})"
-    )
+def print_rows(results: dict[str, Any], rows: tuple[tuple[str, str], ...]) -> None:
+    """One line for each ``(name, label)`` of ``rows``: ``results[name]`` under ``label``."""
+    for name, label in rows:
+        row = results[name]
+        print(
+            f"{label}: {row['limiter_us']} us vs {row['baseline_us']} us, "
+            f"median ratio {row['ratio']}x (rounds {row['ratio_spread'][0]}-"
+            f"{row['ratio_spread'][1]}x; best {row['best_limiter_us']} / "
+            f"{row['best_baseline_us']} us; {row['rounds']} rounds x {row['ops_per_round']})"
+        )
 
 
 def main() -> None:
@@ -285,19 +288,17 @@ def main() -> None:
         return
     print("machine:", json.dumps(report["machine"]))
     if args.tls:
-        for name, label in (
+        print_rows(results, (
             ("tls_fast_path", "acquire+release over TLS vs over plain TCP"),
             ("tls_refusal", "queue_full refusal over TLS vs over plain TCP"),
             ("tls_ping", "PING over TLS vs over plain TCP"),
-        ):
-            print_row(label, results[name])
+        ))
         print("refusal check:", results["tls_refusal"]["check"])
         return
-    for name, label in (
+    print_rows(results, (
         ("fast_path", "acquire+release vs redis-py Lock acquire+release"),
         ("refusal", "queue_full refusal vs PING"),
-    ):
-        print_row(label, results[name])
+    ))
     for name, goal in GOALS.items():
         ratio = results[name]["ratio"]
         print(f"goal {name} <= {goal}x: {'met' if ratio <= goal else 'MISSED'} ({ratio}x)")
