@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import fields, replace
 from typing import Any
 
@@ -125,10 +125,21 @@ def budget_settings(
 
 
 
-def declare(declared: dict[str, dict[str, Any]], name: str, options: Mapping[str, Any]) -> bool:
+def declare(
+    declared: dict[str, dict[str, Any]], name: str, options: Mapping[str, Any],
+    from_config: Set[str] = frozenset(),
+) -> bool:
     """``rl.budget(name, **options)``'s checks, and its record in ``declared``: True when
     ``name`` is new. "default" takes no options (its options are ReachLimit's); a name
-    declared again with other options is a ValueError; each value is checked at once."""
+    declared again with other options is a ValueError, and so are options for a name in
+    ``from_config`` (built by an init_app from REACHLIMIT_BUDGETS alone: they could not
+    reach it); each value is checked at once."""
+    if options and name in from_config and name not in declared:
+        raise ValueError(
+            f"budget {name!r} was built at init_app from REACHLIMIT_BUDGETS alone, so "
+            f"options given to rl.budget({name!r}, ...) now would not reach it: declare "
+            "it before init_app (its options win over its REACHLIMIT_BUDGETS entry)"
+        )
     if name == DEFAULT_BUDGET:
         if options:
             raise ValueError(

@@ -244,13 +244,7 @@ class ReachLimit:
         object; declaring a name again with other options is a ValueError, and so is
         declaring options, after an ``init_app``, for a budget that app built from its
         ``REACHLIMIT_BUDGETS`` alone (they could not reach it: declare it before)."""
-        if overrides and name in self._from_config and name not in self._declared:
-            raise ValueError(
-                f"budget {name!r} was built at init_app from REACHLIMIT_BUDGETS alone, so "
-                f"options given to rl.budget({name!r}, ...) now would not reach it: declare "
-                "it before init_app (its options win over its REACHLIMIT_BUDGETS entry)"
-            )
-        if declare(self._declared, name, overrides):
+        if declare(self._declared, name, overrides, self._from_config):
             self._handles[name] = Budget(self, name)
         return self._handles[name]
 
