@@ -7,7 +7,7 @@ lives in :mod:`reachlimit.flask`.
 
 from ._cache import Entry, TTLCache
 from ._cancel import CancelToken, SocketWatch, watch_client
-from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
+from ._errors import Busy, Cancelled, LeaderFailed, ReachLimitError, Unavailable
 from ._flight import SingleFlight
 from ._limiter import ColdLimiter, Grant, LimiterStats
 from ._path import (
@@ -48,5 +48,6 @@ __all__ = [
     "SingleFlight",
     "SocketWatch",
     "TTLCache",
+    "Unavailable",
     "watch_client",
 ]

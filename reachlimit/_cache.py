@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["TTLCache", "Entry", "lookup_in", "put_into"]
+__all__ = ["TTLCache", "Entry", "lookup_in", "put_into", "forget_in"]
 
 V = TypeVar("V")
 
@@ -134,6 +134,12 @@ class TTLCache(Generic[V]):
                 self._evict(now)
             self._data[key] = (fresh_until, value, fresh_until + self.stale, build_time)
 
+    def forget(self, key: Hashable) -> bool:
+        """Drop ``key``'s entry, fresh or stale; True if there was one (an expired entry
+        that was still held counts: it was there until now)."""
+        with self._lock:
+            return self._data.pop(key, None) is not None
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
@@ -179,3 +185,15 @@ def put_into(cache: Any, key: Hashable, value: Any, build_time: float) -> None:
         put(key, value, build_time)
     else:
         cache.set(key, value)
+
+
+def forget_in(cache: Any, key: Hashable) -> bool:
+    """``cache.forget(key)``: True if an entry was dropped. A cache without ``forget`` (a
+    plain ``get``/``set`` cache) cannot drop one key: ``TypeError`` naming its type, so the
+    caller is never told a key is gone that is not."""
+    forget = getattr(cache, "forget", None)
+    if forget is None:
+        raise TypeError(
+            f"{type(cache).__name__} has no forget(key): this cache cannot drop one key"
+        )
+    return bool(forget(key))

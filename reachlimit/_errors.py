@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._attrs import arg
 
-__all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed"]
+__all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed", "Unavailable"]
 
 
 class ReachLimitError(Exception):
@@ -62,3 +62,17 @@ class LeaderFailed(ReachLimitError):
 
     def __str__(self) -> str:
         return f"the leader's build failed: {self.type_name}: {self.message}"
+
+
+class Unavailable(ReachLimitError):
+    """A shared-cache operation asked for explicitly (``clear_cache()``, ``forget()``) could
+    not reach the shared backend: nothing is known to be done there. ``where`` is the
+    backend's address with any password masked; ``reason`` says what failed (scrubbed of
+    secrets too). Never raised on a request's path: there Redis failing is a degraded mode."""
+
+    args: tuple[str, str]
+    where: str = arg(0)
+    reason: str = arg(1)
+
+    def __str__(self) -> str:
+        return f"the shared cache at {self.where} cannot be reached: {self.reason}"

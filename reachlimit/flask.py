@@ -74,6 +74,7 @@ from ._budgets import (
     metrics_group,
     service_stats,
 )
+from ._cache import forget_in
 from ._cached import cached_view
 from ._cancel import watch_client
 
@@ -393,6 +394,10 @@ class ReachLimit:
     def clear_cache(self) -> None:
         """Empty the current app's default warm cache (when it can be emptied)."""
         self._handles[DEFAULT_BUDGET].clear_cache()
+
+    def _forget(self, state: BudgetState, key: Hashable) -> bool:
+        """Drop ``key`` from budget ``state``'s warm cache; True if it was there."""
+        return forget_in(state.path.cache, key)
 
     def health_view(self) -> Response:
         """A view function: ``{"status": "ok", "reach": {<the default budget's figures>},
