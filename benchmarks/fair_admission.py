@@ -78,6 +78,7 @@ from typing import Any
 
 import _common
 import _http
+import plots
 from _common import fmt, ms, open_loop, pct
 from _http import Sample, status_counts
 
@@ -563,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     a_("--timeout", type=float, default=30.0, help="client socket timeout in s (default 30)")
     a_("--setups", default=",".join(SETUPS), help=f"subset of {','.join(SETUPS)}")
     a_("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    plots.add_option(p)
     a = p.parse_args(argv)
     cfg = Config(
         build_s=a.build_ms / 1000,
@@ -650,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         "all_met": all(all(r["met"].values()) for r in results),
         "elapsed_s": time.perf_counter() - started,
     }
+    if a.plot is not None:
+        plots.fair_admission(report, a.plot)
     return _http.finish(report, a.json, render)
 
 

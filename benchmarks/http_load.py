@@ -61,6 +61,7 @@ from typing import Any
 
 import _common
 import _http
+import plots
 from _common import fmt, ms, open_loop, pct
 from _http import Sample, cold_figures, fetch, get_json, version_of, warm_figures
 
@@ -523,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         p, "--timeout", float, "socket timeout of every client request in s (default 30, quick 10)"
     )
     _common.add_selection(p, POLICIES, SCENARIOS)
+    plots.add_option(p)
     a = p.parse_args(argv)
     q = a.quick
     build_s = (a.build_ms if a.build_ms is not None else (20.0 if q else 200.0)) / 1000
@@ -583,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         "holders": [g["policy"] for g in goals if g["all"]],
         "elapsed_s": time.perf_counter() - started,
     }
+    if a.plot is not None:
+        plots.http_load(report, a.plot)
     print(json.dumps(report, indent=2) if a.json else render(report))
     return 0
 

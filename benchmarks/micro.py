@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import _common
+import plots
 from _common import machine
 
 from reachlimit import Busy, ColdLimiter
@@ -458,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         help="refusals in the allocation check (default 50000)",
     )
     _common.optional(p, "--repeats", int, "repeats of the allocation check (default 3, quick 1)")
+    plots.add_option(p)
     args = p.parse_args(argv)
     if args.number is None:
         args.number = 5_000 if args.quick else 20_000
@@ -468,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.number < 1 or args.rounds < 1 or args.refusals < 1 or args.repeats < 1:
         p.error("--number, --rounds, --refusals and --repeats must be >= 1")
     report = run(args)
+    if args.plot is not None:
+        plots.micro(report, args.plot)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 

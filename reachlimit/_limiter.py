@@ -113,7 +113,11 @@ class _Waiter:
 
 class ColdLimiter(LimiterFigures):
     """At most ``active`` builds at once; at most ``queue`` leaders waiting, each at most
-    ``wait`` seconds, promoted first-in first-out.
+    ``wait`` seconds, shared fairly between clients (``acquire(client=...)``): first-in
+    first-out within a client, freed slots round-robin across the waiting clients, and a full
+    queue displaces the newest waiter of the client holding most places when that client holds
+    at least two more than the newcomer's. With one client (``None`` for everyone) it is a
+    strict first-in first-out queue.
 
     ``retry_after`` is the whole number of seconds put on every :class:`Busy`. ``clock`` is
     a monotonic clock in seconds, read only by callers that really wait.

@@ -21,7 +21,7 @@ The hooks compose: a config with a hook of its own calls ours from it::
         reachlimit_hooks.child_exit(server, worker)
         ...  # the app's own clean-up
 
-design:
+design::
 
     prepare()    the master, while gunicorn reads the config file. Once per master: gunicorn
                  reads the file again on SIGHUP (same PID) and must then keep what the running

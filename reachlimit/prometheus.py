@@ -4,7 +4,7 @@ Needs ``prometheus_client`` (``pip install 'reachlimit[prometheus]'``). Only the
 extension imports this module, and only when metrics are turned on, so the core stays
 standard-library only and an app without metrics pays nothing.
 
-design (every family is labelled ``budget``: one value per budget of the app, so bounded):
+design (every family is labelled ``budget``: one value per budget of the app, so bounded)::
 
     figure                                  counted where
     reachlimit_admissions_total{result}     MeteredLimiter.acquire: one event per call -
@@ -21,7 +21,7 @@ design (every family is labelled ``budget``: one value per budget of the app, so
 One app's budgets are one :class:`MetricsGroup`: one set of families (made on first use), one
 registry, one scrape; each budget's :class:`ReachMetrics` writes its own children.
 
-Two modes; prometheus_client picks one when it is first imported:
+Two modes; prometheus_client picks one when it is first imported::
 
     one process (``PROMETHEUS_MULTIPROC_DIR`` unset): counters and histograms live in this
         object's own registry; the gauges and the path's counters are read when scraped.

@@ -7,10 +7,13 @@ themselves compare against baselines timed in the same run.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.bench_scripts import run_json, run_script
 
 POLICIES = ["none", "pool(2)", "timed-sem", "refuse@2", "reachlimit"]
@@ -38,9 +41,17 @@ def test_help(name: str) -> None:
     assert "--quick" in proc.stdout and "--json" in proc.stdout
 
 
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.timeout(120)
-def test_micro_quick_json() -> None:
-    report = run_json("micro.py")
+def test_micro_quick_json(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "micro.png"
+    report = run_json("micro.py", "--plot", str(figure))
+    # --plot drew the report, and stamped it with the date it was drawn on.
+    assert figure.read_bytes().startswith(PNG)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", report["date"])
     results = report["results"]
     for key in ("fast_path", "refusal_gate", "refusal_queue0", "flask_refusal"):
         row = results[key]
@@ -61,6 +72,20 @@ def test_micro_quick_json() -> None:
     assert len(report["goals"]) == 6
     assert all(isinstance(g["met"], bool) for g in report["goals"])
 
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["micro", "http_load", "fair_admission"])
+def test_plots_draws_the_reports_of_docs_benchmarks_again(kind: str, tmp_path: Path) -> None:
+    """The figures of docs/benchmarks.md are drawn again from the reports saved beside them,
+    as the page says; a report missing a field the figure needs fails here."""
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / f"{kind}.png"
+    saved = ROOT / "docs" / "_static" / "bench" / f"{kind}.json"
+    proc = run_script("plots.py", kind, str(saved), str(figure), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert figure.read_bytes().startswith(PNG)
+    assert (ROOT / "docs" / "_static" / "bench" / f"{kind}.png").read_bytes().startswith(PNG)
 
 
 @pytest.mark.timeout(120)

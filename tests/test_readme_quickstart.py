@@ -3,8 +3,10 @@
 The Quick start's code block is executed as a module and its app answered through Flask's
 test client; the Testing-your-app block is executed the same way and its test functions are
 called (twice: the module's one ``ReachLimit`` serves a new app each time, as in a real
-suite). The relative links of README.md and webapp/README.md must name files that exist
-and, for a Markdown file, one of its headings.
+suite). The README's configuration table names every key the extension reads. The relative
+links of README.md, webapp/README.md and every page of docs/ must name files that exist
+and, for a Markdown file, one of its headings (the anchors a git host and MyST both give).
+The docs' own examples run as doctests in the Sphinx build (.ci/run).
 """
 
 from __future__ import annotations
@@ -13,22 +15,21 @@ import re
 import sys
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
+from tests.support.readme import README, code_block
+
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-
-
-def code_block(text: str, heading: str) -> str:
-    """The first ```python block after the line ``heading`` (a whole heading line)."""
-    match = re.search(rf"^{re.escape(heading)}\n(.*?)^```python\n(.*?)^```$", text,
-                      re.MULTILINE | re.DOTALL)
-    assert match, f"README.md has no ```python block under {heading!r}"
-    return match.group(2)
+#: Every Markdown document whose links are checked, relative to the repository root.
+DOCUMENTS = sorted(
+    str(p.relative_to(ROOT))
+    for p in [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "webapp" / "README.md",
+              *(ROOT / "docs").rglob("*.md")]
+    if "_build" not in p.parts
+)
 
 
 def run_as_module(source: str, name: str) -> Iterator[types.ModuleType]:
@@ -112,7 +113,20 @@ def anchors(markdown: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("document", ["README.md", "webapp/README.md"])
+def test_the_configuration_table_has_every_key_the_extension_reads() -> None:
+    from reachlimit.flask import CONFIG_KEYS
+
+    text = README.read_text()
+    section = text[text.index("## Configuration"):text.index("## Running under gunicorn")]
+    rows = set(re.findall(r"^\| `(REACHLIMIT_[A-Z_]+)` \|", section, re.MULTILINE))
+    assert rows == set(CONFIG_KEYS)
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.read_text().splitlines()) <= 320  # the rest is in docs/
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
 def test_relative_links_name_files_and_headings_that_exist(document: str) -> None:
     path = ROOT / document
     text = path.read_text()

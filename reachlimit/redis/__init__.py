@@ -5,7 +5,7 @@ in-process objects of the core as the fallback while Redis is unavailable.
 Needs redis-py (``pip install 'reachlimit[redis]'``); the core never imports this package.
 
 design: one module per job, each opening with its own design note; who imports whom (no
-cycle: each imports only those above it and the core):
+cycle: each imports only those above it and the core)::
 
     _common      names and their checks, key encoding and client ids, owner ids, socket
                  timeout, a warning logged once
