@@ -1,8 +1,10 @@
 """reachlimit: admission control for one expensive endpoint of a threaded WSGI service.
 
 Warm-cache bypass, same-key singleflight, a cache recheck, then a cold limiter with a bounded
-FIFO queue and a bounded wait. The core imports only the standard library; the Flask extension
-lives in :mod:`reachlimit.flask`.
+wait and a bounded queue shared fairly between clients: first-in first-out within a client,
+round-robin across clients, and a full queue displaces the greediest client's newest waiter
+(with one client, a strict first-in first-out queue). The core imports only the standard
+library; the Flask extension lives in :mod:`reachlimit.flask`.
 """
 
 from ._cache import Entry, TTLCache
@@ -23,7 +25,7 @@ from ._path import (
 )
 from ._refresh import Refresher
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "NOT_FOUND",
