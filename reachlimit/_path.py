@@ -23,36 +23,49 @@ end of its TTL is refreshed early with a probability that rises as the end nears
 how long the entry took to build (XFetch, Vattani et al., VLDB 2015, beta 1). A refresh goes
 through the singleflight and the limiter like a cold request, as a client of its own
 (:data:`REFRESH_CLIENT`), and rechecks first: an entry fresher than the one that asked for it
-means somebody else refreshed it. A refresh that is refused or fails leaves the stale entry
-as it is (stale-if-error); it is logged once per key until the key is built again.
+means somebody else refreshed it. A refresh whose build finds nothing (``NOT_FOUND`` or
+None) removes the entry from the cache, every level of it (``forget``), so the next request
+is a cold miss that builds afresh. A refresh that is refused or fails leaves the stale entry
+as it is (stale-if-error); it is logged once per key until the key is built again. Either
+way, and after finding nothing, the key is not refreshed again for a backoff
+(:attr:`ColdPath.refresh_backoff`, on the path's ``clock``; the keys are remembered in a
+bounded :class:`~reachlimit._refresh.RefreshBackoff`): its stale hits meanwhile are answered
+and hand nothing to the refresher. A key built again ends its backoff.
 
-``_lock`` guards only the counters; no cache, build or limiter call is made under it.
+``_lock`` guards only the counters and the refresher; no cache, build or limiter call is made
+under it. In the child of a fork it is replaced (``reachlimit._fork``), as the refresher's
+own lock is.
 The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
 protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, fields
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
-from ._cache import Entry, TTLCache, lookup_in, put_into
+from ._cache import Entry, TTLCache, forget_in, lookup_in, put_into
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._flight import SingleFlight
+from ._fork import reset_after_fork
 from ._grant import HasFigures
 from ._limiter import Grant, LimiterStats
-from ._refresh import Episodes, Refresher
+from ._refresh import RefreshBackoff, Refresher
 
 __all__ = [
     "ColdPath", "ColdPathStats", "NOT_FOUND", "LEADER_CANCELLED", "Cache", "Flight", "Limiter",
     "PathCounts", "Answer", "RevalidatingCache", "REFRESH_CLIENT",
 ]
+
+log = logging.getLogger("reachlimit")
 
 
 class _NotFound:
@@ -179,8 +192,8 @@ class PathCounts(NamedTuple):
     """A consistent snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`):
     the answers (``hits``, ``misses``, ``stale``), the ``builds`` run (refreshes included),
     the followers ``coalesced``, and the refreshes ended ``refreshed`` (a value stored or
-    found), ``refresh_refused`` (the limiter said no) and ``refresh_failed`` (the build
-    raised)."""
+    found, or the entry removed because the build found nothing), ``refresh_refused`` (the
+    limiter said no) and ``refresh_failed`` (the build raised)."""
 
     hits: int
     misses: int
@@ -224,7 +237,14 @@ class ColdPath:
 
     ``refresher``: the threads that run refreshes (default: one of the limiter's ``active``
     threads, made on the first refresh); ``random``: the early-refresh draw's source (a
-    callable answering a float in [0, 1), for tests). :meth:`close` stops the refresher."""
+    callable answering a float in [0, 1), for tests); ``clock``: the monotonic clock of the
+    refreshes' backoff (for tests: the cache's; also the attribute ``clock``). :meth:`close`
+    stops the refresher."""
+
+    #: The longest backoff of a refresh that ended without a value (refused, failed, found
+    #: nothing), in seconds: a cache with a TTL of an hour still has its key tried again
+    #: every minute while its stale answers last.
+    REFRESH_BACKOFF_CAP = 60.0
 
     def __init__(
         self,
@@ -234,12 +254,15 @@ class ColdPath:
         *,
         refresher: Refresher | None = None,
         random: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
         self.flight: Flight = flight if flight is not None else SingleFlight()
         self._random = random
-        self._refresher = refresher
+        self._refresher = refresher  # guarded by _lock
+        #: The monotonic clock of the refreshes' backoff (a test gives its cache's).
+        self.clock = clock
         #: Applied to a build before a refresh runs it on a refresher thread (the Flask
         #: extension gives it an app context there); None: run as it is.
         self.refresh_wrapper: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
@@ -251,7 +274,14 @@ class ColdPath:
         self._stale = 0  # guarded by _lock
         # guarded by _lock: refreshes ended with a value, refused, failed
         self._refreshes = [0, 0, 0]
-        self._episodes = Episodes()  # failing refreshes, logged once per key and episode
+        # Refreshes ended without a value: backed off, logged once per key and episode.
+        self._backoff = RefreshBackoff()
+        self._cannot_forget_logged = False  # racy: logged once per path
+        reset_after_fork(self, ColdPath._forked)
+
+    def _forked(self) -> None:
+        """In the child of a fork (``reachlimit._fork``): a new lock, the counters kept."""
+        self._lock = threading.Lock()
 
     @property
     def stale_window(self) -> float:
@@ -405,13 +435,28 @@ class ColdPath:
             took = perf_counter() - started
         if value is not None and value is not NOT_FOUND:
             put_into(self.cache, key, value, took)
-            self._episodes.ended(key)
+            self._backoff.ended(key)
         return value
 
     # -- refreshes --------------------------------------------------------------------
 
+    @property
+    def refresh_backoff(self) -> float:
+        """How long, in seconds, a key whose refresh ended without a value (refused, failed,
+        found nothing) is not refreshed again: the cache's ``ttl`` (as often as the entry
+        would be built without a stale window), at most :attr:`REFRESH_BACKOFF_CAP`; the cap
+        for a cache that does not say its TTL."""
+        ttl = getattr(self.cache, "ttl", None)
+        cap = self.REFRESH_BACKOFF_CAP
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            return cap
+        return min(float(ttl), cap)
+
     def _refresh(self, key: Hashable, build: Callable[[], Any], fresh_for: float) -> None:
-        """Hand a refresh of ``key`` (seen with ``fresh_for`` left) to the refresher."""
+        """Hand a refresh of ``key`` (seen with ``fresh_for`` left) to the refresher, unless
+        the key is within a backoff."""
+        if self._backoff and not self._backoff.allows(key, self.clock()):
+            return
         if self.refresh_wrapper is not None:
             build = self.refresh_wrapper(build)
         self.refresher.submit(key, lambda: self._run_refresh(key, build, fresh_for))
@@ -426,18 +471,53 @@ class ColdPath:
             return self._lead(key, build, None, REFRESH_CLIENT)
 
         try:
-            self.flight.do(key, lead)
+            value, _ = self.flight.do(key, lead)
         except Busy as busy:
-            self._refresh_ended(key, 1, f"refused ({busy.reason})")
+            self._refresh_ended(key, _REFUSED, f"refused ({busy.reason})")
         except Exception as exc:
-            self._refresh_ended(key, 2, f"failed: {type(exc).__name__}: {exc}")
+            self._refresh_ended(key, _FAILED, f"failed: {type(exc).__name__}: {exc}")
         else:
-            self._refresh_ended(key, 0, "")
+            if value is None or value is NOT_FOUND:
+                # Whether this refresh built it or shared a build that did (in this process
+                # or another): the thing is gone, so is its entry, in every level.
+                self._refresh_found_nothing(key)
+            elif value is not LEADER_CANCELLED:
+                self._refresh_ended(key, _DONE, None)
+            # else: it followed a request whose client left, so nothing was built and
+            # nothing is counted; the next stale hit asks again.
 
-    def _refresh_ended(self, key: Hashable, outcome: int, why: str) -> None:
+    def _refresh_found_nothing(self, key: Hashable) -> None:
+        """A refresh's build found nothing: drop ``key``'s entry so that the next request
+        builds afresh (a cold miss); back off, in case some of it could not be dropped."""
+        try:
+            forget_in(self.cache, key)
+        except Exception as exc:
+            if not (isinstance(exc, TypeError) and getattr(self.cache, "forget", None) is None):
+                self._refresh_ended(
+                    key, _FAILED,
+                    f"found nothing, and its entry could not be removed: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+                return
+            if not self._cannot_forget_logged:
+                self._cannot_forget_logged = True
+                log.warning(
+                    "reachlimit: the refresh of %r found nothing, but %s; its stale entry is "
+                    "served until its stale window ends (logged once for this cache)", key, exc,
+                )
+        self._refresh_ended(key, _GONE, None)
+
+    def _refresh_ended(self, key: Hashable, outcome: int, why: str | None) -> None:
+        """Count a refresh's ``outcome``; one that stored no value (``why``: its failure, or
+        None when it found nothing) holds the key back for :attr:`refresh_backoff`."""
         with self._lock:
-            self._refreshes[outcome] += 1
-        if outcome == 0:
-            self._episodes.ended(key)
+            self._refreshes[0 if outcome == _GONE else outcome] += 1
+        if outcome == _DONE:
+            self._backoff.ended(key)
         else:
-            self._episodes.failed(key, why)
+            self._backoff.hold(key, self.clock() + self.refresh_backoff, why)
+
+
+#: ``_refresh_ended``'s outcomes: the indexes of ``ColdPath._refreshes``, and _GONE (a build
+#: that found nothing: counted as refreshed, and held back).
+_DONE, _REFUSED, _FAILED, _GONE = 0, 1, 2, 3

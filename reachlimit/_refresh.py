@@ -10,11 +10,15 @@ design:
 
     Threads are started on the first submit, one more whenever a job waits and no thread
     is idle, up to ``threads`` (ColdPath gives its limiter's ``active``: a refresh holds a
-    build slot while it builds, so more threads than slots would only wait), and again in
-    a process forked since (threads do not survive a fork). They stay, idle on one
-    condition, until :meth:`Refresher.close`. At most ``max_pending`` jobs wait; more are
-    dropped (counted in ``dropped``): the entries they were for stay stale and are asked
-    for again by the next reader.
+    build slot while it builds, so more threads than slots would only wait). They stay,
+    idle on one condition, until :meth:`Refresher.close`. At most ``max_pending`` jobs
+    wait; more are dropped (counted in ``dropped``): the entries they were for stay stale
+    and are asked for again by the next reader.
+
+    After a fork (``reachlimit._fork``) the child has none of the threads: it gets a new
+    condition (the old one's lock may have been held by a thread that is gone), no
+    threads, no idle count and no jobs, waiting or running (the parent's to run); its next
+    submit starts a thread, as in a new process.
 
     ``_cond`` guards the jobs, the running keys, the threads and the flags; no job runs
     under it. A job's own exceptions are its business (ColdPath's jobs catch everything);
@@ -27,7 +31,9 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 
-__all__ = ["Refresher", "Episodes"]
+from ._fork import reset_after_fork
+
+__all__ = ["Refresher", "RefreshBackoff"]
 
 log = logging.getLogger("reachlimit")
 
@@ -53,6 +59,7 @@ class Refresher:
         self._closed = False  # guarded by _cond
         #: Jobs not queued because ``max_pending`` were waiting (racy read).
         self.dropped = 0
+        reset_after_fork(self, Refresher._forked)
 
     def submit(self, key: Hashable, job: Callable[[], None]) -> bool:
         """Run ``job`` soon on a refresher thread, unless a job for ``key`` waits or runs
@@ -90,8 +97,16 @@ class Refresher:
             if thread is not threading.current_thread():
                 thread.join(timeout)
 
+    def _forked(self) -> None:
+        """In the child of a fork, its one thread running (module design): start afresh."""
+        self._cond = threading.Condition(threading.Lock())
+        self._pending = {}
+        self._running = set()
+        self._workers = []
+        self._idle = 0
+
     def _start_locked(self) -> None:
-        self._workers = [t for t in self._workers if t.is_alive()]  # a fork leaves none
+        self._workers = [t for t in self._workers if t.is_alive()]
         if len(self._workers) >= self.threads:
             return
         thread = threading.Thread(
@@ -121,34 +136,61 @@ class Refresher:
                     self._running.discard(key)
 
 
-class Episodes:
-    """The keys whose refresh was refused or failed and that were not built since, so that a
-    failing refresh is logged once per key and episode, not once per try. At most ``LIMIT``
-    keys are remembered (the oldest episode is forgotten first)."""
+class RefreshBackoff:
+    """The keys whose last refresh ended without a value (refused, failed, or found nothing)
+    and that were not built since: until when each is not refreshed again, and whether its
+    episode of failures was logged, so that a failing refresh is tried once per backoff and
+    logged once per key and episode, not once per stale hit.
+
+    Times are the caller's clock's (ColdPath's ``clock``, monotonic). At most ``LIMIT`` keys
+    are remembered, the one that ended longest ago forgotten first (forgotten, a key is at
+    worst refreshed and logged once more). ``_lock`` guards the dictionary; ``__bool__``
+    reads it without the lock, so that the common case, no key held back, costs neither the
+    lock nor the clock.
+    """
 
     LIMIT = 1024
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._failing: dict[Hashable, None] = {}  # guarded by _lock
+        # guarded by _lock: key -> (its episode logged, not refreshed before this time)
+        self._keys: dict[Hashable, tuple[bool, float]] = {}
+        reset_after_fork(self, RefreshBackoff._forked)
 
-    def failed(self, key: Hashable, why: str) -> None:
-        """A refresh of ``key`` ended without a value (``why``): logged if it is the first of
-        its episode."""
+    def __bool__(self) -> bool:
+        """Racy read: whether any key is remembered."""
+        return bool(self._keys)
+
+    def allows(self, key: Hashable, now: float) -> bool:
+        """Whether a refresh of ``key`` may be asked for at ``now`` (no backoff of it then)."""
         with self._lock:
-            first = key not in self._failing
-            if first:
-                if len(self._failing) >= self.LIMIT:
-                    del self._failing[next(iter(self._failing))]
-                self._failing[key] = None
+            held = self._keys.get(key)
+        return held is None or now >= held[1]
+
+    def hold(self, key: Hashable, until: float, why: str | None) -> None:
+        """A refresh of ``key`` ended without a value: none is asked for before ``until``.
+        ``why`` (a failure: refused or failed) is logged if it is the first of its episode;
+        None (the build found nothing) is not."""
+        with self._lock:
+            was = self._keys.pop(key, None)  # put back at the end: the newest
+            logged = was is not None and was[0]
+            first = why is not None and not logged
+            if was is None and len(self._keys) >= self.LIMIT:
+                del self._keys[next(iter(self._keys))]
+            self._keys[key] = (logged or first, until)
         if first:
             log.warning(
                 "reachlimit: the refresh of %r was %s; its stale entry is served until its "
-                "stale window ends (logged once until it is built again)", key, why,
+                "stale window ends and not refreshed again for a backoff (logged once until "
+                "it is built again)", key, why,
             )
 
     def ended(self, key: Hashable) -> None:
-        """``key`` was built: its next failure starts a new episode."""
-        if self._failing:  # racy read, on purpose: the common case costs no lock
+        """``key`` was built: no backoff, and its next failure starts a new episode."""
+        if self._keys:  # racy read, on purpose: the common case costs no lock
             with self._lock:
-                self._failing.pop(key, None)
+                self._keys.pop(key, None)
+
+    def _forked(self) -> None:
+        """In the child of a fork (``reachlimit._fork``): a new lock, the keys kept."""
+        self._lock = threading.Lock()

@@ -59,6 +59,7 @@ class App:
 
         stale = self.path.cache.stale  # type: ignore[attr-defined]
         self.path.cache = TTLCache(64, 10.0, stale=stale, clock=clock)
+        self.path.clock = clock  # the refreshes' backoff, on the same clock
 
     @property
     def path(self) -> ColdPath:
@@ -158,10 +159,11 @@ def test_a_failing_refresh_never_reaches_a_client_and_is_logged_once(
     clock.now += 11.0
     a.fail = RuntimeError("database gone")
     with caplog.at_level(logging.WARNING, logger="reachlimit"):
-        for _ in range(3):
+        for _ in range(3):  # one try a backoff (the TTL, 10 s) after the other
             answer = a.get("/r/x")
             assert answer.status_code == 200 and answer.get_json()["n"] == 1
             a.settle("x")
+            clock.now += 10.0
     assert a.runs == 4
     assert len([r for r in caplog.records if "refresh of 'x'" in r.getMessage()]) == 1
 

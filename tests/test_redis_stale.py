@@ -109,16 +109,52 @@ def test_an_entry_written_without_a_build_time_still_decodes(client: CountingRed
     assert entry is not None and entry.value == {"v": 1} and entry.build_time == 0.0
     cache.put("b", b"raw", 1.5)
     stored = client.get(cache.key_of("b"))
-    assert stored is not None and stored.startswith(b"t1500;b")
+    assert stored is not None and stored.startswith(b"t1500,30000;b")  # build time, window
     cache.local.clear()
     assert cache.lookup("b") == (b"raw", pytest.approx(TTL, abs=1.0), 1.5)
+    # An older version's header (no window in it): read with this process's window.
+    client.set(cache.key_of("old"), b"t250;" + data, px=int((TTL + STALE) * 1000))
+    entry = cache.lookup("old")
+    assert entry is not None and entry.value == {"v": 1} and entry.build_time == 0.25
+    assert entry.fresh_for == pytest.approx(TTL, abs=1.0)
 
 
-def test_processes_that_disagree_on_the_stale_window_are_told(client: CountingRedis) -> None:
-    stale_cache(client).set("k", 1)
-    other = stale_cache(client, stale=5.0)
-    with pytest.raises(ValueError, match="stale_ms is 5000 here but 30000"):
-        other.get("k")
+def test_the_stale_window_of_the_newest_start_is_the_caches_and_each_entry_carries_its_own(
+    client: CountingRedis,
+) -> None:
+    """Processes that disagree on the window: no error, the newest start's window (in
+    Redis) decides an entry's life, and every reader takes the window the entry was set
+    with, whatever its own."""
+    first = stale_cache(client)
+    first.set("k", 1)
+    newest = stale_cache(client, stale=5.0)
+    assert newest.get("k") == 1  # no error: it records its window and reads the entry
+    first.put("a", "set by the first", 0.0)  # the cache's window now: 5 s
+    assert (TTL + 5.0) * 1000 - 1000 < client.pttl(first.key_of("a")) <= (TTL + 5.0) * 1000
+    age(client, first, "a", 6000)  # past 5 s of stale window: fresh for 1 s more
+    entry = first.lookup("a")  # a reader whose own window is 30 s
+    assert entry is not None and entry.fresh_for == pytest.approx(1.0, abs=0.5)
+    age(client, first, "a", 4000)  # within the entry's window: stale for the first too
+    entry = first.lookup("a")
+    assert entry is not None and entry.fresh_for < 0
+
+
+def test_a_process_without_a_window_never_takes_a_stale_entry_for_fresh(
+    client: CountingRedis,
+) -> None:
+    """A deploy that turned the window on, not yet everywhere: a process of the old
+    settings (no window of its own) asks an entry set with a window its PTTL, and takes one
+    past its freshness for a miss."""
+    windowed = stale_cache(client)
+    plain = RedisCache(client, "st", ttl=TTL, codec="auto")
+    plain.set("k", "fresh")  # its start: no window in Redis for a moment
+    windowed.put("k", "fresh", 0.0)  # the newest start: a 30 s window, written in the entry
+    assert plain.fetch("k") == "fresh"
+    age(client, plain, "k", 20_000)  # within its window: stale
+    assert plain.fetch("k") is None
+    assert plain.get("k") is None  # not held in the first level either
+    age(client, plain, "k", 31_000)
+    assert plain.get("k") == "fresh"
 
 
 def test_a_bad_stale_window_is_a_value_error(client: CountingRedis) -> None:
@@ -150,7 +186,8 @@ def test_the_resilient_cache_looks_up_and_puts_in_the_fallback_while_redis_is_do
 
 
 class Process:
-    """One process's objects on the shared Redis: cache, flight, limiter and path."""
+    """One process's objects on the shared Redis: cache, flight, limiter and path (the
+    path's refresh backoff on a clock of the test's)."""
 
     def __init__(self, make_client: Callable[..., CountingRedis], active: int = 2,
                  queue: int = 8) -> None:
@@ -158,7 +195,8 @@ class Process:
         self.cache = stale_cache(self.client)
         self.flight = RedisSingleFlight(self.client, "st", codec="auto")
         self.limiter = RedisColdLimiter(self.client, "st", active, queue, wait=1.0)
-        self.path = ColdPath(self.limiter, self.cache, self.flight)
+        self.clock = FakeClock()
+        self.path = ColdPath(self.limiter, self.cache, self.flight, clock=self.clock)
 
     def close(self) -> None:
         self.path.close(JOIN_TIMEOUT)
@@ -227,12 +265,14 @@ def test_a_refused_or_failing_refresh_leaves_the_stale_entry_served(
         def failing() -> str:
             raise RuntimeError("database gone")
 
+        one.clock.advance(TTL)  # each try a backoff (the TTL) after the last
         answer = one.path.fetch("k", failing)
         assert (answer.value, answer.status) == ("first", "stale")
         settle(one)
         assert one.path.counts().refresh_failed == 1
         one.cache.local.clear()
         assert one.cache.lookup("k") is not None  # still there, still stale
+        one.clock.advance(TTL)
         assert one.path.fetch("k", lambda: "second").status == "stale"
         settle(one)
         assert one.path.fetch("k", lambda: "never").value == "second"

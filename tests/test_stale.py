@@ -85,7 +85,9 @@ def make_path(
     draws: Callable[[], float] | None = None, active: int = 2, queue: int = 8,
 ) -> ColdPath:
     cache: TTLCache[Any] = TTLCache(16, ttl, stale=stale, clock=clock)
-    path = ColdPath(ColdLimiter(active, queue, wait=1.0), cache, random=draws or Draws(0.5))
+    path = ColdPath(
+        ColdLimiter(active, queue, wait=1.0), cache, random=draws or Draws(0.5), clock=clock
+    )
     paths.append(path)
     return path
 
@@ -192,14 +194,15 @@ def test_past_ttl_plus_stale_the_next_request_is_a_cold_miss(
 def test_a_refresh_that_raises_leaves_the_stale_entry_and_is_logged_once_per_episode(
     clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = stale_path(paths, clock, 11.0)
+    path = stale_path(paths, clock, 11.0, stale=60.0)
     failing = Builds()
     failing.error = RuntimeError("database down")
     with caplog.at_level(logging.WARNING, logger="reachlimit"):
-        for _ in range(3):  # three episodes' worth of tries, one after the other
+        for _ in range(3):  # three tries, one backoff (the TTL, 10 s) after the other
             answer = path.fetch("k", failing)
             assert (answer.value, answer.status) == ("v1", "stale")
             settle(path, "k")
+            clock.now += 10.0
     assert failing.runs == 3
     assert path.counts().refresh_failed == 3
     logged = [r for r in caplog.records if "refresh of 'k'" in r.getMessage()]
@@ -227,6 +230,7 @@ def test_a_refused_refresh_leaves_the_stale_entry_and_its_readers_unharmed(
         settle(path, "k")
         assert refresh.runs == 0
         assert path.counts().refresh_refused == 1
+        clock.now += 10.0  # the backoff (the TTL) over
         again = path.fetch("k", refresh)  # still answered, and asked to refresh again
         assert (again.value, again.status) == ("v1", "stale")
         settle(path, "k")

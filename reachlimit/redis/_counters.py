@@ -18,8 +18,11 @@ design:
 
     The thread is started by the first request the process serves (``ensure_running``), never
     at construction: under a preloading server (gunicorn ``preload_app``) the master builds the
-    app and forks, and a thread does not survive a fork. After a fork, the child starts its
-    own on its first request.
+    app and forks, and a thread does not survive a fork. After any fork (``reachlimit._fork``)
+    the child forgets the parent's thread and gets new locks (one may have been held at that
+    instant by a thread that is not there), and takes the counts it inherited as flushed:
+    what the parent had not flushed yet is the parent's to flush, so the child adds only what
+    it counts itself. Its first request starts its own thread.
 
     A flush that fails (Redis down) keeps its delta for the next one: nothing is lost while
     Redis is away, nothing is added twice (a pipeline that fails part-way is the one case that
@@ -31,11 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
-import weakref
 from typing import Any
 
+from .._fork import reset_after_fork
 from .._path import ColdPath, ColdPathStats, PathCounts
 from ._common import REDIS_ERRORS, Client
 
@@ -44,16 +46,6 @@ __all__ = ["SharedPathCounters"]
 log = logging.getLogger("reachlimit")
 
 _FIELDS = PathCounts._fields  # hits, misses, builds, coalesced, stale and the refreshes
-
-_instances: weakref.WeakSet[SharedPathCounters] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for counters in list(_instances):
-        counters._forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SharedPathCounters:
@@ -82,7 +74,7 @@ class SharedPathCounters:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        _instances.add(self)
+        reset_after_fork(self, SharedPathCounters._forked)
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -118,8 +110,14 @@ class SharedPathCounters:
                 log.exception("reachlimit: flushing the path counters failed")
 
     def _forked(self) -> None:
-        # In a child just forked: the parent's thread is not here, and its locks may have been
-        # taken at the moment of the fork.
+        """In a forked child (module design): no thread, new locks and a new stop flag (an
+        Event has a lock of its own), stopped if this object was; the counts inherited are
+        the parent's. (The path was made first, so its own lock was replaced already.)"""
+        self._flushed = self.local()
+        stopped = self._stop.is_set()
+        self._stop = threading.Event()
+        if stopped:
+            self._stop.set()
         self._thread = None
         self._start_lock = threading.Lock()
         self._flush_lock = threading.Lock()

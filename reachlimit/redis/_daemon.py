@@ -1,26 +1,43 @@
-"""The thread under the renewer and the waker: one daemon thread per object, on demand.
+"""The thread under the renewer, the waker and the probes: one daemon thread per object, on
+demand, started afresh in a forked child.
 
-Both keep one daemon thread per owning object, started by the first piece of work (and
-started again in a process forked since: threads do not survive a fork), sleeping on one
-condition, and stopped for good by ``close``. :class:`Daemon` is that part; a subclass
-writes its loop (``_run``), which must return once ``_closed`` is set.
+design:
+
+    Each keeps one daemon thread per owning object, started by the first piece of work,
+    sleeping on one condition, and stopped for good by ``close``. :class:`Daemon` is that
+    part; a subclass writes its loop (``_run``), which must return once ``_closed`` is set,
+    and reaches its lock and condition as ``self.lock`` and ``self._cond`` every time (never
+    a reference of its own: both are replaced after a fork).
+
+    After a fork (``reachlimit._fork``), in the child: the thread is not there and the lock
+    may have been held by it at that instant, so the child gets a new lock and condition and
+    no thread, and the subclass's ``_after_fork`` forgets what the thread was working on (the
+    parent's leases, its wake-up times...). The next piece of work starts a thread, as in a
+    new process; nothing on any other path checks for a fork. A closed object stays closed.
+
+    ``lock`` guards ``_closed``, ``_thread`` and whatever the subclass says it guards; the
+    condition is on it, notified by ``close`` and by the subclass's own work.
 """
 
 from __future__ import annotations
 
 import threading
 
+from .._fork import reset_after_fork
+
 __all__ = ["Daemon"]
 
 
 class Daemon:
-    """A daemon thread started on demand and stopped by :meth:`close` (module docstring)."""
+    """A daemon thread started on demand and stopped by :meth:`close` (module design)."""
 
-    def __init__(self, thread_name: str, cond: threading.Condition) -> None:
+    def __init__(self, thread_name: str) -> None:
         self._thread_name = thread_name
-        self._cond = cond
-        self._closed = False  # guarded by _cond
-        self._thread: threading.Thread | None = None  # guarded by _cond
+        self.lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
+        self._closed = False  # guarded by lock
+        self._thread: threading.Thread | None = None  # guarded by lock
+        reset_after_fork(self, Daemon._forked)
 
     @property
     def closed(self) -> bool:
@@ -33,9 +50,8 @@ class Daemon:
         return self._thread
 
     def _start_locked(self) -> None:
-        """Start the thread unless it runs (or the object is closed); under ``_cond``."""
+        """Start the thread unless it runs (or the object is closed); under ``lock``."""
         if not self._closed and (self._thread is None or not self._thread.is_alive()):
-            # None yet, or the process forked since: threads do not survive a fork.
             self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
             self._thread.start()
 
@@ -50,3 +66,14 @@ class Daemon:
 
     def _run(self) -> None:
         raise NotImplementedError
+
+    def _after_fork(self) -> None:
+        """In a forked child (the only thread there; no lock needed): forget what the
+        parent's thread was working on. Nothing to forget here."""
+
+    def _forked(self) -> None:
+        """In a forked child (module design): a new lock and condition, no thread."""
+        self.lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
+        self._thread = None
+        self._after_fork()

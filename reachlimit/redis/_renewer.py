@@ -4,19 +4,24 @@ design:
 
     An owner (a ``RedisColdLimiter``: its grants; a ``RedisSingleFlight``: the claims of the
     flights it leads) holds its leases here, by key. One daemon thread per owner, started with
-    the first lease held (and again in a process forked since: threads do not survive a
-    fork), wakes every ``interval`` seconds and hands every lease held to ``renew`` in one
-    call, outside the lock; ``renew`` answers the keys Redis no longer knows, and ``on_lost``
-    marks those still held (under the lock: it is the owner's own bookkeeping, never user
-    code). A lease is never revived: Redis decides what is still held.
+    the first lease held, wakes every ``interval`` seconds and hands every lease held to
+    ``renew`` in one call, outside the lock; ``renew`` answers the keys Redis no longer
+    knows, and ``on_lost`` marks those still held (under the lock: it is the owner's own
+    bookkeeping, never user code). A lease is never revived: Redis decides what is still
+    held.
 
     Idle: with nothing held the thread waits untimed until a lease is held (``hold`` notifies
     it) or ``close``. Once woken it waits a whole interval before it may go idle again, so an
     owner whose leases come and go wakes it at most once an interval, not on every hold.
 
+    After a fork (``_daemon``): the child holds none of the leases (their holders are the
+    parent's threads, and the parent renews them; a child renewing them would keep a dead
+    parent's slots alive), has a new lock and no thread; its first lease held starts one.
+
     ``lock`` guards the leases held, the closed and idle flags and the thread; an owner may
-    use it for state of its own that goes with its leases (a grant's ``held`` flag). No Redis
-    call is made under it. A renewal that fails (``redis.RedisError``) is logged, reported to
+    use it for state of its own that goes with its leases (a grant's ``held`` flag), reading
+    it as ``renewer.lock`` each time (it is replaced after a fork). No Redis call is made
+    under it. A renewal that fails (``redis.RedisError``) is logged, reported to
     ``on_error`` and tried again at the next interval; a lease it could not renew ends in
     Redis when its time is up.
 """
@@ -51,10 +56,9 @@ class LeaseRenewer(Daemon, Generic[T]):
         on_lost: Callable[[T], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self.lock = threading.Lock()
         # The condition is notified by close, and by a lease held while the thread is idle
         # (it found nothing held: then it waits untimed).
-        super().__init__(thread_name, threading.Condition(self.lock))
+        super().__init__(thread_name)
         self._interval = interval
         self._renew = renew
         self._what = what
@@ -86,6 +90,10 @@ class LeaseRenewer(Daemon, Generic[T]):
     def drop_locked(self, key: str) -> T | None:
         """:meth:`drop`, for a caller that holds :attr:`lock` already."""
         return self._held.pop(key, None)
+
+    def _after_fork(self) -> None:
+        self._held = {}  # the parent's holders' leases: the parent renews them
+        self._idle = False
 
     def _run(self) -> None:
         """The thread: every interval, renew every lease held in one call to ``renew``."""

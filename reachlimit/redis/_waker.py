@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import threading
 import time
 from typing import Any
 
@@ -21,9 +20,10 @@ class Waker(Daemon):
     on a busy server, but on a server with no other traffic at its next cron tick (every
     100 ms at the default ``hz 10``), so a 50 ms slice could last 100 ms. Any command makes
     the loop run, so a ``PING`` on another connection just after the slice's end makes the
-    ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait;
-    a ``PING`` that comes when the ``BLPOP`` has already ended is harmless. A failing
-    ``PING`` is ignored: the waiter then ends on Redis's tick, as it would without this.
+    ``BLPOP`` end then. One daemon thread per limiter object, started with the first wait
+    (afresh in a forked child: ``_daemon``); a ``PING`` that comes when the ``BLPOP`` has
+    already ended is harmless. A failing ``PING`` is ignored: the waiter then ends on
+    Redis's tick, as it would without this.
 
     On a Redis Cluster the nudge must reach the node the waiters block on, which a ``PING``
     would not (redis-py sends it to a node of its choice): given ``key`` (a key of the
@@ -35,10 +35,10 @@ class Waker(Daemon):
     NUDGES = (0.001, 0.005)
 
     def __init__(self, client: Any, key: str | None = None) -> None:
-        super().__init__("reachlimit-blpop-waker", threading.Condition(threading.Lock()))
+        super().__init__("reachlimit-blpop-waker")
         self._client = client
         self._key = key
-        self._due: list[float] = []  # guarded by _cond: a heap of monotonic times
+        self._due: list[float] = []  # guarded by lock: a heap of monotonic times
 
     def wake_at(self, end: float) -> None:
         """A ``BLPOP`` sent now times out at ``end`` (monotonic): nudge Redis just after."""
@@ -51,6 +51,9 @@ class Waker(Daemon):
             if self._due[0] < earliest:
                 self._cond.notify()  # a running thread sleeps until a later time
             self._start_locked()
+
+    def _after_fork(self) -> None:
+        self._due = []  # the parent's waiters' times: none of them is here
 
     def _run(self) -> None:
         while True:
