@@ -7,6 +7,7 @@ design:
       shared_path(settings, meter, budget, links) -> SharedPath
         keys     {<prefix>:<redis_name(budget)>}: the budget's own; the default keeps "cold"
         links    RedisLinks: the app's one client and one health per URL, for every budget
+                 (the health probes Redis on that client while it is down)
         limiter  ResilientLimiter(RedisColdLimiter, ColdLimiter, health, redis_fallback)
         cache    ResilientCache(RedisCache, TTLCache, health)       _shared_cache_and_flight
         flight   ResilientFlight(RedisSingleFlight, SingleFlight, health)
@@ -86,7 +87,9 @@ def _redis_module() -> Any:
 
 class RedisLinks:
     """One app's connections: one client and one health (the breaker every fallback shares)
-    per Redis URL, whatever the number of budgets on it. No connection is opened here."""
+    per Redis URL, whatever the number of budgets on it. The health probes Redis on that
+    client while it is down (its thread starts with the first failure, so never in a
+    process that has not used Redis). No connection is opened here."""
 
     def __init__(self) -> None:
         self._links: dict[str, tuple[Any, RedisHealth]] = {}
@@ -95,12 +98,15 @@ class RedisLinks:
         link = self._links.get(url)
         if link is None:
             module = _redis_module()
-            link = self._links[url] = (module.connect(url), module.RedisHealth(url))
+            client = module.connect(url)
+            link = self._links[url] = (client, module.RedisHealth(url, client=client))
         return link
 
     def close(self) -> None:
+        """Stop each health's probe thread, then close its client (which the probe uses)."""
         links, self._links = self._links, {}
-        for client, _ in links.values():
+        for client, health in links.values():
+            health.close()
             client.close()
 
 
@@ -148,7 +154,7 @@ def shared_path(
     # Counters first: their last flush needs the client, which closes last.
     closers = [counters.close, limiter.close, cast(Any, flight).close]
     if own:
-        closers.append(client.close)
+        closers += [health.close, client.close]
     return SharedPath(path, metrics, health, counters, closers)
 
 

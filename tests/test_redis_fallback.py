@@ -122,7 +122,8 @@ def test_a_password_with_an_unencoded_slash_is_in_no_error_of_the_extension() ->
     assert url_secrets("redis://:s3cr/et+pw==@h:1/0") == ["s3cr/et+pw=="]
 
 
-# -- the health tracker ----------------------------------------------------------------------
+# -- the health tracker, with request probes (a health given no client: nothing to probe with;
+# the probe thread of a health given one is tests/test_redis_recovery.py's) -----------------
 
 
 def test_health_backoff_doubles_to_the_cap_with_one_probe_and_logs_once_each_way(

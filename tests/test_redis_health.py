@@ -38,8 +38,8 @@ def test_the_first_health_answer_after_redis_died_agrees_with_itself(
     assert health["redis"]["up"] is False, health["redis"]
     assert health["redis"]["outages"] == 1
     restart_if_stopped(live_redis)
-    # The figures probe Redis once its backoff has passed; until then they are the
-    # fallback's, and the health says so too.
+    # The health's probe thread finds Redis back after its backoff; until then the figures
+    # are the fallback's, and the health says so too.
     def back() -> bool:
         health = client.get("/health").get_json()
         assert health["reach"]["degraded"] is (not health["redis"]["up"]), health

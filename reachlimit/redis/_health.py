@@ -26,13 +26,39 @@ design:
     call goes to Redis. A call that fails with a connection problem (any ``redis.RedisError``
     or ``OSError``: refused, reset, timed out, a server still loading) marks it down at once
     and logs ONE warning for the whole outage. While down, calls go straight to the fallback
-    without touching Redis; after a backoff (0.25 s, doubled after each failed try, at most
-    5 s) exactly one call is let through as a probe. The first call that succeeds marks it up
-    again and logs once that Redis is back. A probe that never reports (its call ended in an
-    error that says nothing about Redis, or never touched Redis) does not block the next one:
-    once the backoff has passed again, another call is let through. A success counts only if
-    no failure was recorded since its call began, so a slow call that started before an outage
-    cannot end it.
+    without touching Redis. The first call that succeeds marks it up again and logs once
+    that Redis is back. A success counts only if no failure was recorded since its call
+    began, so a slow call that started before an outage cannot end it.
+
+    Who finds out that Redis is back (the probes, after a backoff: 0.25 s, doubled after
+    each failed try, at most 5 s):
+
+      probe thread    a health made with ``client=`` (a PING on that client, ``_ping``) or
+                      ``probe=``: one daemon thread per health (``reachlimit-redis-probe``),
+                      started by the failure that marks Redis down (never in a process
+                      that has not used Redis), probes on the backoff and marks Redis up
+                      when a probe succeeds; it ends then, or at ``close``, and a process
+                      forked since starts its own at its next call. While down
+                      ``available()`` is False for every caller, so no request pays a
+                      probe's timeout, and a process that serves nothing still learns that
+                      Redis is back: from then on every call goes to Redis.
+      request probes  a health given neither (``RedisHealth(url)``: it has nothing to probe
+                      with), or closed: exactly one call is let through as a probe each
+                      time the backoff has passed. A probe that never reports (its call
+                      ended in an error that says nothing about Redis, or never touched
+                      Redis) does not block the next one: once the backoff has passed
+                      again, another call is let through.
+
+    A PING can succeed where calls fail (a Redis out of memory, a cluster down): until a call
+    works after a probe said up, a failure is the same outage going on (no new outage
+    counted, the backoff doubled, one warning saying so) rather than a new one, so such a
+    Redis is tried at most once a backoff, as with request probes.
+
+    One lock, ``lock`` (``_daemon.Daemon``'s, replaced in a forked child), guards the state;
+    the condition on it is what the probe thread pauses on (for a pause measured on the
+    health's ``clock``), notified by ``close``. The probe itself, and every log line, run
+    outside the lock. After a fork the child keeps the parent's view (down, the backoff)
+    but has no thread: its next call starts one.
 
     Every URL shown (logs, reprs, health figures, exception messages) goes through
     :func:`reachlimit._urls.mask_url`, and exception texts are scrubbed of the URL's secrets.
@@ -50,6 +76,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
@@ -65,7 +92,8 @@ from .._urls import (
     url_secrets,
 )
 from ._cluster import cluster_client
-from ._common import REDIS_ERRORS, Client
+from ._common import REDIS_ERRORS, Client, is_cluster
+from ._daemon import Daemon
 
 __all__ = ["FAILURES", "RedisHealth", "connect"]
 
@@ -176,17 +204,36 @@ def _sentinel_client(
     return cast(redis.Redis, primary_client)
 
 
-class RedisHealth:
-    """Whether one Redis is usable, shared by the wrappers that call it (module design)."""
+def _ping(client: Any) -> Callable[[], object]:
+    """The probe of ``client``: a ``PING`` on its own connections and timeouts (a Sentinel's
+    ``master_for`` client asks the sentinels for the primary as it connects); on a Redis
+    Cluster a ``PING`` to every primary of its map, since a key of any slot may be asked
+    for (a node that fails makes redis-py read the map again, so the next probe finds a
+    replica promoted meanwhile)."""
+    if is_cluster(client):
+        return lambda: client.ping(target_nodes=RedisCluster.PRIMARIES)
+    return lambda: client.ping()
+
+
+class RedisHealth(Daemon):
+    """Whether one Redis is usable, shared by the wrappers that call it (module design).
+
+    ``client`` (the client those wrappers use, as :func:`connect` made it) or ``probe`` (a
+    callable that raises when Redis does not answer) gives the health its probe thread;
+    without either, requests are the probes."""
 
     #: The first pause after Redis failed, and the longest one.
     FIRST_RETRY = 0.25
     MAX_RETRY = 5.0
+    #: The name of the probe thread.
+    THREAD_NAME = "reachlimit-redis-probe"
 
     def __init__(
         self,
         url: str = "",
         *,
+        client: Client | None = None,
+        probe: Callable[[], object] | None = None,
         first_retry: float | None = None,
         max_retry: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -197,16 +244,25 @@ class RedisHealth:
         self._max = self.MAX_RETRY if max_retry is None else float(max_retry)
         if not 0 < self._first <= self._max:
             raise ValueError("0 < first_retry <= max_retry")
+        if client is not None and probe is not None:
+            raise ValueError("give RedisHealth a client or a probe, not both")
+        if client is not None and not callable(getattr(client, "ping", None)):
+            raise TypeError(f"client must be a redis.Redis or a RedisCluster, got {client!r}")
+        if probe is not None and not callable(probe):
+            raise TypeError(f"probe must be a callable, got {probe!r}")
+        self._probe = _ping(client) if client is not None else probe
         self._clock = clock
-        self._lock = threading.Lock()
-        self._down = False  # guarded by _lock (read racily on the fast path)
-        self._retry_at = 0.0  # guarded by _lock
-        self._backoff = self._first  # guarded by _lock: the pause after the next failed try
-        self._probing = False  # guarded by _lock: a probe was let through and has not ended
-        self._down_since = 0.0  # guarded by _lock
-        self._outages = 0  # guarded by _lock
-        self._failures = 0  # guarded by _lock: failed() calls so far (see succeeded)
-        self._last_error = ""  # guarded by _lock
+        # The lock and the condition the probe thread pauses on (notified by close).
+        super().__init__(self.THREAD_NAME)
+        self._down = False  # guarded by lock (read racily on the fast path)
+        self._retry_at = 0.0  # guarded by lock: when the next probe may go
+        self._backoff = self._first  # guarded by lock: the pause after the next failed try
+        self._probing = False  # guarded by lock: a request probe was let through, not ended
+        self._trial = False  # guarded by lock: up on a probe's word, no call worked since
+        self._down_since = 0.0  # guarded by lock
+        self._outages = 0  # guarded by lock
+        self._failures = 0  # guarded by lock: failures of calls and probes so far (succeeded)
+        self._last_error = ""  # guarded by lock
 
     @property
     def up(self) -> bool:
@@ -220,13 +276,21 @@ class RedisHealth:
         return self._failures
 
     def available(self) -> bool:
-        """Whether a call may go to Redis now: always when up; when down, True for exactly
-        one caller each time the backoff has passed (the probe), False for everyone else.
-        A probe that has not reported by then is given up on: the next caller probes."""
+        """Whether a call may go to Redis now: always when up. When down, with a probe
+        thread: never (the thread finds out when Redis is back; the call costs no timeout).
+        Without one: True for exactly one caller each time the backoff has passed (the
+        request probe), False for everyone else; a request probe that has not reported by
+        then is given up on and the next caller probes."""
         if not self._down:  # racy read: the common case costs no lock
             return True
+        if self._probe is not None and not self._closed:
+            with self.lock:
+                if not self._down:
+                    return True
+                if self._watch_locked():  # (started again here in a process forked since)
+                    return False
         now = self._clock()
-        with self._lock:
+        with self.lock:
             if not self._down:
                 return True
             if now < self._retry_at:
@@ -239,14 +303,25 @@ class RedisHealth:
         """A call to Redis worked: mark it up (logged once per outage). With ``since`` (the
         :attr:`failures` read before the call), only if no failure was recorded since then:
         a call that began before an outage was noticed says nothing about Redis now."""
-        if not self._down:  # racy read: nothing to do in the common case
+        if not self._down and not self._trial:  # racy read: nothing to do in the common case
             return
-        with self._lock:
-            if not self._down or (since is not None and since != self._failures):
+        self._mark_up(since, by_probe=False)
+
+    def _mark_up(self, since: int | None, by_probe: bool) -> None:
+        """Mark Redis up, after a call (``by_probe`` False) or a probe of the thread worked:
+        then until a call works a failure is the same outage going on (``failed``)."""
+        with self.lock:
+            if since is not None and since != self._failures:
+                return
+            if not self._down:
+                if not by_probe:
+                    self._trial = False  # a call worked: the probe's word was good
                 return
             self._down = False
             self._probing = False
-            self._backoff = self._first
+            self._trial = by_probe
+            if not by_probe:
+                self._backoff = self._first
             lasted = self._clock() - self._down_since
         log.warning(
             "reachlimit: Redis at %s answers again after %.1f s down; shared limits are back",
@@ -255,30 +330,109 @@ class RedisHealth:
 
     def failed(self, exc: BaseException) -> None:
         """A call to Redis failed with ``exc``: mark it down (the first failure of an
-        outage is logged), and push the next try back by the backoff."""
+        outage is logged) and start the probe thread (when the health has one), or push
+        the next request probe back by the backoff."""
         text = self.describe(exc)
-        with self._lock:
+        with self.lock:
             now = self._clock()
             self._last_error = text
             self._failures += 1
-            first = not self._down
-            if first:
-                self._down = True
+            if self._down:
+                self._failed_again_locked(now)
+                return
+            relapse = self._trial  # no call worked since a probe said up: the same outage
+            self._down, self._probing, self._trial = True, False, False
+            if relapse:
+                self._backoff = min(self._backoff * 2, self._max)
+            else:
                 self._down_since = now
                 self._outages += 1
                 self._backoff = self._first
-            elif self._probing:  # the probe failed: wait longer next time
-                self._backoff = min(self._backoff * 2, self._max)
-            elif now < self._retry_at:
-                return  # a call that started before the outage was noticed: nothing new
-            self._probing = False
             self._retry_at = now + self._backoff
-        if first:
+            pause = self._backoff
+            self._watch_locked()
+        if relapse:
+            log.warning(
+                "reachlimit: Redis at %s failed again (%s) before any call worked since it "
+                "answered a probe; using the fallback (next try in %.2f s)",
+                self.where, text, pause,
+            )
+        else:
             log.warning(
                 "reachlimit: Redis at %s is unavailable (%s); using the fallback until it is "
-                "reachable (next try in %.2f s, at most every %.0f s)",
-                self.where, text, self._first, self._max,
+                "reachable (next try in %.2f s, at most every %g s)",
+                self.where, text, pause, self._max,
             )
+
+    def _failed_again_locked(self, now: float) -> None:
+        """``failed`` while down, under ``lock``: a request probe's failure makes the next
+        pause twice as long; a call that started before the outage was noticed is no news,
+        and neither is any failure while the probe thread keeps the schedule."""
+        if self._watch_locked():
+            return
+        if self._probing:
+            self._backoff = min(self._backoff * 2, self._max)
+        elif now < self._retry_at:
+            return
+        self._probing = False
+        self._retry_at = now + self._backoff
+
+    def _watch_locked(self) -> bool:
+        """Whether the probe thread watches Redis (the health has a probe and is not
+        closed); it is started if it does not run: at an outage's first failure, or at the
+        first call of a process forked since (threads do not survive a fork). Under
+        ``lock``."""
+        if self._probe is None or self._closed:
+            return False
+        self._start_locked()
+        return True
+
+    def _run(self) -> None:
+        """The probe thread: while Redis is down, one probe each time the backoff has
+        passed (outside the lock), until a probe or a call marks it up, or :meth:`close`."""
+        me = threading.current_thread()
+        probe = self._probe
+        assert probe is not None
+        while True:
+            now = self._clock()
+            with self.lock:
+                if self._closed or not self._down:
+                    if self._thread is me:
+                        # Forgotten under the lock: an outage that begins while this thread
+                        # is still ending starts a new one (``_start_locked``).
+                        self._thread = None
+                    return
+                if now < self._retry_at:
+                    self._cond.wait(self._retry_at - now)
+                    continue
+                since = self._failures
+                # The same pause again if its success does not count (a failure meanwhile).
+                self._retry_at = now + self._backoff
+            try:
+                probe()
+            except Exception as exc:  # whatever it raised, Redis did not answer the probe
+                self._probe_failed(exc)
+            else:
+                self._mark_up(since, by_probe=True)
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        """The probe thread's probe failed: the next one after a pause twice as long."""
+        text = self.describe(exc)
+        now = self._clock()
+        with self.lock:
+            if self._down:
+                self._last_error = text
+                self._failures += 1
+                self._backoff = min(self._backoff * 2, self._max)
+                self._retry_at = now + self._backoff
+                log.debug("reachlimit: Redis at %s still unavailable (%s)", self.where, text)
+                return
+        self.failed(exc)  # a call marked it up meanwhile: this failure is news
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the probe thread for good (joined for up to ``timeout`` seconds). Safe to
+        call more than once; a closed health goes on with request probes."""
+        super().close(timeout)
 
     def describe(self, exc: BaseException) -> str:
         """``exc`` as one line, with any secret of the URL replaced by ``***``."""
@@ -286,7 +440,7 @@ class RedisHealth:
 
     def figures(self) -> dict[str, Any]:
         """For a health answer: the masked URL, up or not, outages so far, the last error."""
-        with self._lock:
+        with self.lock:
             down_for = self._clock() - self._down_since if self._down else 0.0
             return {
                 "url": self.where,

@@ -1,9 +1,10 @@
-"""The wiring of the Redis fallback tests (``tests/test_redis_fallback.py`` and
-``tests/test_redis_fallback_cache.py``): :class:`Stack` (one process's worth of client, health,
-shared and local limiters behind a ``ResilientLimiter``), the ``make_stack`` fixture (stacks
-closed at teardown), the ``server`` fixture (the module's ``live_redis``), the ``runner``
-fixture (a ``ThreadRunner`` joined at teardown), and the bounds the tests assert with
-(``TIMEOUT``, ``SLACK``)."""
+"""The wiring of the Redis fallback tests (``tests/test_redis_fallback.py``,
+``tests/test_redis_fallback_cache.py`` and ``tests/test_redis_recovery.py``): :class:`Stack`
+(one process's worth of client, health, shared and local limiters behind a
+``ResilientLimiter``, the health probing Redis on that client as the extension's does), the
+``make_stack`` fixture (stacks closed at teardown), the ``server`` fixture (the module's
+``live_redis``), the ``runner`` fixture (a ``ThreadRunner`` joined at teardown), and the
+bounds the tests assert with (``TIMEOUT``, ``SLACK``)."""
 
 from __future__ import annotations
 
@@ -45,12 +46,14 @@ class Stack:
     def __init__(self, url: str, fallback: str = "local", **figures: Any) -> None:
         figures = {"active": 1, "queue": 2, "wait": 3.0, **figures}
         self.client = connect(url)
-        self.health = RedisHealth(url)
+        # As the extension makes it: its probe thread PINGs Redis on this client while down.
+        self.health = RedisHealth(url, client=self.client)
         self.remote = RedisColdLimiter(self.client, "fb", lease=5.0, **figures)
         self.local = ColdLimiter(**figures)
         self.limiter = ResilientLimiter(self.remote, self.local, self.health, fallback)
 
     def close(self) -> None:
+        self.health.close()
         self.remote.close()
         self.client.close()
 

@@ -1,0 +1,569 @@
+"""Redis back, noticed without traffic: while Redis is down a daemon thread of its health
+(``RedisHealth(url, client=...)``, as the extension makes it) probes it on the backoff, so a
+process that serves nothing still learns that it is back; from then on every call goes to
+Redis and none is admitted by the fallback.
+
+design:
+
+    unit      ``RedisHealth`` with a ``FakeClock`` and a fake probe. The schedule is read off
+              the fake clock at each probe; between probes the clock stands still just before
+              the next one is due until the thread has read it again, so a thread that
+              probed early would be caught, and then it is set to the due time. Also: the
+              first success marks Redis up and ends the thread; ``available()`` is False for
+              every caller while down (a probe held in the thread meanwhile); ``close``; a
+              failure right after a probe's success (the same outage); a new outage, a new
+              thread; a forked child that starts its own.
+    redis     a ``ResilientLimiter`` (``tests/support/redis_fallback.Stack``) whose
+              redis-server is stopped and started again is back on Redis with no call in
+              between, awaited through the health; a node of a real Redis Cluster stopped and
+              started again; ``ReachLimit.close()`` stopping the thread.
+    gunicorn  the sequence that failed before: 2 servers x 2 workers
+              (``tests.apps.build_log_app``, 300 ms builds) on one redis-server; every worker
+              notices the outage and then serves nothing; Redis killed and started again on
+              its port and in its directory; every worker's log says that Redis "answers
+              again" (a bounded poll of the servers' logs); then a burst of distinct cold
+              keys: never more than ``active`` builds at once in the service's build log, and
+              only 200s and 429s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from reachlimit import ColdLimiter
+from reachlimit.flask import ReachLimit
+from reachlimit.redis import (
+    RedisColdLimiter,
+    RedisHealth,
+    ResilientLimiter,
+    connect,
+)
+from tests.apps.build_log_app import at_once_along
+from tests.apps.slow_app import create_app
+from tests.support.clients import Herd, Reply, check_refusal
+from tests.support.clock import FakeClock
+from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # noqa: F401
+from tests.support.redis_fallback import Stack
+from tests.support.redis_sentinel import Gate, build_log_server, gate_fixture  # noqa: F401
+from tests.support.redis_server import RedisServer
+from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
+from tests.support.waiting import DEADLINE, wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+
+class FakeProbe:
+    """A probe the test scripts: each call records the fake clock's time, then waits while
+    ``hold`` is clear, then fails (``fail`` calls left, counted down) or succeeds."""
+
+    def __init__(self, clock: FakeClock, fail: int = 10**9) -> None:
+        self.clock = clock
+        self.fail = fail
+        self.hold = threading.Event()
+        self.hold.set()
+        self.entered = threading.Event()  # set at each call
+        self._lock = threading.Lock()
+        self.times: list[float] = []  # guarded by _lock
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.times.append(self.clock.now)
+        self.entered.set()
+        assert self.hold.wait(JOIN_TIMEOUT), "the test never let the probe go on"
+        with self._lock:
+            if self.fail > 0:
+                self.fail -= 1
+                raise redis.ConnectionError("refused (fake)")
+
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.times)
+
+    def times_now(self) -> list[float]:
+        with self._lock:
+            return list(self.times)
+
+
+def ended(health: RedisHealth) -> bool:
+    """The probe thread is gone (none started, or the one started has ended)."""
+    thread = health.thread
+    return thread is None or not thread.is_alive()
+
+
+def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "reachlimit" and r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+# -- unit: the probe thread ------------------------------------------------------------------
+
+
+def test_no_thread_until_redis_fails_then_one() -> None:
+    clock = FakeClock()
+    probe = FakeProbe(clock)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        for _ in range(3):
+            assert health.available()
+            health.succeeded(health.failures)
+        assert health.thread is None  # a process that only ever saw Redis up has none
+        health.failed(redis.ConnectionError("refused"))
+        thread = health.thread
+        assert thread is not None and thread.name == "reachlimit-redis-probe"
+        assert thread.daemon and thread.is_alive()
+        health.failed(redis.TimeoutError("a straggler of the same outage"))
+        assert health.thread is thread  # one thread per health
+    finally:
+        health.close()
+    assert ended(health)
+
+
+def probes_on_schedule(health: RedisHealth, clock: FakeClock, probe: FakeProbe,
+                       pauses: list[float]) -> list[float]:
+    """Walk the thread through ``pauses`` failed probes: before each, the clock stands just
+    short of the time it is due until the thread has read it twice more (it must not probe
+    then), then it is set to that time and the probe must come. The probes' times."""
+    due = clock.now
+    for n, pause in enumerate(pauses):
+        due += pause
+        clock.now = due - pause / 100
+        reads = clock.calls
+        wait_until("the thread reading the clock before the probe is due",
+                   lambda r=reads: clock.calls >= r + 2, interval=0.0005)
+        assert probe.calls() == n, f"probe {n + 1} came before it was due"
+        clock.now = due
+        wait_until(f"probe {n + 1}", lambda k=n + 1: probe.calls() == k, interval=0.0005)
+        wait_until("the probe's failure recorded",
+                   lambda k=n + 1: health.failures == 1 + k, interval=0.0005)
+    return probe.times_now()
+
+
+def test_the_thread_probes_on_the_backoff_doubling_to_the_cap() -> None:
+    clock = FakeClock(start=1000.0)
+    probe = FakeProbe(clock)
+    # A scaled-down backoff (the real one doubles 0.25 s up to 5 s: the next test): the
+    # thread's pauses are real waits for whatever the clock still lacks.
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
+                         first_retry=0.01, max_retry=0.08)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        pauses = [0.01, 0.02, 0.04, 0.08, 0.08, 0.08]
+        times = probes_on_schedule(health, clock, probe, pauses)
+        expected, at = [], 1000.0
+        for pause in pauses:
+            at += pause
+            expected.append(at)
+        assert times == pytest.approx(expected, abs=1e-9)
+        assert not health.up and not health.available()
+    finally:
+        health.close()
+    assert ended(health)
+
+
+def test_the_default_backoff_is_a_quarter_second_doubled() -> None:
+    assert (RedisHealth.FIRST_RETRY, RedisHealth.MAX_RETRY) == (0.25, 5.0)
+    clock = FakeClock(start=50.0)
+    probe = FakeProbe(clock)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        times = probes_on_schedule(health, clock, probe, [0.25, 0.5])
+        assert times == pytest.approx([50.25, 50.75], abs=1e-9)
+    finally:
+        health.close()
+
+
+def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
+    probe = FakeProbe(clock, fail=2)
+    health = RedisHealth("redis://:pw@h:1/0", probe=probe, clock=clock, max_retry=0.5)
+    health.failed(redis.ConnectionError("refused"))
+    thread = health.thread
+    assert thread is not None
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive()  # it ended by itself, with Redis up
+    assert health.up and health.available()
+    assert probe.calls() == 3  # two failures, then the success: no probe after it
+    assert health.thread is None
+    back = warnings_with(caplog, "answers again")
+    assert len(back) == 1 and "redis://:***@h:1/0" in back[0]
+    assert len(warnings_with(caplog, "is unavailable")) == 1
+    assert health.figures()["outages"] == 1
+    health.close()
+
+
+def test_available_is_false_for_every_caller_while_down(threads: ThreadRunner) -> None:
+    clock = FakeClock(step=10.0)  # the backoff has always passed: request probes would go
+    probe = FakeProbe(clock, fail=1)
+    probe.hold.clear()  # the thread's probe is held in flight
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        assert probe.entered.wait(JOIN_TIMEOUT)
+        answers: list[bool] = []
+        lock = threading.Lock()
+        start = threading.Barrier(8)
+
+        def ask() -> None:
+            start.wait(JOIN_TIMEOUT)
+            mine = [health.available() for _ in range(200)]
+            with lock:
+                answers.extend(mine)
+
+        for _ in range(8):
+            threads.start(ask)
+        threads.join_all()
+        assert len(answers) == 1600 and not any(answers)  # not one request probe
+        probe.hold.set()  # the held probe fails, the next one succeeds
+        wait_until("Redis up", lambda: health.up)
+        assert all(health.available() for _ in range(100))
+        assert probe.calls() == 2
+    finally:
+        probe.hold.set()
+        health.close()
+
+
+def test_close_stops_the_thread_and_none_starts_again() -> None:
+    clock = FakeClock()  # frozen: the first probe is never due
+    probe = FakeProbe(clock)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    health.failed(redis.ConnectionError("refused"))
+    thread = health.thread
+    assert thread is not None and thread.is_alive()
+    closed_at = time.monotonic()
+    health.close()
+    assert not thread.is_alive()
+    print(f"\nthe probe thread ended {(time.monotonic() - closed_at) * 1000:.1f} ms after close")
+    assert probe.calls() == 0
+    clock.advance(0.25)
+    assert health.available()  # closed: a request probe, as without a client
+    health.failed(redis.ConnectionError("still refused"))
+    assert not health.up and ended(health) and probe.calls() == 0
+    health.close()  # twice is fine
+
+
+def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A PING can work where calls fail (out of memory, a cluster down): the outage goes on,
+    with the backoff doubled, instead of a new one at 0.25 s every time."""
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    clock = FakeClock(start=0.0)
+    probe = FakeProbe(clock, fail=0)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
+                         first_retry=0.01, max_retry=0.08)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        clock.now = 0.01
+        wait_until("up on the probe's word", lambda: health.up)
+        health.failed(redis.ResponseError("OOM command not allowed"))  # the first call fails
+        assert health.figures()["outages"] == 1  # the same outage
+        assert len(warnings_with(caplog, "failed again")) == 1
+        clock.now = 0.01 + 0.01  # the pause was doubled: not due yet
+        reads = clock.calls
+        wait_until("the thread reading the clock", lambda: clock.calls >= reads + 2,
+                   interval=0.0005)
+        assert probe.calls() == 1
+        clock.now = 0.01 + 0.02
+        wait_until("up again", lambda: health.up)
+        assert probe.times_now() == pytest.approx([0.01, 0.03])
+        health.succeeded(health.failures)  # a call works: the probe's word was good
+        health.failed(redis.ConnectionError("reset"))  # a new outage now
+        assert health.figures()["outages"] == 2
+        assert len(warnings_with(caplog, "is unavailable")) == 2
+        clock.now = 0.03 + 0.01  # its backoff begins again at the first pause
+        wait_until("the new outage's first probe", lambda: probe.calls() == 3)
+        assert probe.times_now()[-1] == pytest.approx(0.04)
+    finally:
+        health.close()
+
+
+def test_each_outage_gets_a_thread_of_its_own() -> None:
+    clock = FakeClock(step=1.0)
+    probe = FakeProbe(clock, fail=0)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        seen = []
+        for n in range(3):
+            health.failed(redis.ConnectionError(f"outage {n}"))
+            thread = health.thread
+            assert thread is not None
+            seen.append(thread)
+            thread.join(JOIN_TIMEOUT)
+            assert not thread.is_alive() and health.up
+            health.succeeded(health.failures)
+        assert len(set(map(id, seen))) == 3 and probe.calls() == 3
+    finally:
+        health.close()
+
+
+def test_a_forked_child_starts_its_own_probe_thread() -> None:
+    parent = os.getpid()
+
+    def probe() -> None:
+        if os.getpid() == parent:
+            raise redis.ConnectionError("refused, in the parent")  # the parent stays down
+
+    health = RedisHealth("redis://h:1/0", probe=probe, first_retry=0.01, max_retry=0.02)
+    health.failed(redis.ConnectionError("refused"))
+    assert health.thread is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        code = 1
+        try:
+            before = health.thread  # the parent's thread is not in the child
+            answered = health.available()  # down: the fallback, and a thread started
+            deadline = time.monotonic() + JOIN_TIMEOUT
+            while not health.up and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.write(write, f"{before} {answered} {health.up}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            ready, _, _ = select.select([pipe], [], [], DEADLINE)
+            report = pipe.read().decode() if ready else "the child never reported"
+        wait_until("the child to exit", lambda: os.waitpid(pid, os.WNOHANG)[0] == pid)
+        pid = 0
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        health.close()
+    assert report == "None False True", report  # the child's own thread found Redis up
+    assert not health.up  # the parent's view is its own
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="a client or a probe, not both"):
+        RedisHealth("redis://h:1/0", client=connect("redis://h:1/0"), probe=lambda: None)
+    with pytest.raises(TypeError, match="probe must be a callable"):
+        RedisHealth(probe=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="client must be a redis.Redis"):
+        RedisHealth(client="redis://h:1/0")  # type: ignore[arg-type]
+
+
+# -- a real redis-server ---------------------------------------------------------------------
+
+
+@pytest.fixture(name="stacks")
+def stacks_fixture() -> Iterator[Callable[..., Stack]]:
+    made: list[Stack] = []
+
+    def make(url: str, **figures: Any) -> Stack:
+        made.append(Stack(url, **figures))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
+    live_redis: RedisServer, stacks: Callable[..., Stack], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    s = stacks(live_redis.url(), active=2)
+    s.limiter.acquire().release()
+    port = live_redis.port
+    live_redis.stop()
+    s.limiter.acquire().release()  # noticed: the fallback's
+    assert not s.health.up and s.local.stats().acquired == 1
+    assert s.limiter.stats().backend == "local"
+    live_redis.start(port=port, attempts=1)  # empty, on the same port
+    wait_until("the health up again, with no call made", lambda: s.health.up)
+    assert s.limiter.stats().backend == "redis"
+    assert len(warnings_with(caplog, "answers again")) == 1
+    wait_until("the probe thread ended", lambda: ended(s.health))
+    for _ in range(5):  # every acquire from now on is Redis's
+        s.limiter.acquire().release()
+    assert s.local.stats().acquired == 1 and s.remote.stats().acquired == 5
+
+
+def test_no_call_while_down_touches_a_redis_that_hangs(
+    live_redis: RedisServer, stacks: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis that hangs (SIGSTOP): only the call that noticed paid the socket timeout; the
+    calls after it never ask Redis (no request probe), whatever the backoff; the thread's
+    probes do."""
+    s = stacks(live_redis.url(), active=4)
+    s.limiter.acquire().release()
+    asked_by: list[str] = []
+    # Counted where every command takes its connection (as in test_redis_fallback_cache).
+    pool = s.client.connection_pool
+    real = pool.get_connection
+
+    def counting(*args: Any, **options: Any) -> Any:
+        asked_by.append(threading.current_thread().name)
+        return real(*args, **options)
+
+    monkeypatch.setattr(pool, "get_connection", counting)
+    os.kill(live_redis.pid, signal.SIGSTOP)
+    try:
+        s.limiter.acquire().release()  # times out: noticed
+        assert not s.health.up
+        wait_until("two of the thread's probes timed out", lambda: s.health.failures >= 3,
+                   interval=0.01)
+        asked_by.clear()
+        spans = []
+        for _ in range(20):
+            began = time.monotonic()
+            s.limiter.acquire().release()
+            assert s.limiter.stats().degraded
+            spans.append(time.monotonic() - began)
+        me = threading.current_thread().name
+        assert me not in asked_by, asked_by  # only the probe thread asked Redis meanwhile
+        assert s.local.stats().acquired == 21
+    finally:
+        os.kill(live_redis.pid, signal.SIGCONT)
+    wait_until("back on Redis", lambda: s.health.up)
+    print(f"\nacquires while Redis hung: the slowest took {max(spans) * 1000:.1f} ms; "
+          f"Redis asked by {sorted(set(asked_by))}")
+
+
+def test_a_cluster_node_stopped_and_started_again_is_noticed_by_the_probe(
+    redis_cluster: RedisCluster,
+) -> None:
+    client = connect(redis_cluster.url())
+    health = RedisHealth(redis_cluster.url(), client=client)
+    lim = RedisColdLimiter(client, "probe-cluster", 2, 1)
+    shared = ResilientLimiter(lim, ColdLimiter(2, 1), health)
+    node = redis_cluster.owner(lim.keys[0])
+    try:
+        shared.acquire().release()
+        port = node.port
+        node.stop()
+        shared.acquire().release()  # the limiter's node is gone: the fallback's
+        assert not health.up
+        # Every primary is PINGed: the other nodes answer, yet Redis stays down.
+        wait_until("two probes failed", lambda: health.failures >= 3, interval=0.01)
+        assert not health.up
+        node.start(port=port, attempts=1)
+        redis_cluster.wait_ok()
+        wait_until("the health up again, with no call made", lambda: health.up)
+        assert shared.stats().backend == "redis"
+        shared.acquire().release()
+        assert lim.stats().acquired == 1  # the restarted node's fresh count
+    finally:
+        health.close()
+        lim.close()
+        client.close()
+
+
+@pytest.fixture
+def app(live_redis: RedisServer) -> Iterator[Flask]:
+    made = create_app(REACHLIMIT_REDIS_URL=live_redis.url())
+    yield made
+    ReachLimit().close(made)
+
+
+def test_the_extensions_close_stops_the_probe_thread(
+    app: Flask, live_redis: RedisServer
+) -> None:
+    client = app.test_client()
+    assert client.get("/report/a").status_code == 200
+    live_redis.stop()
+    assert client.get("/report/b").status_code == 200  # the fallback's
+    health = app.extensions["reachlimit"].redis
+    assert isinstance(health, RedisHealth) and not health.up
+    thread = health.thread
+    assert thread is not None and thread.is_alive()
+    ReachLimit().close(app)
+    assert not thread.is_alive() and health.closed
+
+
+# -- real gunicorn: the sequence that over-admitted ------------------------------------------
+
+#: The budget of the servers below (the extension's defaults): builds at once, queue places.
+ACTIVE, QUEUE = 2, 8
+BUILD_SECONDS = 0.3
+#: A line of the shipped gunicorn config's log format that says Redis is back, and who says.
+BACK_LINE = re.compile(r"\[pid (\d+)\] reachlimit: reachlimit: Redis at \S+ answers again")
+
+
+def every_worker(servers: list[GunicornServer], ok: Callable[[dict[str, Any]], bool],
+                 what: str) -> set[int]:
+    """Ask each server's /debug/health until each of its workers has answered with figures
+    that pass ``ok`` (the workers it answered with otherwise are asked again)."""
+    pids: set[int] = set()
+    for server in servers:
+        mine: set[int] = set()
+
+        def all_of_its_workers(server: GunicornServer = server, mine: set[int] = mine) -> bool:
+            reply = server.get("/debug/health")
+            assert reply.status == 200, reply
+            body = reply.json()
+            if ok(body["reach"]):
+                mine.add(body["pid"])
+            return mine >= set(server.worker_pids()) and len(mine) >= server.workers
+
+        wait_until(f"every worker of {server.name} {what}", all_of_its_workers, interval=0.002)
+        pids |= mine
+    return pids
+
+
+def said_back(servers: list[GunicornServer]) -> set[int]:
+    """The workers whose log says Redis answers again."""
+    return {int(m.group(1)) for s in servers for m in BACK_LINE.finditer(s.stderr())}
+
+
+@pytest.mark.gunicorn
+def test_a_worker_idle_through_an_outage_admits_nothing_beside_redis_after_it(
+    tmp_path: Path, gate: Gate, live_redis: RedisServer
+) -> None:
+    env = {"REACHLIMIT_REDIS_PREFIX": "recovery", "REACHLIMIT_WAIT": "30",
+           "BUILD_SECONDS": str(BUILD_SECONDS)}
+    servers = [build_log_server(tmp_path, name, gate, live_redis.url(), env) for name in "ab"]
+    with serving(servers[0]), serving(servers[1]):
+        workers = every_worker(servers, lambda f: f["backend"] == "redis", "on Redis")
+        assert len(workers) == 4
+        port = live_redis.port
+        os.kill(live_redis.pid, signal.SIGKILL)
+        live_redis.stop()  # reaped
+        # Each worker notices (its /debug/health reads the figures from Redis, which fails),
+        # then serves nothing more until Redis is back: no build runs during the outage.
+        assert every_worker(servers, lambda f: f["degraded"], "degraded") == workers
+        assert said_back(servers) == set()
+        live_redis.start(port=port, attempts=1)  # same port, same directory, empty
+        wait_until("every worker's log saying Redis answers again",
+                   lambda: said_back(servers) >= workers, interval=0.05)
+        assert at_once_along(gate.dir) == []  # nothing was built before the burst
+
+        paths = [f"/report/after-{n}" for n in range(40)]
+        herds = [Herd(servers[0].port, paths[0::2]), Herd(servers[1].port, paths[1::2])]
+        replies = [r for h in herds for r in h.results()]
+        statuses = Counter(r.status for r in replies if isinstance(r, Reply))
+        print(f"\nstatuses after the recovery: {dict(statuses)}")
+        assert set(statuses) <= {200, 429} and sum(statuses.values()) == 40, statuses
+        for reply in replies:
+            if reply.status == 429:
+                check_refusal(reply)
+        counts = at_once_along(gate.dir)
+        print(f"builds at once along the build log: most {max(counts)} (active {ACTIVE})")
+        assert len(counts) == 2 * statuses[200]  # every 200 is one build, started and ended
+        assert max(counts) <= ACTIVE, counts  # the fallback admitted nothing beside Redis
+        assert statuses[200] >= ACTIVE
+        # And every worker is on Redis, with the service's figures.
+        every_worker(servers, lambda f: f["backend"] == "redis" and not f["degraded"],
+                     "back on Redis")
