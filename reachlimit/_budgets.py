@@ -18,6 +18,14 @@ design:
       in process   ColdLimiter + TTLCache (+ stale) -> ColdPath, or the metered path
       on Redis     reachlimit._flask_redis.shared_path: its own keys, slots and settings
                    record ({<prefix>:<name>}; the default keeps {<prefix>:cold})
+      disabled     (REACHLIMIT_ENABLED false, or the budget's enabled=False) the in-process
+                   path whatever the Redis URL, never used: the extension runs each build
+                   directly, so the budget's figures stay at zero. No Redis object is made
+                   for it (an app whose every budget is disabled never imports redis-py)
+
+    Budget.forget(key) / clear_cache()    the extension's _forget / the cache's clear: on
+                                          Redis ResilientCache raises reachlimit.Unavailable
+                                          when Redis cannot be reached (never silent)
 
 Each budget has its own limiter, cache, singleflight, fair queue, refresher, figures and
 refusal texts; nothing is shared between two budgets but the app's Redis connection and
@@ -30,20 +38,25 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from . import Busy, ColdLimiter, ColdPath, ColdPathStats, TTLCache
 from ._answers import render_refusal
 from ._budget_names import DEFAULT_BUDGET
+from ._cached import CachedView, bare_or_called
 from ._flask_redis import RedisLinks, shared_path
 from ._flask_settings import RETRY_AFTER_AUTO, ClientFunc, Settings, _client_of
+from ._keys import check_key, checked_key
 from ._retry_after import AutoRetryAfter
 
 if TYPE_CHECKING:
     from .prometheus import MetricsGroup, ReachMetrics
     from .redis import RedisHealth, SharedPathCounters
 
-__all__ = ["Budget", "BudgetState", "AppBudgets", "build_state", "service_stats"]
+__all__ = [
+    "Budget", "BudgetState", "AppBudgets", "build_state", "service_stats", "check_key",
+    "checked_key",
+]
 
 log = logging.getLogger("reachlimit")
 
@@ -52,8 +65,8 @@ class BudgetState:
     """One budget of one app: its settings, cold path and figures."""
 
     __slots__ = (
-        "name", "settings", "path", "metrics", "redis", "counters", "closers", "client_of",
-        "retry_auto", "budgets", "_refusals",
+        "name", "settings", "enabled", "path", "metrics", "redis", "counters", "closers",
+        "client_of", "retry_auto", "budgets", "_refusals",
     )
 
     def __init__(
@@ -67,6 +80,8 @@ class BudgetState:
     ) -> None:
         self.name = name
         self.settings = settings
+        #: settings.enabled, read on every cold(): False runs each build directly.
+        self.enabled = settings.enabled
         self.path = path
         self.metrics = metrics
         self.redis = redis  # the shared limiter's Redis, when there is one
@@ -163,17 +178,21 @@ class Extension(Protocol):
 
     def _cached(
         self, name: str, key: Callable[..., Hashable] | None, mimetype: str | None
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+    ) -> Callable[[Callable[..., Any]], CachedView]: ...
 
     def _budget_state(self, name: str) -> BudgetState: ...
 
 
+    def _forget(self, state: BudgetState, key: Hashable) -> bool: ...
+
 class Budget:
     """One budget of the apps a :class:`ReachLimit` serves: ``rl.budget(name, **options)``.
 
-    Its ``cold``, ``cached``, ``stats``, ``clear_cache``, ``settings`` and ``path`` are the
-    current app's, like the extension's own (which are the ``"default"`` budget's). The object
-    holds no app: it finds its state in ``app.extensions["reachlimit"]`` on every call."""
+    Its ``cold``, ``cached``, ``forget``, ``stats``, ``clear_cache``, ``settings`` and
+    ``path`` are the current app's, like the extension's own (which are the ``"default"``
+    budget's). The object holds no app: it finds its state in
+    ``app.extensions["reachlimit"]`` on every call. ``rl.budget(name, enabled=False)``
+    turns this budget's machinery off (see ``ReachLimit``)."""
 
     def __init__(self, rl: Extension, name: str) -> None:
         self.rl = rl
@@ -187,18 +206,32 @@ class Budget:
         return self.rl._cold(self._state(), key, build, "")
 
     def cached(
-        self, key: Callable[..., Hashable] | None = None, *, mimetype: str | None = None
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """:meth:`ReachLimit.cached` in this budget."""
-        return self.rl._cached(self.name, key, mimetype)
+    @overload
+    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
+
+    @overload
+    def cached(
+        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
+        mimetype: str | None = None,
+    ) -> Callable[[Callable[..., Any]], CachedView]: ...
+
+        self, view: Callable[..., Any] | None = None, /, *,
+        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
+    ) -> Any:
+        """:meth:`ReachLimit.cached` in this budget: ``@budget.cached`` or
+        ``@budget.cached(key=..., mimetype=...)``."""
+        return bare_or_called(self.rl._cached(self.name, key, mimetype), view)
 
     def stats(self) -> ColdPathStats:
         return service_stats(self._state())
 
     def clear_cache(self) -> None:
-        clear = getattr(self._state().path.cache, "clear", None)
-        if callable(clear):
-            clear()
+    def forget(self, key: Hashable) -> bool:
+        """:meth:`ReachLimit.forget` in this budget."""
+        return self.rl._forget(self._state(), key)
+
+        """:meth:`ReachLimit.clear_cache` in this budget."""
+        clear_cache(self._state())
 
     def settings(self) -> Settings:
         return self._state().settings
@@ -243,7 +276,7 @@ def build_state(
     meter = (
         None if group is None else partial(_metrics_class(), budget=name, group=group)
     )
-    if settings.redis_url:
+    if settings.redis_url and settings.enabled:
         shared = shared_path(settings, meter, name, budgets.links)
         state = BudgetState(
             settings, shared.path, shared.metrics, redis=shared.health,
@@ -286,21 +319,11 @@ def service_stats(state: BudgetState) -> ColdPathStats:
         return stats
 
 
-def _shareable(key: object) -> bool:
-    """Whether ``key`` is what a shared (Redis) key may be: str, bytes, int or a tuple of
-    those (``reachlimit.redis`` encodes exactly these)."""
-    if isinstance(key, (str, bytes, int)):
-        return True
-    return isinstance(key, tuple) and all(_shareable(item) for item in key)
-
-
-def checked_key(key: Hashable, where: str) -> Hashable:
-    """``key``, or TypeError naming ``where`` when it is not a str, bytes, int or a tuple of
-    those: the same rule with and without Redis (a float key would work in process and
-    fail once the budget is on Redis)."""
-    if not _shareable(key):
-        raise TypeError(
-            f"{where} returned a {type(key).__name__} as the cache key: a key must be str, "
-            "bytes, int or a tuple of those (the same with and without Redis)"
-        )
-    return key
+def clear_cache(state: BudgetState) -> None:
+    """Empty budget ``state``'s warm cache, when it can be emptied: in process at once; on
+    Redis every entry of the service and this process's first level (another process's
+    first level within its ``local_ttl``), and ``reachlimit.Unavailable`` when Redis cannot
+    be reached (the fallback cache is emptied all the same)."""
+    clear = getattr(state.path.cache, "clear", None)
+    if callable(clear):
+        clear()

@@ -9,15 +9,16 @@ design:
         the environment, say) into the setting or raises ValueError naming the key
         argument > config key > default
 
-``warn_unknown_keys`` logs each ``REACHLIMIT_*`` config key the extension does not read, with
-the nearest known one; ``BUDGETS_KEY`` (REACHLIMIT_BUDGETS) is read by
-``reachlimit._budget_names``; ``warn_threads`` adds up every budget's active + queue.
+``warn_unknown_keys`` logs each ``REACHLIMIT_*`` config key the extension does not read, and
+each ``REACHLIMIT_*`` environment variable that is no config key, with the nearest known one;
+``BUDGETS_KEY`` (REACHLIMIT_BUDGETS) is read by ``reachlimit._budget_names``; ``warn_threads``
+adds up every enabled budget's active + queue. ``enabled`` (REACHLIMIT_ENABLED) False turns a
+budget's machinery off: the extension then runs each build directly (``reachlimit.flask``).
 
 ``gunicorn_threads`` finds the ``threads`` setting of the gunicorn worker loading the app (for
 the warning that the worker has too few threads). The client option's meaning (``_client_of``)
-is here too: None for "remote_addr" (read
-inline by the extension), ``_nobody`` for "none", the app's callable checked for a hashable
-value otherwise.
+is here too: None for "remote_addr" (read inline by the extension), ``_nobody`` for "none",
+the app's callable otherwise, its value checked by the key rule (``reachlimit._keys``).
 
 Standard library only, like the core: Flask's ``Request`` is never imported here, so the
 client callable's argument is typed ``Any`` (``ClientFunc``). ``reachlimit.flask`` re-exports
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from types import FrameType
 from typing import Any, cast
 
+from ._keys import checked_client
 from ._urls import REDIS_SCHEMES, SCHEMES_TEXT, mask_url, redis_url_problem
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
@@ -43,8 +45,9 @@ __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTE
 
 log = logging.getLogger("reachlimit")
 
-#: The app's client callable, ``(request) -> hashable``: the request is Flask's ``Request``
-#: (not imported here, so that this module needs only the standard library).
+#: The app's client callable, ``(request) -> key``: the request is Flask's ``Request``
+#: (not imported here, so that this module needs only the standard library); the key is a
+#: str, bytes, int, a tuple of those (``reachlimit._keys``) or None.
 ClientFunc = Callable[[Any], Hashable]
 
 #: Threads a worker needs beyond ``active + queue``: room for warm hits and fast refusals
@@ -160,7 +163,7 @@ CLIENT_NONE = "none"
 
 def _client(key: str, value: Any) -> str | ClientFunc:
     """"remote_addr" or "none"; as the ReachLimit argument, also a callable
-    ``(request) -> hashable``. Never a header by name: which header to trust is the app's
+    ``(request) -> key``. Never a header by name: which header to trust is the app's
     decision, made in its callable or by ProxyFix."""
     if callable(value):
         if key.endswith(_ARGUMENT_END):
@@ -172,7 +175,7 @@ def _client(key: str, value: Any) -> str | ClientFunc:
     text = value.strip().lower() if isinstance(value, str) else value
     if text not in (CLIENT_REMOTE_ADDR, CLIENT_NONE):
         callable_too = (
-            " or a callable (request) -> hashable" if key.endswith(_ARGUMENT_END) else ""
+            " or a callable (request) -> key" if key.endswith(_ARGUMENT_END) else ""
         )
         raise ValueError(f"{key} must be 'remote_addr' or 'none'{callable_too}, got {value!r}")
     return str(text)
@@ -229,6 +232,10 @@ class Settings:
     Each field is an option: its name in upper case after ``REACHLIMIT_`` is the config key,
     its name as it is the ``ReachLimit(...)`` argument, and its metadata holds its check."""
 
+    #: False: every cold() and decorated view of the budget runs its build directly in the
+    #: request (no cache, no singleflight, no limits, no Redis, no Cache-Status): for an
+    #: app's tests, as Flask-Limiter's RATELIMIT_ENABLED. Also per budget.
+    enabled: bool = _option(True, _flag)
     active: int = _option(2, _whole(1))
     queue: int = _option(8, _whole(0))
     wait: float = _option(3.0, _seconds)
@@ -253,7 +260,7 @@ class Settings:
     #: While Redis is unavailable: "local" (each process's own limits) or "refuse" (503).
     redis_fallback: str = _option("local", _choice("local", "refuse"))
     #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
-    #: the ReachLimit argument only) a callable ``(request) -> hashable``.
+    #: the ReachLimit argument only) a callable ``(request) -> key``.
     client: str | ClientFunc = _option(CLIENT_REMOTE_ADDR, _client)
     #: The sentence of a busy refusal (queue full, timeout, displaced), ``{budget}`` and
     #: ``{retry_after}`` filled in; None: the built-in sentences, naming the budget.
@@ -293,18 +300,44 @@ NOT_CONFIG_KEYS = frozenset({
     "REACHLIMIT_STRESS_SHRINK", "REACHLIMIT_CHROMIUM", "REACHLIMIT_REDIS_SERVER",
 })
 
-def warn_unknown_keys(config: Mapping[str, Any]) -> None:
+def warn_unknown_keys(
+    config: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> None:
     """Log one warning per ``REACHLIMIT_*`` key of ``config`` that the extension does not
-    read, naming the nearest known key (a typo would otherwise be silently ignored)."""
-    known = (*CONFIG_KEYS, *NOT_CONFIG_KEYS)
-    for key in sorted(k for k in config if isinstance(k, str) and k.startswith(_CONFIG_PREFIX)):
-        if key in known:
-            continue
-        # Compared without the prefix every key shares (it would make any two look close).
-        cut = len(_CONFIG_PREFIX)
-        near = difflib.get_close_matches(key[cut:], [k[cut:] for k in known], n=1)
-        hint = f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
-        log.warning("unknown config key %s: reachlimit does not read it%s", key, hint)
+    read, naming the nearest known key (a typo would otherwise be silently ignored); then
+    the same for each ``REACHLIMIT_*`` variable of ``environ`` (``os.environ``, at
+    ``init_app``) that is no config key, unless ``config`` has it too (warned about once,
+    above). :data:`NOT_CONFIG_KEYS` are never warned about."""
+    for key in _unknown(config):
+        log.warning("unknown config key %s: reachlimit does not read it%s", key, _nearest(key))
+    if environ is None:
+        return
+    for key in _unknown(environ):
+        if key not in config:
+            log.warning(
+                "unknown environment variable %s: it is no reachlimit config key%s",
+                key, _nearest(key),
+            )
+
+
+_KNOWN_NAMES = frozenset((*CONFIG_KEYS, *NOT_CONFIG_KEYS))
+
+
+def _unknown(names: Mapping[str, Any]) -> list[str]:
+    """The ``REACHLIMIT_*`` names of ``names`` that are neither config keys nor
+    :data:`NOT_CONFIG_KEYS`, sorted."""
+    return sorted(
+        k for k in names
+        if isinstance(k, str) and k.startswith(_CONFIG_PREFIX) and k not in _KNOWN_NAMES
+    )
+
+
+def _nearest(key: str) -> str:
+    """"; did you mean <the nearest known key>?", or "" when none is near."""
+    # Compared without the prefix every key shares (it would make any two look close).
+    cut = len(_CONFIG_PREFIX)
+    near = difflib.get_close_matches(key[cut:], sorted(k[cut:] for k in _KNOWN_NAMES), n=1)
+    return f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
 
 
 def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
@@ -339,20 +372,16 @@ def _nobody(request: Any) -> None:
 
 
 def _checked(client: ClientFunc) -> ClientFunc:
-    """The app's client callable, its value checked to be hashable. Its own exceptions
-    propagate unchanged: both are the app's bug, raised before anything is held."""
+    """The app's client callable, its value checked by the key rule (``reachlimit._keys``:
+    str, bytes, int or a tuple of those, or None; a TypeError naming the callable otherwise,
+    with and without Redis). Its own exceptions propagate unchanged: both are the app's bug,
+    raised before anything is held."""
 
     def client_of(request: Any) -> Hashable:
         name = client(request)
-        try:
-            hash(name)
-        except TypeError:
-            raise TypeError(
-                f"ReachLimit client: {getattr(client, '__qualname__', client)!r} returned "
-                f"an unhashable {type(name).__name__}; it must return a hashable name "
-                "(a str, say)"
-            ) from None
-        return name
+        if type(name) is str:  # the common case: no call
+            return name
+        return checked_client(name, client)
 
     return client_of
 

@@ -1,12 +1,18 @@
 """Flask extension: run expensive endpoints through :class:`~reachlimit.ColdPath` budgets.
 
-design:
+design::
 
     rl.cold(key, build) / budget.cold(key, build)      (the request's handler thread)
       app.extensions["reachlimit"] -> the default budget's state; .budgets -> every budget
+      key    str, bytes, int or a tuple of those (reachlimit._keys), else TypeError: first,
+             so nothing is held or counted; the same rule in process and on Redis
       client = request.remote_addr ("remote_addr"), None ("none") or client(request)
-                                     (a callable's exception propagates; an unhashable
-                                     value is a TypeError: before the path, so nothing held)
+                                     (a callable's exception propagates; a value that breaks
+                                     the key rule is a TypeError: before the path, so
+                                     nothing held)
+      disabled budget (REACHLIMIT_ENABLED false, or enabled=False): the build runs here and
+               now through the value rule, its value returned; no cache, singleflight,
+               limiter, Redis, socket watch or Cache-Status (the key and client rules hold)
       cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
       build -> its value through the value rule (reachlimit._values: bytes, str or JSON-able,
                decoded as Redis would; else TypeError naming the key, nothing cached); timed
@@ -19,7 +25,11 @@ design:
         Busy("unavailable") .......... 503 JSON, Retry-After (Redis down, fallback "refuse")
         Cancelled .................... 499, logged; nobody is left to read it
         anything build raised ........ propagates unchanged to the app's own handlers
-    @rl.cached() / @budget.cached()    the view as the build: reachlimit._cached
+    @rl.cached / @budget.cached(...)   the view as the build, its whole 200 answer cached
+                                       and replayed: reachlimit._cached; view.forget(...)
+    rl.forget(key) / budget.forget(key) -> bool    one key off every level of the warm cache
+    rl.clear_cache() / budget.clear_cache()        every key; on Redis both raise
+                                       reachlimit.Unavailable when Redis cannot be reached
 
 Refusals: ``ColdRefused`` is an ``HTTPException`` carrying its finished response; its handler
 (ours, registered by ``init_app`` for exactly that class unless the app has its own) is found
@@ -46,9 +56,10 @@ fails there: logged once, the stale entry kept); ``cached`` views get a request 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Hashable
 from functools import partial
-from typing import Any, cast
+from typing import Any, cast, overload
 
 from flask import (
     Flask,
@@ -71,11 +82,13 @@ from ._budgets import (
     Budget,
     BudgetState,
     build_state,
+    check_key,
+    clear_cache,
     metrics_group,
     service_stats,
 )
 from ._cache import forget_in
-from ._cached import cached_view
+from ._cached import CachedView, FlaskFace, bare_or_called, cached_view
 from ._cancel import watch_client
 
 # The settings, the "auto" Retry-After and the Redis wiring live in modules of their own
@@ -196,15 +209,24 @@ class ReachLimit:
     """``ReachLimit(app=None, **overrides)``: the Flask face of :class:`~reachlimit.ColdPath`.
 
     Overrides are the config keys in lower case without the ``REACHLIMIT_`` prefix
-    (``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
+    (``enabled``, ``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
     ``stale``, ``status``, ``cancel_on_disconnect``, ``metrics``, ``redis_url``,
-    ``redis_prefix``, ``lease``, ``redis_fallback``, ``client``, ``refusal_message``) and win
-    over the app's config. They are the default budget's, and every budget's defaults.
+    ``redis_prefix``, ``lease``, ``redis_fallback``, ``client``, ``refusal_message``,
+    ``enabled``) and win over the app's config. They are the default budget's, and every
+    budget's defaults.
+
+    ``enabled`` (REACHLIMIT_ENABLED, default true; also per budget) false turns the
+    machinery off, for an app's tests: every ``cold()`` and decorated view runs its build
+    directly in the request (no cache, singleflight, limits, Redis connection or
+    ``Cache-Status``); the key, client and value rules still hold, so a test still catches
+    their breaking. A disabled budget's figures stay at zero (``enabled: false`` in the
+    health view).
 
     ``client`` (REACHLIMIT_CLIENT) says who asks, for fair admission: ``"remote_addr"``
     (default), ``"none"`` (plain FIFO), or - as an argument only - a callable ``(request) ->
-    hashable`` (the authenticated user, say), called once per ``cold()``, warm hits included;
-    None from it is the one anonymous client.
+    key`` (the authenticated user's id, say: str, bytes, int or a tuple of those, else a
+    TypeError), called once per ``cold()``, warm hits included; None from it is the one
+    anonymous client.
 
     ``retry_after="auto"`` works out each refusal's Retry-After from recent build times
     (:class:`AutoRetryAfter`; its clock and random source are attributes of
@@ -251,7 +273,8 @@ class ReachLimit:
 
     def init_app(self, app: Flask) -> None:
         """Read the config (raising ``ValueError`` naming a bad key; warning of unknown
-        ``REACHLIMIT_*`` keys), build this app's budgets, and warn when gunicorn gives the
+        ``REACHLIMIT_*`` keys, and of ``REACHLIMIT_*`` environment variables that are no
+        config key), build this app's budgets, and warn when gunicorn gives the
         worker too few threads. ``RuntimeError`` when the app has a ``ReachLimit`` already
         (this one or another): one extension per app, and a budget per kind of work."""
         present = app.extensions.get("reachlimit")
@@ -261,7 +284,7 @@ class ReachLimit:
                 "ReachLimit objects): for another kind of guarded work, declare a budget on "
                 "the one you have: reports = rl.budget('reports', active=1)"
             )
-        warn_unknown_keys(app.config)
+        warn_unknown_keys(app.config, os.environ)
         settings = _read_settings(app.config, self._overrides)
         configured = read_budgets(app.config)
         budgets = AppBudgets(self, settings, configured, metrics_group(settings))
@@ -277,7 +300,7 @@ class ReachLimit:
         app.after_request(_write_cache_status)
         warn_threads(
             gunicorn_threads(), [(s.settings.active, s.settings.queue) for s in
-                                 budgets.states.values()],
+                                 budgets.states.values() if s.enabled],
         )
 
     def _build(self, app: Flask, budgets: AppBudgets, name: str) -> BudgetState:
@@ -308,46 +331,86 @@ class ReachLimit:
         tuple comes back a list; what is not bytes, str or JSON-able is a ``TypeError``
         naming the key, raised where the build returned it, and nothing is cached).
 
+        ``key`` is a str, bytes, int or a tuple of those (``True`` is the key ``1``), in
+        process as on Redis: anything else (a float, a UUID, None) is a ``TypeError`` raised
+        here, before anything is held or counted.
+
         A refusal raises :class:`ColdRefused` (the finished 429/503 response); a client that
         left while waiting raises :class:`ClientGone` (499); ``build``'s own exceptions pass
         through unchanged and are never cached. The request's client is worked out first:
-        a client callable's exception, or a value of it that cannot be hashed (TypeError),
-        reaches the app's error handlers before anything is held or counted."""
+        a client callable's exception, or a value of it that breaks the key rule
+        (TypeError), reaches the app's error handlers before anything is held or counted.
+        With the budget disabled (``enabled``), ``build`` runs at once and its value (by
+        the value rule) is returned."""
         return self._cold(self._state(), key, build, "")
 
+    @overload
+    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
+
+    @overload
     def cached(
-        self, key: Callable[..., Hashable] | None = None, *, mimetype: str | None = None
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
+        mimetype: str | None = None,
+    ) -> Callable[[Callable[..., Any]], CachedView]: ...
+
+    def cached(
+        self, view: Callable[..., Any] | None = None, /, *,
+        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
+    ) -> Any:
         """A view decorator (default budget; see ``reachlimit._cached``): the view is the
-        build, its value (JSON-able, str or bytes) the answer, with ``Cache-Status``.
+        build, its whole answer the cached one, with ``Cache-Status``. ``@rl.cached`` and
+        ``@rl.cached()`` are the same; ``key`` and ``mimetype`` are keyword-only (the one
+        positional argument is the view).
+
+        The view returns what Flask takes: a value (JSON-able -> JSON; str -> text, bytes ->
+        octets, both of ``mimetype``, default text/plain; charset=utf-8 and
+        application/octet-stream; ``NOT_FOUND`` -> 404), ``(body, status)``, ``(body,
+        headers)``, ``(body, status, headers)`` or a Response. A tuple is Flask's tuple
+        form, never a JSON list. Only a status-200 answer without ``Set-Cookie`` is cached
+        and shared, whole (status, headers but hop-by-hop ones and Content-Length, body);
+        any other answer is the answer of the request that built it alone. A streamed
+        response is a TypeError naming the view.
+
         ``key(**view_args)`` -> str, bytes, int or a tuple of those (a TypeError otherwise,
         with and without Redis); default: the request's path and its query string's
         ``name=value`` pairs as sent, sorted by name; the endpoint is part of either.
-        ``mimetype`` for str and bytes answers
-        (default text/plain; charset=utf-8 and application/octet-stream). Always called:
-        ``@rl.cached()``."""
-        return self._cached(DEFAULT_BUDGET, key, mimetype)
+        ``view.forget(query=None, /, **view_args) -> bool`` (in an app context) drops the
+        entries of those view arguments (and that query: a str or bytes as sent, or a
+        mapping) under each endpoint the view is registered at."""
+        return bare_or_called(self._cached(DEFAULT_BUDGET, key, mimetype), view)
 
     def _cached(
         self, name: str, key: Callable[..., Hashable] | None, mimetype: str | None
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    ) -> Callable[[Callable[..., Any]], CachedView]:
         def cold(cache_key: Hashable, build: Callable[[], Any]) -> Any:
             return self._cold(self._budget_state(name), cache_key, build, None)
 
-        def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
-            return cached_view(cold, view, key, mimetype, _current, has_request_context)
+        def forget(cache_key: Hashable) -> bool:
+            return self._forget(self._budget_state(name), cache_key)
 
-        return decorate
+        face = FlaskFace(
+            cold, forget, _current, _app_proxy._get_current_object, has_request_context
+        )
+        return partial(cached_view, face, key=key, mimetype=mimetype)
 
     def _cold(
         self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str | None
     ) -> Any:
         # where: the caller, named in the value rule's TypeError ("" for cold()); None: the
-        # build applies the rule itself (the decorator's), so no wrapper is made here.
+        # decorator's, whose key is checked (checked_key) and whose build applies the value
+        # rule itself, so neither is done here (no wrapper made).
+        if where is not None and type(key) is not str:  # a str key: one comparison
+            check_key(key, "cold()")  # first: nothing held or counted, in process or not
         if state.counters is not None:
             state.counters.ensure_running()  # the first request of this (forked) process
         asking = _request_proxy._get_current_object()
         client_of = state.client_of
+        if not state.enabled:
+            # Off (REACHLIMIT_ENABLED): the build, here and now. The client callable is
+            # still called, so an app's tests still meet what it raises.
+            if client_of is not None:
+                client_of(asking)
+            return build() if where is None else run_ruled(build, key, where)
         # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"] (after
         # ProxyFix, if the app has it): the cheapest read of it there is. First, so that a
         # client callable that fails leaves nothing behind (not even a socket watch).
@@ -388,29 +451,53 @@ class ReachLimit:
         """The current app's figures (default budget): the limiter's plus the path's. On
         Redis, the whole service's (the path's counters as every process added them up in
         Redis, each at most about a second behind); while Redis is unavailable, this
-        process's."""
+        process's. A disabled budget's are zeros (its capacity as configured): nothing went
+        through its path."""
         return service_stats(self._state())
 
     def clear_cache(self) -> None:
-        """Empty the current app's default warm cache (when it can be emptied)."""
-        self._handles[DEFAULT_BUDGET].clear_cache()
+        """Empty the current app's default warm cache (when it can be emptied; needs an app
+        context). On Redis: every process's entries in Redis and this process's first level
+        at once, every other process's first level within its ``local_ttl`` (1 s); raises
+        :class:`reachlimit.Unavailable` (URL masked) when Redis cannot be reached - tried
+        even while the health says Redis is down - and the fallback cache is emptied in any
+        case."""
+        clear_cache(self._state())
+
+    def forget(self, key: Hashable) -> bool:
+        """Drop ``key`` (a ``cold()`` key of the default budget) from every level of the
+        warm cache; True when it was there (on any level). Needs an app context. In process:
+        the TTLCache entry, fresh or stale. On Redis: the shared entry (and its place in the
+        cache's index), this process's first level and the fallback cache; every other
+        process stops answering it within its first level's ``local_ttl`` (1 s). Raises
+        :class:`reachlimit.Unavailable` (URL masked) when Redis cannot be reached, as
+        :meth:`clear_cache`. A build of ``key`` running meanwhile stores its value when it
+        ends. ``key`` follows :meth:`cold`'s rule (TypeError)."""
+        return self._forget(self._state(), key)
 
     def _forget(self, state: BudgetState, key: Hashable) -> bool:
         """Drop ``key`` from budget ``state``'s warm cache; True if it was there."""
+        if type(key) is not str:
+            check_key(key, "forget()")
         return forget_in(state.path.cache, key)
 
     def health_view(self) -> Response:
         """A view function: ``{"status": "ok", "reach": {<the default budget's figures>},
-        "budgets": {"<name>": {<figures>}, ...}}`` (every budget, the default included); on
-        Redis also ``"redis": {"url" (masked), "up", "down_for", "outages", "last_error"}``,
-        and the figures are every process's (``backend: "redis"``), or this process's
-        fallback's while Redis is unavailable (``degraded: true``)."""
+        "budgets": {"<name>": {<figures>}, ...}}`` (every budget, the default included, each
+        with ``enabled``: false for a disabled budget, whose figures are zeros); on Redis
+        also ``"redis": {"url" (masked), "up", "down_for", "outages", "last_error"}``, and
+        the figures are every process's (``backend: "redis"``), or this process's fallback's
+        while Redis is unavailable (``degraded: true``)."""
         states = self._all_states()
         # The figures first: reading them is what notices Redis failing, so the health of
         # Redis read after them agrees with them (never "degraded" beside "up").
-        figures = {name: service_stats(state).as_dict() for name, state in states.items()}
-        default = states[DEFAULT_BUDGET]
-        extra = {} if default.redis is None else {"redis": default.redis.figures()}
+        figures = {
+            name: {**service_stats(state).as_dict(), "enabled": state.enabled}
+            for name, state in states.items()
+        }
+        # One Redis per app: the health of any budget on it (none when every budget is off).
+        redis = next((s.redis for s in states.values() if s.redis is not None), None)
+        extra = {} if redis is None else {"redis": redis.figures()}
         response = jsonify(
             status="ok", reach=figures[DEFAULT_BUDGET], budgets=figures, **extra
         )

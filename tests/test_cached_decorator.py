@@ -3,7 +3,8 @@ its value the answer (JSON, text, bytes, or the decorator's mimetype) with Cache
 default key is the endpoint, the path and the query pairs sorted by name; a given key takes
 the view's arguments; refusals, NOT_FOUND and view errors as with ``cold()``; a herd builds
 once; a stale answer's refresh re-runs the view in a request context of the same path and
-query.
+query. Flask's other return forms (tuples, Response objects, statuses other than 200) are
+tests/test_cached_return_forms.py's.
 
 Builds that must be held wait on an Event the test sets; a stale entry is made by moving an
 injected clock, never by sleeping; a refresh is waited for through the refresher.
@@ -15,7 +16,7 @@ import threading
 from typing import Any
 
 import pytest
-from flask import Flask, Response, request
+from flask import Flask, request
 
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
@@ -75,11 +76,11 @@ def make(**overrides: Any) -> tuple[Flask, ReachLimit, list[str]]:
         runs.append("broken")
         raise RuntimeError("the view failed")
 
-    @app.get("/response")
+    @app.get("/set")
     @rl.cached()
-    def response() -> Any:
-        runs.append("response")
-        return Response("not a value")
+    def a_set() -> Any:
+        runs.append("set")
+        return {1, 2}
 
     return app, rl, runs
 
@@ -225,14 +226,16 @@ def test_not_found_is_a_404_never_cached_and_a_view_error_is_never_cached() -> N
     assert runs == ["missing", "broken", "missing", "broken"]
 
 
-def test_a_view_returning_a_response_is_a_type_error_naming_the_key_and_the_view() -> None:
+def test_a_value_outside_the_value_rule_is_a_type_error_naming_the_key_and_the_view() -> None:
+    """A Response is one of Flask's return forms (tests/test_cached_return_forms.py); a set
+    is no answer at all."""
     app, _, runs = make()
     app.config["PROPAGATE_EXCEPTIONS"] = True
-    with pytest.raises(TypeError, match=r"by view .*response for key .*'/response'.*Response"):
-        app.test_client().get("/response")
+    with pytest.raises(TypeError, match=r"by view .*a_set for key .*'/set'.* set"):
+        app.test_client().get("/set")
     with pytest.raises(TypeError):
-        app.test_client().get("/response")
-    assert runs == ["response", "response"]  # nothing was cached
+        app.test_client().get("/set")
+    assert runs == ["set", "set"]  # nothing was cached
 
 
 def test_the_decorator_keeps_the_views_name_and_docstring() -> None:

@@ -24,15 +24,33 @@ design:
         stats()               Redis's global figures (``backend="redis"``, ``degraded=False``)
                               when up; the in-process limiter's (``backend="local"``,
                               ``degraded=True``) when down.
+        Redis back            an acquire goes where the health says when it starts: every
+                              acquire that starts once the health is up again (its probe
+                              thread marks it up without waiting for traffic) goes to Redis,
+                              none to the fallback (unless Redis fails again). What the
+                              fallback admitted before goes on there: its builds run to
+                              their end, and a waiter queued in it keeps its place and its
+                              wait (it is admitted there). So at recovery the service runs
+                              at most Redis's ``active`` plus, in each process, the
+                              fallback's builds still running (at most its ``active``),
+                              until those end and its queue drains.
 
     ResilientCache   ``get``/``set`` of the Cache protocol (and ``lookup``/``put`` of a cache
                      with a stale window): Redis when up, the in-process cache when down. A
                      failing ``get`` or ``lookup`` is a miss, never an error; a probe skips
                      the shared cache's first level, which says nothing about Redis.
+                     ``clear`` and ``forget(key)`` are an admin's explicit calls, never a
+                     request's: the fallback cache first, then Redis, tried even while it
+                     is believed down; Redis failing there is ``reachlimit.Unavailable``
+                     (URL masked), never swallowed (every worker would go on serving the
+                     old entries for a whole TTL, and the caller could not tell). Either
+                     outcome is reported to the health.
     ResilientFlight  ``do(key, fn, cancel) -> (value, shared)``: the shared flight when up,
-                     the in-process SingleFlight when down. ``fn`` runs at most once per call:
-                     if the shared flight fails after ``fn`` has run, its outcome is returned
-                     (or raised) as it is, never computed again. An error ``fn`` raised
+                     the in-process SingleFlight when down (as the health says when ``do``
+                     starts: a local flight led when Redis comes back ends on the fallback,
+                     and a new call of its key goes to Redis). ``fn`` runs at most once per
+                     call: if the shared flight fails after ``fn`` has run, its outcome is
+                     returned (or raised) as it is, never computed again. An error ``fn`` raised
                      itself - a ``redis.RedisError`` or ``OSError`` of the build's own - is
                      the build's outcome, never taken for Redis failing: not by the leader,
                      and not by its followers in the same process, which receive the very
@@ -51,9 +69,9 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._attrs import shown
-from .._cache import lookup_in, put_into
+from .._cache import forget_in, lookup_in, put_into
 from .._cancel import CancelToken
-from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError
+from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError, Unavailable
 from .._grant import FiguresOf
 from .._limiter import ColdLimiter, Grant, LimiterStats
 from ._health import FAILURES, RedisHealth
@@ -303,14 +321,37 @@ class ResilientCache:
         put_into(self.local, key, value, build_time)
 
     def clear(self) -> None:
-        """Empty the fallback cache, and the shared one when it can be emptied."""
-        for cache in (self.local, self.remote):
-            clear = getattr(cache, "clear", None)
-            if callable(clear):
-                try:
-                    clear()
-                except FAILURES as exc:
-                    self.health.failed(exc)
+        """Empty the fallback cache, then the shared one (when each can be emptied): Redis
+        is tried even while the health says it is down. ``reachlimit.Unavailable`` when it
+        cannot be reached (the fallback is empty all the same)."""
+        clear = getattr(self.local, "clear", None)
+        if callable(clear):
+            clear()
+        clear = getattr(self.remote, "clear", None)
+        if callable(clear):
+            self._explicit(clear)
+
+    def forget(self, key: Any) -> bool:
+        """Drop ``key`` from the fallback cache, then from the shared one (its entry in Redis
+        and its first level), Redis tried even while the health says it is down; True when
+        either held it. ``reachlimit.Unavailable`` when Redis cannot be reached (the key is
+        gone from the fallback all the same); TypeError for a key the shared cache cannot
+        encode."""
+        dropped = forget_in(self.local, key)
+        return bool(self._explicit(lambda: forget_in(self.remote, key))) or dropped
+
+    def _explicit(self, call: Callable[[], T]) -> T:
+        """``call()``, an explicit operation on Redis, its outcome reported to the health;
+        Redis failing is ``Unavailable`` (the health's masked ``where`` and scrubbed text)."""
+        health = self.health
+        since = health.failures
+        try:
+            result = call()
+        except FAILURES as exc:
+            health.failed(exc)
+            raise Unavailable(health.where, health.describe(exc)) from None
+        health.succeeded(since)
+        return result
 
 
 #: The attribute that marks an exception as raised by a build run under ResilientFlight.

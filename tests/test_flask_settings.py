@@ -1,0 +1,92 @@
+"""The extension's settings (``reachlimit._flask_settings``): the warning about a
+``REACHLIMIT_*`` environment variable that is no config key, as a config typo is warned
+about, with the nearest key; and REACHLIMIT_ENABLED read like every other flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+from flask import Flask
+
+from reachlimit.flask import CONFIG_KEYS, ReachLimit
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No REACHLIMIT_* variable of the test run's own environment."""
+    for name in list(os.environ):
+        if name.startswith("REACHLIMIT_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def test_an_environment_typo_is_warned_about_at_init_app_with_the_nearest_key(
+    clean_environ: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = clean_environ
+    env.setenv("REACHLIMIT_ACTIV", "3")  # a typo
+    env.setenv("REACHLIMIT_REDIS_FALLBAK", "refuse")  # another
+    env.setenv("REACHLIMIT_QQQQQQQQQQ", "1")  # near nothing
+    env.setenv("REACHLIMIT_QUEUE", "4")  # a config key: never warned about
+    env.setenv("REACHLIMIT_ENABLED", "false")  # the new key is a config key too
+    for never in ("REACHLIMIT_BOOT_ID", "REACHLIMIT_STRESS", "REACHLIMIT_REDIS_SERVER"):
+        env.setenv(never, "x")  # NOT_CONFIG_KEYS: never warned about
+    env.setenv("OTHER_ACTIV", "1")
+    rl = ReachLimit()  # reads nothing yet: the environment is read by init_app
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        rl.init_app(Flask("env"))
+    assert warnings_of(caplog, "environment variable") == [
+        "unknown environment variable REACHLIMIT_ACTIV: it is no reachlimit config key; "
+        "did you mean REACHLIMIT_ACTIVE?",
+        "unknown environment variable REACHLIMIT_QQQQQQQQQQ: it is no reachlimit config key",
+        "unknown environment variable REACHLIMIT_REDIS_FALLBAK: it is no reachlimit config "
+        "key; did you mean REACHLIMIT_REDIS_FALLBACK?",
+    ]
+
+
+def test_a_typo_in_both_the_config_and_the_environment_is_warned_about_once(
+    clean_environ: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_environ.setenv("REACHLIMIT_WAITT", "2")
+    app = Flask("copied")
+    app.config["REACHLIMIT_WAITT"] = "2"  # an app that copies its environment in
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        ReachLimit(app)
+    warned = warnings_of(caplog, "REACHLIMIT_WAITT")
+    assert warned == [
+        "unknown config key REACHLIMIT_WAITT: reachlimit does not read it; did you mean "
+        "REACHLIMIT_WAIT?"
+    ]
+
+
+def test_a_clean_environment_warns_of_nothing(
+    clean_environ: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for key in CONFIG_KEYS:
+        clean_environ.setenv(key, "")
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        ReachLimit(Flask("clean"))
+    assert warnings_of(caplog, "unknown") == []
+
+
+@pytest.mark.parametrize(
+    ("value", "enabled"),
+    [(True, True), (False, False), ("true", True), (" No ", False), ("0", False), ("on", True)],
+)
+def test_enabled_reads_like_every_flag(value: object, enabled: bool) -> None:
+    app = Flask("flag")
+    app.config["REACHLIMIT_ENABLED"] = value
+    ReachLimit(app)
+    assert app.extensions["reachlimit"].settings.enabled is enabled
+    assert app.extensions["reachlimit"].enabled is enabled
+    assert "REACHLIMIT_ENABLED" in CONFIG_KEYS
