@@ -303,3 +303,20 @@ def test_refuse_mode_when_redis_dies_under_a_queued_leader(
     assert isinstance(outcome.error, Busy) and outcome.error.reason == Busy.UNAVAILABLE
     assert waiter.local.stats().acquired == 0
     held.release()
+
+
+def test_a_path_over_the_resilient_cache_backs_a_failing_refresh_off_by_the_shared_ttl() -> None:
+    """ColdPath backs a failing refresh off by its cache's TTL (at most its cap): over a
+    ResilientCache, the shared cache's. Without the property it would be the cap (60 s)
+    for every TTL. No Redis is reached: the TTL is configuration."""
+    from reachlimit import ColdLimiter, ColdPath
+
+    client = connect(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        remote = RedisCache(client, "ttl", ttl=7.0, size=8)
+        cache = ResilientCache(remote, TTLCache(8, 7.0), RedisHealth("redis://127.0.0.1"))
+        assert cache.ttl == 7.0
+        path = ColdPath(ColdLimiter(), cache)
+        assert path.refresh_backoff == 7.0
+    finally:
+        client.close()

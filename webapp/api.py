@@ -60,7 +60,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from reachlimit import NOT_FOUND
+from reachlimit import NOT_FOUND, Unavailable
 from reachlimit.flask import ReachLimit
 
 from .db import fetch_node
@@ -136,10 +136,19 @@ def _state() -> ReachState:
 def _empty_cache_after_visibility_change() -> None:
     """A visibility change empties the warm cache on the next request."""
     state = current_app.extensions.get("reach")
-    if isinstance(state, ReachState) and state.claim_cache_clear():
-        reach_limit.clear_cache()
-        log.info("visibility rules changed (generation %d): warm cache emptied",
-                 state.visibility.generation)
+    generation = state.claim_cache_clear() if isinstance(state, ReachState) else 0
+    if generation:
+        assert isinstance(state, ReachState)
+        try:
+            reach_limit.clear_cache()
+        except Unavailable as exc:
+            # The request goes on: reports of older generations are never answered (the
+            # generation is in the key); the next request tries the clear again.
+            state.give_back_cache_clear(generation)
+            log.warning("visibility rules changed (generation %d): the warm cache could not "
+                        "be emptied (%s); the next request tries again", generation, exc)
+            return
+        log.info("visibility rules changed (generation %d): warm cache emptied", generation)
 
 
 def _target_visible(state: ReachState, rules: VisibilityRules, pubkey: str) -> bool:

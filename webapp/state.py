@@ -99,15 +99,25 @@ class ReachState:
 
     # -- the warm cache and the visibility generation --------------------------------------
 
-    def claim_cache_clear(self) -> bool:
-        """True once per visibility generation change: the caller then empties the warm
-        cache. Reports under older generations are already unreachable (the generation is
-        part of the key); emptying frees their memory at once."""
+    def claim_cache_clear(self) -> int:
+        """Once per visibility generation change, the generation now in force (always >= 1;
+        0 otherwise): the caller then empties the warm cache. Reports under older
+        generations are already unreachable (the generation is part of the key); emptying
+        frees their memory at once."""
         generation = self.visibility.generation  # generations only grow
         if generation <= self._cleared_generation:  # racy read; confirmed under the lock
-            return False
+            return 0
         with self._lock:
             if generation <= self._cleared_generation:
-                return False
+                return 0
             self._cleared_generation = generation
-            return True
+            return generation
+
+    def give_back_cache_clear(self, generation: int) -> None:
+        """The clear claimed for ``generation`` (what :meth:`claim_cache_clear` answered)
+        could not be done (the shared cache's Redis
+        is unreachable): the next request claims it again. Nothing is lost meanwhile: the
+        generation is part of every report's key, so the old entries are never answered."""
+        with self._lock:
+            if self._cleared_generation == generation:
+                self._cleared_generation = generation - 1

@@ -287,6 +287,13 @@ class ResilientCache:
         """The shared cache's stale window (the fallback's is the same)."""
         return float(getattr(self.remote, "stale", 0.0))
 
+    @property
+    def ttl(self) -> float | None:
+        """The shared cache's TTL (the fallback's is the same), or None when it has none:
+        what ColdPath backs a failing refresh off by."""
+        ttl = getattr(self.remote, "ttl", None)
+        return None if ttl is None else float(ttl)
+
     def lookup(self, key: Any) -> Any:
         """``get`` for an entry, fresh or stale (``Entry`` or None): the shared cache's while
         Redis answers, else the fallback's."""
