@@ -182,8 +182,8 @@ class Extension(Protocol):
 
     def _budget_state(self, name: str) -> BudgetState: ...
 
-
     def _forget(self, state: BudgetState, key: Hashable) -> bool: ...
+
 
 class Budget:
     """One budget of the apps a :class:`ReachLimit` serves: ``rl.budget(name, **options)``.
@@ -205,7 +205,6 @@ class Budget:
         """:meth:`ReachLimit.cold` in this budget."""
         return self.rl._cold(self._state(), key, build, "")
 
-    def cached(
     @overload
     def cached(self, view: Callable[..., Any], /) -> CachedView: ...
 
@@ -215,6 +214,7 @@ class Budget:
         mimetype: str | None = None,
     ) -> Callable[[Callable[..., Any]], CachedView]: ...
 
+    def cached(
         self, view: Callable[..., Any] | None = None, /, *,
         key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
     ) -> Any:
@@ -225,11 +225,11 @@ class Budget:
     def stats(self) -> ColdPathStats:
         return service_stats(self._state())
 
-    def clear_cache(self) -> None:
     def forget(self, key: Hashable) -> bool:
         """:meth:`ReachLimit.forget` in this budget."""
         return self.rl._forget(self._state(), key)
 
+    def clear_cache(self) -> None:
         """:meth:`ReachLimit.clear_cache` in this budget."""
         clear_cache(self._state())
 
