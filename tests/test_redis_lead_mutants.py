@@ -1,7 +1,7 @@
 """The cold lead's checks catch a broken cold lead script.
 
 Each check passes with the real script (``reachlimit/redis/lua/cold_lead_*.lua``, put together
-by ``lua.cold_lead``) and fails, for the reason it names, with a mutant: the real text with one
+as ``lua.COLD_LEAD``) and fails, for the reason it names, with a mutant: the real text with one
 piece replaced, the piece asserted to be there exactly once (so a change of the real script
 fails here loudly instead of quietly testing the unchanged code). A mutant is installed on the
 app's ``RedisColdLimiter`` in place of both variants of its lead script.
@@ -54,8 +54,7 @@ def install(app: Flask, old: str, new: str) -> None:
     limiter = shared_limiter(app)
     client = limiter._client
     scripts = []
-    for refusal_first in (False, True):
-        text = lua.cold_lead(limiter._hot, refusal_first=refusal_first)
+    for text in (lua.COLD_LEAD, lua.COLD_LEAD_AFTER_REFUSAL):
         assert text.count(old) == 1, f"the cold lead no longer holds {old!r} once"
         scripts.append(client.register_script(text.replace(old, new)))
     limiter._lead_scripts = (scripts[0], scripts[1])
@@ -71,8 +70,7 @@ MUTANTS = {
     "never_claims": (_CLAIM_ONLY_ADMITTED, "if false then"),
 }
 for _old, _new in MUTANTS.values():
-    assert lua.cold_lead({"ACTIVE": 1, "QUEUE": 1, "LEASE_MS": 1, "PRESENCE_MS": 1,
-                          "WAIT_MS": 1}).count(_old) == 1
+    assert lua.COLD_LEAD.count(_old) == lua.COLD_LEAD_AFTER_REFUSAL.count(_old) == 1
 
 
 def check_refusal_leaves_no_flight(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:

@@ -195,7 +195,8 @@ def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
     """The acquire script's answer for ``token``: the usual script, or the one sent after a
     refusal (which checks for the refusal first, then goes on as the usual one)."""
     if refusing:
-        return int(lim._evalsha(lim._refusing_script, lim._refusing_head, token))
+        reply = lim._evalsha(lim._refusing_script, lim._refusing_head, token)
+        return int(reply[0] if isinstance(reply, list) else reply)  # queued: {2, wait ms}
     return lim._admit(token)[0]
 
 
@@ -255,9 +256,13 @@ def test_the_hot_scripts_reap_a_lease_ended_beside_a_free_slot(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     """A slot free and another held by a lease that ended: neither a fast acquire nor a
-    release skips the reap (read straight from Redis, not through stats, which reaps too)."""
+    release skips the reap (read straight from Redis, not through stats, which reaps too).
+    The budget's lease is the short one (``short`` started last); ``lasting``'s grants last
+    its own longer lease, which it renews every third of."""
     short = make_limiter(active=3, queue=1, lease=0.2)
     lasting = make_limiter(active=3, queue=1, lease=120.0)
+    lasting.stats()
+    short.stats()
     holders_key, stats_key = lasting.keys[0], lasting.keys[4]
     start = server_ms(client)
     assert short._admit("ended-1")[0] == GRANTED

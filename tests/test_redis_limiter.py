@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
 # Redis's read-only commands that a script may call on the refusal path.
-READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget", "hgetall"}
+READS = {"time", "zcount", "zrangebyscore", "zcard", "zrange", "zscore", "hget", "hmget", "hgetall"}
 
 
 # -- construction -----------------------------------------------------------------------------

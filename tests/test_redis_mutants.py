@@ -50,6 +50,7 @@ SCRIPTS = {
     "_poll_script": "_poll_head",
     "_renew_script": None,
     "_stats_script": None,
+    "_record_script": None,
 }
 
 
@@ -57,9 +58,10 @@ def mutant(
     changes: tuple[tuple[str, str], ...], scripts: tuple[str, ...]
 ) -> type[RedisColdLimiter]:
     """A RedisColdLimiter whose ``scripts`` (attribute names) run the text the real limiter
-    registers with each ``(old, new)`` of ``changes`` applied. The texts are built per limiter
-    (the hot scripts carry its settings), so the check that each ``old`` is found exactly
-    once in each script is made on every limiter made, before it is used."""
+    registers with each ``(old, new)`` of ``changes`` applied. The check that each ``old`` is
+    found exactly once in each script is made on every limiter made, before it is used, on
+    the text that limiter registered (the same for every limiter: each reads its settings
+    from Redis)."""
 
     class Mutant(RedisColdLimiter):
         def __init__(self, client: redis.Redis, *args: Any, **kwargs: Any) -> None:
@@ -88,8 +90,8 @@ _PIECES = (
     (lua.POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
     (lua.POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
     (lua.FRAGMENTS["limiter_steps"], "  if token then forget_waiter(token) end\n"),
-    (lua.FRAGMENTS["limiter_release"], "local mine = redis.call('ZREM', holders, ARGV[1])"),
-    (lua.FRAGMENTS["limiter_release_first"], "return redis.call('ZREM', holders, ARGV[1])"),
+    (lua.FRAGMENTS["limiter_release"], "local mine = redis.call('ZREM', holders, ARGV[4])"),
+    (lua.FRAGMENTS["limiter_release_first"], "return redis.call('ZREM', holders, ARGV[4])"),
 )
 for _text, _piece in _PIECES:
     assert _text.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
@@ -122,12 +124,12 @@ PROMOTION_KEEPS_PLACE = mutant(
 RELEASE_KEEPS_SLOT = mutant(
     (
         (
-            "return redis.call('ZREM', holders, ARGV[1])",
-            "return redis.call('ZSCORE', holders, ARGV[1]) and 1 or 0",
+            "return redis.call('ZREM', holders, ARGV[4])",
+            "return redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
         ),
         (
-            "local mine = redis.call('ZREM', holders, ARGV[1])",
-            "local mine = redis.call('ZSCORE', holders, ARGV[1]) and 1 or 0",
+            "local mine = redis.call('ZREM', holders, ARGV[4])",
+            "local mine = redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
         ),
     ),
     ("_release_script",),

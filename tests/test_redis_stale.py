@@ -50,6 +50,18 @@ def age(client: redis.Redis, cache: RedisCache, key: Any, pttl_ms: int) -> None:
     cache.local.clear()
 
 
+def bracketed_lookup(client: redis.Redis, cache: RedisCache, key: Any) -> tuple[Any, float, float]:
+    """``cache.lookup(key)`` between two reads of the entry's PTTL in Redis: the lookup's own
+    PTTL lies between them, so its ``fresh_for`` is within the two bounds returned (latest,
+    earliest) however long the machine took between the calls. For the cache's window."""
+    entry_key = cache.key_of(key)
+    earliest = (client.pttl(entry_key) - STALE * 1000) / 1000
+    entry = cache.lookup(key)
+    latest = (client.pttl(entry_key) - STALE * 1000) / 1000
+    assert entry is not None
+    return entry, latest, earliest
+
+
 def test_an_entry_lives_ttl_plus_stale_and_is_fresh_while_its_pttl_is_above_stale(
     client: CountingRedis,
 ) -> None:
@@ -60,14 +72,14 @@ def test_an_entry_lives_ttl_plus_stale_and_is_fresh_while_its_pttl_is_above_stal
     entry = cache.lookup("k")
     assert entry is not None and entry.value == {"v": 1} and entry.build_time == 0.25
     assert 0 < entry.fresh_for <= TTL
-    age(client, cache, "k", int(STALE * 1000) + 500)  # half a second of freshness left
-    entry = cache.lookup("k")
-    assert entry is not None and 0 < entry.fresh_for <= 0.5
+    age(client, cache, "k", int(STALE * 1000) + 5000)  # five seconds of freshness left
+    entry, latest, earliest = bracketed_lookup(client, cache, "k")
+    assert 0 < latest <= entry.fresh_for <= earliest <= 5.0  # Redis's PTTL less the window
     assert cache.get("k") == {"v": 1}
     age(client, cache, "k", int(STALE * 1000) - 2000)  # two seconds past its TTL
-    entry = cache.lookup("k")
-    assert entry is not None and entry.value == {"v": 1}
-    assert -2.1 < entry.fresh_for <= -1.9
+    entry, latest, earliest = bracketed_lookup(client, cache, "k")
+    assert entry.value == {"v": 1}
+    assert latest <= entry.fresh_for <= earliest <= -2.0
     assert cache.get("k") is None and cache.fetch("k") is None  # get answers fresh only
     assert cache.local.get("k") is None  # a stale entry never enters the first level
     client.delete(cache.key_of("k"))  # its stale window over: Redis dropped it
@@ -82,15 +94,17 @@ def test_the_first_level_never_answers_an_entry_past_its_freshness(
     cache._clock = clock
     cache._local = TTLCache(16, 1.0, clock=clock)
     cache.put("k", "v", 0.0)
-    age(client, cache, "k", int(STALE * 1000) + 300)  # 0.3 s of freshness left in Redis
-    entry = cache.lookup("k")  # read from Redis, held in the first level for 0.3 s
-    assert entry is not None and entry.fresh_for <= 0.3
+    age(client, cache, "k", int(STALE * 1000) + 900)  # 0.9 s of freshness left in Redis
+    entry = cache.lookup("k")  # read from Redis, held in the first level that long
+    # (As long as Redis said when the lookup read its PTTL: a few ms less than 0.9 s, or
+    # more on a loaded machine; the clock steps below are measured from what it said.)
+    assert entry is not None and 0.01 < entry.fresh_for <= 0.9
     data = client.get(cache.key_of("k"))
     client.delete(cache.key_of("k"))
     assert cache.get("k") == "v"  # answered by the first level: Redis has nothing now
     client.set(cache.key_of("k"), data, px=int(STALE * 1000) - 100)  # back, and stale
-    clock.advance(0.29)
-    assert cache.get("k") == "v"  # still within the 0.3 s it was read as fresh for
+    clock.advance(entry.fresh_for - 0.01)
+    assert cache.get("k") == "v"  # still within the time it was read as fresh for
     clock.advance(0.02)  # past its freshness, though within the first level's own 1 s
     assert cache.get("k") is None  # the held copy is not fresh any more: Redis says stale
     entry = cache.lookup("k")

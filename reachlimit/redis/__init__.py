@@ -8,7 +8,7 @@ design: one module per job, each opening with its own design note; who imports w
 cycle: each imports only those above it and the core)::
 
     _common      names and their checks, key encoding and client ids, owner ids, socket
-                 timeout, a warning logged once
+                 timeout, a warning logged once, the settings a process records at start
     lua/         the Lua scripts (``.lua`` files) and the Python that puts them together
     _renewer     LeaseRenewer: the one lease-renewing thread of a limiter or a flight
     _waker       Waker: ends a waiter's blocking read on time

@@ -20,15 +20,21 @@ design:
     On a Redis Cluster the entries spread over slots (and so over nodes): an entry is
     ``<prefix>:<name>:cache:e:<digest>``, no hash tag, hashed by itself; the index (and the
     settings) keep the tag, one slot. A set is then up to three round trips instead of one:
-    the entry's ``SET ... PX`` on its node, the index script (``lua.CACHE_INDEX``: index it,
-    evict past ``size``, answer the evicted digests) on the index's, and, only when
-    something was evicted, one pipeline of ``DEL`` (one batch per node). The entry is SET
-    before it is indexed, so an entry always outlives its index entry or dies with its own
-    TTL: a process that dies between the two leaves one entry that only its TTL bounds.
+    the index script (``lua.CACHE_INDEX``: index it, evict past ``size``, answer the
+    settings in Redis and the evicted digests) on the index's node, the entry's ``SET ... PX``
+    on its own with those settings, and, only when something was evicted, one pipeline of
+    ``DEL`` (one batch per node). The entry is indexed before it is SET (so that its TTL is
+    the one in Redis), and so outlives its index entry: a process that dies between the two
+    leaves an index entry without an entry, which counts towards ``size`` until it expires or
+    is evicted.
     ``clear`` empties the index in one script (``lua.CACHE_DRAIN``, answering every digest
     it held) and deletes those entries, one batch per node; an entry whose set raced the
     clear (SET before it, indexed after) survives it, as a set just after the clear would.
-    A get is one GET (or GET and PTTL, same key) on the entry's node, as on one Redis.
+    ``forget(key)`` is the entry's ``DEL`` and its index entry's ``ZREM``: one round trip
+    (a ``MULTI`` on one Redis; on a Cluster one batch per node, not atomic: an index entry
+    left without its entry counts towards ``size`` until it expires or is evicted, as one
+    whose entry Redis evicted does). A get is one GET (or GET and PTTL, same key) on the
+    entry's node, as on one Redis.
 
     ``get``: the first level (an in-process ``TTLCache`` with ``local_ttl``) first; a hit
     there makes no Redis call. Otherwise one ``GET``; a hit is copied into the first level, a
@@ -36,18 +42,35 @@ design:
     a value changed in another process may be served from here for at most ``local_ttl``.
     ``set``: one script (one round trip): drop the index entries that have expired, ``SET
     ... PX ttl`` the entry, index it, and while the index holds more than ``size`` entries
-    delete the one that expires first. All entries of a name share one TTL (every process
-    must use the same ``ttl`` and ``size`` for a name), so the first to expire is the oldest
-    set: eviction drops the oldest entry, one at a time, never the whole cache. The index
-    itself expires ``ttl`` after the last set.
+    delete the one that expires first. All entries of a name share one TTL, so the first to
+    expire is the oldest set: eviction drops the oldest entry, one at a time, never the whole
+    cache (all at once the extra ones when ``size`` was just made smaller). The index itself
+    expires ``ttl`` after the last set.
 
-    A stale window (``stale`` > 0, REACHLIMIT_STALE): an entry lives ``ttl + stale`` in Redis
-    (its ``PX``, its index score and the index's own expiry), and is fresh while its ``PTTL``
-    is above ``stale``: one clock for every process, Redis's. Entry layout with a window:
+    Settings are data in Redis: ``ttl``, ``stale`` and ``size`` are the cache's settings hash
+    (``C:settings``), written by every process when it starts using the cache (its first
+    call), the newest start winning, with one INFO line naming a change; the set script reads
+    them there (``lua/cache_settings.lua``, which also re-creates a hash Redis lost), so the
+    TTL of an entry in Redis and the size of the index are the cache's, whatever this
+    process was given, and a difference is never an error. What stays this process's own:
+    its first level (``local_ttl``, ``local_size``), whether it serves stale answers at all
+    (its ``stale`` > 0), and its in-process fallback (``ResilientCache``).
 
-      t<build ms>;<tag><payload>   the build time in whole ms, then the codec's bytes (``t``
-                                   is a tag no codec writes; an entry without the header,
-                                   written by an older version, decodes with build time 0)
+    A stale window (``stale`` > 0 in Redis, REACHLIMIT_STALE): an entry lives ``ttl + stale``
+    in Redis (its ``PX``, its index score and the index's own expiry), and is fresh while its
+    ``PTTL`` is above ``stale``: one clock for every process, Redis's. Entry layout with a
+    window (the set script writes the header, with the window it set the entry for):
+
+      t<build ms>,<stale ms>;<tag><payload>
+                        the build time in whole ms, the entry's stale window, then the
+                        codec's bytes (``t`` is a tag no codec writes). ``t<build ms>;``
+                        (an older version's) has this process's window; an entry without
+                        a header has none (and decodes with build time 0)
+
+    So a reader knows when an entry turns stale from the entry itself, whatever its own
+    ``stale``; one without a window of its own that finds an entry with a window (a deploy
+    that turned the window on, not yet everywhere) asks its ``PTTL`` too and takes an entry
+    past its freshness for a miss.
 
     ``lookup`` (and ``fetch_entry``, which skips the first level: ResilientCache's probe)
     asks Redis ``GET`` and ``PTTL`` in one round trip (a pipeline, no transaction): fresh for
@@ -77,11 +100,11 @@ from ._common import (
     Client,
     LogOnce,
     Named,
-    check_settings,
     is_cluster,
     key_digest,
     ms,
     positive,
+    record_settings,
 )
 from ._lead import HandOver
 
@@ -134,18 +157,23 @@ class _Held(NamedTuple):
     build_time: float
 
 
-def _with_build_time(data: bytes, build_time: float) -> bytes:
-    """The stored bytes of an entry with a stale window: the build time's header first."""
-    return b"t%d;" % max(0, round(build_time * 1000)) + data
+def _with_header(data: bytes, build_ms: int, stale_ms: int) -> bytes:
+    """The stored bytes of an entry with a stale window, as ``lua/cache_set.lua`` writes
+    them (a Cluster's set writes the entry itself): the header first."""
+    return b"t%d,%d;" % (build_ms, stale_ms) + data
 
 
-def _split_build_time(data: bytes) -> tuple[bytes, float]:
-    """``(codec bytes, build time in s)`` of stored bytes; no header: build time 0."""
+def _split_header(data: bytes) -> tuple[bytes, float, int | None]:
+    """``(codec bytes, build time in s, stale window in ms)`` of stored bytes (module
+    design): no header, build time 0 and no window; an older version's header, which names
+    no window, None for it."""
     if data[:1] == b"t":
         head, sep, rest = data.partition(b";")
-        if sep and head[1:].isdigit():
-            return rest, int(head[1:]) / 1000
-    return data, 0.0
+        if sep:
+            build, comma, stale = head[1:].partition(b",")
+            if build.isdigit() and (stale.isdigit() if comma else True):
+                return rest, int(build) / 1000, int(stale) if comma else None
+    return data, 0.0, 0
 
 
 class RedisCache(Named):
@@ -157,6 +185,11 @@ class RedisCache(Named):
     most ``local_size`` in the first level, each for at most ``local_ttl`` seconds. A value
     set here is seen by every other process at once, except one that holds an older value in
     its first level: that one sees the new value within ``local_ttl``.
+
+    ``ttl``, ``stale`` and ``size`` are written into the cache's settings hash in Redis at
+    this object's first call (its start), the newest start winning (one INFO line names a
+    change); what Redis holds decides an entry's TTL and the index's size for every process,
+    and a difference is never an error (module design).
 
     ``client`` is a ``redis.Redis`` (or a ``redis.cluster.RedisCluster``: entries then
     spread over slots, see the module's note) that does not decode responses. Errors of Redis
@@ -200,7 +233,10 @@ class RedisCache(Named):
         self._index_script = client.register_script(lua.CACHE_INDEX)  # a Cluster's
         self._drain_script = client.register_script(lua.CACHE_DRAIN)  # a Cluster's
         self._settings_key = f"{tag}:settings"
-        self._checked = False  # racy: set once the settings were checked against Redis
+        self._checked = False  # racy: set once this process's settings were written to Redis
+        # The first arguments of the set scripts (lua/cache_settings.lua): this process's
+        # settings, which count only where Redis has none.
+        self._own = list(self.settings().values())
         self._undecodable = LogOnce()
         # A miss the cold lead saw, for the recheck that follows in the same thread.
         self._missed: HandOver[tuple[Hashable]] = HandOver()
@@ -266,28 +302,33 @@ class RedisCache(Named):
         if value is None:
             return
         data = self._codec.encode(value)
-        if self._stale_ms:
-            data = _with_build_time(data, build_time)
         if not self._checked:
             self._check()
+        build_ms = max(0, round(build_time * 1000))
         sent = self._clock()  # before the script: its entry is fresh until after sent + ttl
         if self._spread:
-            self._set_spread(digest, data)
+            ttl_ms = self._set_spread(digest, data, build_ms)
         else:
-            self._set_script(
-                keys=[self._index, self._entry_prefix + digest],
-                args=[self._entry_prefix, digest, data, self._ttl_ms + self._stale_ms,
-                      self._size],
+            _, ttl_ms, _ = self._set_script(
+                keys=[self._settings_key, self._index, self._entry_prefix + digest],
+                args=[*self._own, self._entry_prefix, digest, data, build_ms],
             )
-        self._hold(key, value, sent + self._ttl, build_time)
+        # Fresh for the cache's TTL, as Redis holds it (the first level bounds it anyway).
+        self._hold(key, value, sent + int(ttl_ms) / 1000, build_time)
 
-    def _set_spread(self, digest: str, data: bytes) -> None:
-        """A set on a Cluster (module design): the entry's SET on its node, the index
-        script on the index's, then the evicted entries deleted on theirs."""
-        lives = self._ttl_ms + self._stale_ms
-        self._client.set(self._entry_prefix + digest, data, px=lives)
-        evicted = self._index_script(keys=[self._index], args=[digest, lives, self._size])
+    def _set_spread(self, digest: str, data: bytes, build_ms: int) -> int:
+        """A set on a Cluster (module design): the index script on the index's node, the
+        entry's SET on its own with the settings the script answered, then the evicted
+        entries deleted on theirs. Returns the cache's TTL (ms) as Redis holds it."""
+        reply = self._index_script(
+            keys=[self._settings_key, self._index], args=[*self._own, digest]
+        )
+        ttl_ms, stale_ms, evicted = int(reply[0]), int(reply[1]), reply[2:]
+        if stale_ms > 0:
+            data = _with_header(data, build_ms, stale_ms)
+        self._client.set(self._entry_prefix + digest, data, px=ttl_ms + stale_ms)
         self._delete(evicted)
+        return ttl_ms
 
     def _delete(self, digests: list[Any]) -> None:
         """Delete the entries of ``digests`` on a Cluster: one pipeline, which redis-py
@@ -310,16 +351,34 @@ class RedisCache(Named):
             self._clear_script(keys=[self._index], args=[self._entry_prefix])
         self._local.clear()  # a get that raced the script may have copied an entry back
 
+    def forget(self, key: Hashable) -> bool:
+        """Drop the entry of ``key`` for every process: in Redis (the entry and its place
+        in the index, one round trip) and this process's first level at once; another
+        process's first level keeps it for at most ``local_ttl``. True when it was there
+        (in Redis, fresh or stale, or in the first level). TypeError for a key with no
+        encoding (nothing is sent); redis-py's errors propagate. A set racing the forget
+        (a build that ends meanwhile) stores its value, as a set just after it would."""
+        digest = key_digest(key)
+        held = self._local.forget(key)
+        pipe = self._client.pipeline(transaction=not self._spread)
+        pipe.delete(self._entry_prefix + digest)
+        pipe.zrem(self._index, digest)
+        deleted, _ = pipe.execute()
+        # A get that raced the delete may have copied the entry back into the first level.
+        held = self._local.forget(key) or held
+        return held or bool(deleted)
+
     def settings(self) -> dict[str, int]:
-        """The settings every process of this cache must share, as recorded in Redis."""
-        return {"ttl_ms": self._ttl_ms, "size": self._size, "stale_ms": self._stale_ms}
+        """This object's own settings, as it records them in Redis at its first call (the
+        cache's are what the newest process to start recorded there)."""
+        return {"ttl_ms": self._ttl_ms, "stale_ms": self._stale_ms, "size": self._size}
 
     def fetch(self, key: Hashable) -> Any:
         """The fresh value of ``key`` in Redis, skipping the first level: one GET (with a
         stale window, GET and PTTL in one round trip). A hit is copied into the first level.
         (ResilientCache probes a Redis that was down with it.) The first call of this object
-        checks its settings against those recorded in Redis (``ValueError`` naming the
-        setting and both values)."""
+        records its settings in Redis (its start: never an error for settings that differ
+        from those recorded)."""
         if not self._stale_ms:
             if not self._checked:
                 self._check()
@@ -354,13 +413,20 @@ class RedisCache(Named):
     def _adopt(self, key: Hashable, entry: str, data: Any) -> Any:
         """A value Redis sent without its PTTL (a plain GET, or the cold lead's recheck).
         Without a stale window it is copied into the first level; with one it is not: its
-        freshness is not known, and the first level never holds what may be stale."""
+        freshness is not known, and the first level never holds what may be stale. Without
+        a window of this process's own, an entry set with one (module design) is asked its
+        PTTL: past its freshness, it is a miss."""
         decoded = self._decode(entry, data)
         if decoded is None:
             return None
+        value, _, window = decoded
         if not self._stale_ms:
-            self._local.set(key, decoded[0])
-        return decoded[0]
+            if window:
+                left_ms = int(self._client.pttl(entry))
+                if left_ms != -1 and left_ms <= window:  # stale, or gone (-2) meanwhile
+                    return None
+            self._local.set(key, value)
+        return value
 
     def _entry(
         self, key: Hashable, entry: str, data: Any, pttl: Any, sent: float
@@ -369,29 +435,31 @@ class RedisCache(Named):
         decoded = self._decode(entry, data)
         if decoded is None:
             return None
-        value, build_time = decoded
+        value, build_time, window = decoded
         # PTTL -1 (no expiry: written by hand) counts as fresh for a whole TTL; -2: just gone.
-        left_ms = self._ttl_ms + self._stale_ms if pttl == -1 else int(pttl)
+        left_ms = self._ttl_ms + window if pttl == -1 else int(pttl)
         if left_ms < 0:
             return None
-        fresh_for = (left_ms - self._stale_ms) / 1000
+        fresh_for = (left_ms - window) / 1000  # the entry's own window (module design)
         if fresh_for > 0:
             self._hold(key, value, sent + fresh_for, build_time)
         return Entry(value, fresh_for, build_time)
 
-    def _decode(self, entry: str, data: Any) -> tuple[Any, float] | None:
-        """``(value, build time)`` of stored bytes, or None (none, or undecodable: logged)."""
+    def _decode(self, entry: str, data: Any) -> tuple[Any, float, int] | None:
+        """``(value, build time, stale window in ms)`` of stored bytes (an older version's
+        header: this process's window), or None (none, or undecodable: logged)."""
         if data is None:
             return None
-        build_time = 0.0
-        if self._stale_ms and isinstance(data, bytes):
-            data, build_time = _split_build_time(data)
+        build_time, window = 0.0, 0
+        if isinstance(data, bytes):
+            data, build_time, stale = _split_header(data)
+            window = self._stale_ms if stale is None else stale
         try:
             value = self._codec.decode(data)
         except ValueError as exc:
             self._undecodable("value", entry, str(exc))
             return None
-        return None if value is None else (value, build_time)
+        return None if value is None else (value, build_time, window)
 
     def _hold(self, key: Hashable, value: Any, fresh_until: float, build_time: float) -> None:
         """Copy a fresh value into the first level (with a stale window: with its own
@@ -402,7 +470,11 @@ class RedisCache(Named):
             self._local.set(key, _Held(value, fresh_until, build_time))
 
     def _check(self) -> None:
-        check_settings(self._client, self._settings_key, self.settings())
+        """The first call of this object, its start on the cache: write its settings into
+        the cache's settings hash, whatever was recorded (the newest start wins; one INFO
+        line names a change). One round trip, once."""
+        where = self._index.rsplit(":", 1)[0]
+        record_settings(self._client, self._settings_key, self.settings(), f"cache {where}")
         self._checked = True
 
     def __repr__(self) -> str:

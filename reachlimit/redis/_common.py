@@ -12,6 +12,13 @@ design:
 
     A client's name (fair admission, ``client_id``) is encoded the same way and hashed to 16
     hex digits: the limiter's per-client keys stay short whatever the name.
+
+    Settings are data: a shared object's settings live in a hash of its own in Redis, which
+    every process writes when it starts using the object (its first call), the newest start
+    winning (``record_settings``; the limiter's own script does the same and fills its
+    queue); a change is one INFO line naming each setting (old -> new), who changed it and
+    who had set it before (``settings_changed``). Never an error: the scripts read the
+    settings from Redis.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ from . import lua
 __all__ = [
     "Leased", "Named",
     "BOOT_ID", "BOOT_ID_VARIABLE", "Client", "LogOnce", "REDIS_ERRORS", "check_client",
-    "check_names", "check_settings", "client_id", "is_cluster", "key_digest", "ms", "owner_prefix",
-    "positive", "socket_timeout", "warn_eviction",
+    "LIMITER_KEY_SUFFIXES", "check_names", "client_id", "is_cluster", "key_digest", "limiter_keys",
+    "ms", "owner_id", "owner_prefix",
+    "positive", "record_settings", "settings_changed", "socket_timeout", "warn_eviction",
 ]
 
 log = logging.getLogger("reachlimit")
@@ -123,6 +131,20 @@ def registry_key(prefix: str) -> str:
     return f"{prefix}:budgets"
 
 
+#: The fixed keys of a limiter, after its hash tag, in the order its scripts read KEYS
+#: (``lua/limiter_keys.lua``): the last one is the budget's settings hash.
+LIMITER_KEY_SUFFIXES = (
+    "holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients", "settings",
+)
+
+
+def limiter_keys(prefix: str, name: str) -> list[str]:
+    """The fixed keys of the limiter ``name`` under ``prefix``, as its scripts take them: one
+    hash tag, ``{<prefix>:<name>}``, so every script touches one Cluster slot."""
+    tag = "{" + prefix + ":" + name + "}"
+    return [f"{tag}:{suffix}" for suffix in LIMITER_KEY_SUFFIXES]
+
+
 def check_names(name: str, prefix: str) -> None:
     """``name`` and ``prefix`` of an object's keys: non-empty, without braces (a brace would
     change the hash tag)."""
@@ -184,30 +206,46 @@ class LogOnce:
                     "are logged at debug level", what, where, reason)
 
 
-def check_settings(client: Any, key: str, mine: dict[str, int]) -> dict[str, int]:
-    """Record ``mine`` as the settings of the budget whose settings hash is ``key``, where
-    none are recorded yet; raise ``ValueError`` naming the setting and both values where one
-    recorded differs (the processes of one budget must agree: change settings under a new
-    prefix). One round trip. Returns what is recorded."""
-    flat = client.register_script(lua.SETTINGS)(
-        keys=[key], args=[item for pair in mine.items() for item in pair]
+def record_settings(client: Any, key: str, mine: dict[str, int], what: str) -> None:
+    """Record ``mine`` as this process's settings of the shared object whose settings hash is
+    ``key`` (``what`` names it in the log): every field is written, whatever was recorded,
+    so the newest process to start wins (``lua.SETTINGS``, one round trip), and a change is
+    logged (:func:`settings_changed`). A difference is never an error: processes configured
+    differently all keep working, under the settings recorded last."""
+    reply = client.register_script(lua.SETTINGS)(
+        keys=[key], args=[owner_id(), *(item for pair in mine.items() for item in pair)]
     )
-    recorded: dict[str, int] = {}
-    for field, value in zip(flat[::2], flat[1::2], strict=True):
-        name = field.decode() if isinstance(field, bytes) else str(field)
-        try:
-            recorded[name] = int(value)
-        except ValueError:
-            continue  # written by something else: not a setting of ours
-    for name, value in mine.items():
-        theirs = recorded.get(name, value)
-        if theirs != value:
-            raise ValueError(
-                f"{name} is {value} here but {theirs} for the budget already in Redis "
-                f"({key.rsplit(':', 1)[0]}): every process of a budget must use the same "
-                f"settings; roll a change out under a new prefix"
-            )
-    return recorded
+    settings_changed(what, mine, reply)
+
+
+def owner_id() -> str:
+    """Who this process is, in a settings hash (its ``by`` field) and in the log: its
+    owner prefix without the last colon (``"<hostname>:<boot id>:<pid>"``)."""
+    return owner_prefix()[:-1]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def settings_changed(what: str, mine: dict[str, int], before: list[Any]) -> None:
+    """Log one INFO line when this process's settings ``mine`` replaced others: each
+    setting that changed (old -> new), who changed them (this process: its owner id and
+    hostname) and who had recorded the old ones. ``before`` is what a settings script
+    replied: who wrote them, then each value of ``mine``'s names in order (None where none
+    was recorded). Nothing is logged for settings recorded the first time or unchanged."""
+    by, *values = before
+    changes = [
+        f"{name} {_text(old)} -> {new}"
+        for (name, new), old in zip(mine.items(), values, strict=True)
+        if old is not None and _text(old) != str(new)
+    ]
+    if changes:
+        log.info(
+            "reachlimit: settings of %s changed by %s (host %s): %s (recorded before by %s)",
+            what, owner_id(), _HOSTNAME, ", ".join(changes),
+            "an unknown process" if by is None else _text(by),
+        )
 
 
 _eviction_checked = threading.Event()  # one look (and at most one warning) per process

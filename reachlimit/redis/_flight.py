@@ -176,7 +176,6 @@ class RedisSingleFlight(Leased):
             "reachlimit-flight-renewer", self._lease / 3, self._renew, what="flight claim(s)",
             on_error=self._report,
         )
-        self._lock = self._claims.lock
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._claims.paused
         #: Called with the error when publishing an outcome or renewing claims fails (both
@@ -282,7 +281,7 @@ class RedisSingleFlight(Leased):
             return self._shared_do(key, lead, cancel)
         if reply.status in (LEAD, UNCLAIMED):
             assert reply.admitted is not None
-            with cache.missed(key), limiter.hand_over(reply.token, reply.admitted):
+            with cache.missed(key), limiter.hand_over(reply):
                 if reply.status == UNCLAIMED:  # refused: nobody follows, nothing to publish
                     return lead(), False, False
                 claim = _Claim(keys, str(common[0]), str(common[1]), reply.flight)

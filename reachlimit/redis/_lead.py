@@ -5,7 +5,7 @@ design:
     A cold request on Redis used to make five round trips from its thread before its 429 (the
     cache GET, the flight's join, the leader's recheck GET, the acquire, and the refusal
     published to followers who could not exist) and four before its build. The cold lead puts
-    the three middle ones into one script (``lua.cold_lead``), so a cold request costs its
+    the three middle ones into one script (``lua.COLD_LEAD``), so a cold request costs its
     cache miss and then this:
 
         a claim exists        follow it, or take its outcome (the flight's join, unchanged)
@@ -55,30 +55,34 @@ LEAD, FOLLOW, DONE, HIT, UNCLAIMED = 0, 1, 2, 3, 4
 class LeadReply(NamedTuple):
     """What the cold lead found: its ``status`` (above), the ``flight`` number (claimed,
     followed or ended), the ``data`` (the ended flight's outcome, or the cache entry),
-    the limiter ``token`` it acquired with and the acquire's answer (``admitted``, or None
-    where it did not acquire)."""
+    the limiter ``token`` it acquired with, the acquire's answer (``admitted``, or None
+    where it did not acquire) and, queued, how long its wait lasts (``wait_ms``: the
+    budget's wait, from Redis)."""
 
     status: int
     flight: int
     data: Any
     token: str
     admitted: int | None
+    wait_ms: int = 0
 
     @classmethod
     def of(cls, reply: Any, token: str) -> LeadReply:
         """The script's ``reply`` to an acquire made with ``token``."""
         status = int(reply[0])
         if status in (LEAD, UNCLAIMED):
-            return cls(status, int(reply[1]), None, token, int(reply[2]))
+            wait_ms = int(reply[3]) if len(reply) > 3 else 0
+            return cls(status, int(reply[1]), None, token, int(reply[2]), wait_ms)
         return cls(status, int(reply[1]), reply[2] if len(reply) > 2 else None, token, None)
 
 
-def lead_scripts(client: Any, settings: dict[str, int]) -> tuple[Script, Script]:
-    """The cold lead of a limiter with these hot ``settings``, registered on ``client``: the
-    one sent after an admission, and the one sent after a refusal (as the acquire's two)."""
+def lead_scripts(client: Any) -> tuple[Script, Script]:
+    """The cold lead, registered on ``client``: the one sent after an admission, and the one
+    sent after a refusal (as the acquire's two). The same for every limiter: each reads its
+    budget's settings from Redis."""
     return (
-        client.register_script(lua.cold_lead(settings)),
-        client.register_script(lua.cold_lead(settings, refusal_first=True)),
+        client.register_script(lua.COLD_LEAD),
+        client.register_script(lua.COLD_LEAD_AFTER_REFUSAL),
     )
 
 

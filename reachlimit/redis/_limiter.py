@@ -11,8 +11,19 @@ design:
     {<prefix>:<name>}``, and only its Lua scripts change it; the keys, the fair queue, the
     reaping and every script are described in ``lua/README.md``, beside the scripts.
 
-    Cost: the hot scripts (acquire, release, the cold lead) are made per limiter with its
-    settings written in, and answer their common cases first: the design note of ``lua``.
+    Settings are data in Redis: a budget's ``active``, ``queue``, ``wait`` and ``lease`` are
+    its settings hash (``T:settings``), which every process writes at its start (its first
+    call of this budget: ``_check``, one script, ``lua/limiter_record.lua``), the newest start
+    winning, logged at INFO when it changes a value; every script reads them from there
+    (``lua/limiter_settings.lua``, which also says what happens when the hash is missing). So
+    processes configured differently never fail: the budget has the settings of the one that
+    started last, and ``stats()`` shows them. What stays this process's own: the presence
+    period, its lease where longer than the budget's (it renews every third of its own), and
+    everything its in-process fallback (``ResilientLimiter``) decides.
+
+    Cost: the hot scripts (acquire, release, the cold lead) are the same text for every
+    limiter, send their common arguments encoded once, and answer their common cases first:
+    the design note of ``lua``.
 
     Who wakes whom (a waiter blocks on its own doorbell; the ``Waker`` thread ends its
     ``BLPOP`` on time): the design note of ``_wait``, which holds the waiting loop.
@@ -71,16 +82,19 @@ from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
+    LIMITER_KEY_SUFFIXES,
     REDIS_ERRORS,
     Client,
     Leased,
-    check_settings,
     client_id,
     is_cluster,
+    limiter_keys,
     ms,
+    owner_id,
     owner_prefix,
     positive,
     registry_key,
+    settings_changed,
     socket_timeout,
     warn_eviction,
 )
@@ -99,17 +113,36 @@ __all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
 log = logging.getLogger("reachlimit")
 
 #: The fixed keys, after the hash tag, in the order the scripts read KEYS.
-KEY_SUFFIXES = ("holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients")
+KEY_SUFFIXES = LIMITER_KEY_SUFFIXES
 
 #: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
 _ANONYMOUS = "-"
 
 
+def script_settings(
+    presence: float, active: int, queue: int, wait: float, lease: float
+) -> list[str]:
+    """The three arguments every limiter script starts with (``lua/limiter_settings.lua``):
+    a process's presence period and lease, then its other settings in one string; times in
+    whole ms."""
+    return [str(ms(presence)), str(ms(lease)), f"{active} {queue} {ms(wait)}"]
+
+
+def _admission(reply: Any) -> tuple[int, int]:
+    """An acquire script's reply as (status, wait in ms): queued is ``{2, ms}`` (the budget's
+    wait, from Redis), anything else a bare status."""
+    if isinstance(reply, list):
+        return int(reply[0]), int(reply[1])
+    return int(reply), 0
+
+
 class RedisColdLimiter(Leased, LimiterFigures):
     """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
     Redis and ``name``: at most ``active`` grants held in all of them together, at most
-    ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), promoted first-in
-    first-out by a ticket from Redis, with a direct hand-off.
+    ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), with a direct hand-off
+    and the same fair admission: first-in first-out within a client (by a ticket from Redis),
+    freed slots round-robin across the waiting clients, a full queue displacing the newest
+    waiter of the client holding most places; strictly first-in first-out with one client.
 
     ``client`` is a ``redis.Redis`` or a ``redis.cluster.RedisCluster``, with short timeouts
     (``reachlimit.redis.connect`` makes one): a waiter blocks in ``BLPOP`` for at most half
@@ -117,9 +150,21 @@ class RedisColdLimiter(Leased, LimiterFigures):
     with a fractional timeout).
 
     ``lease`` is how long a grant outlives its process: it is renewed in the background every
-    ``lease / 3`` seconds while held. Every process must use the same ``active``, ``queue``,
-    ``wait`` and ``lease`` for a name: the first to use it records them in Redis, and any other
-    object raises ``ValueError`` (naming the setting and both values) at its first call.
+    ``lease / 3`` seconds while held.
+
+    Settings are data in Redis: ``active``, ``queue``, ``wait`` and ``lease`` are written into
+    the budget's settings hash by every process when it starts using the budget - its first
+    call of this object (``acquire``, ``stats``, ...; the Flask extension opens no connection
+    before its first request) - the newest start winning, with one INFO line naming what
+    changed (old -> new) and who changed it. Every script reads them from Redis: a deploy
+    that changes a limit takes effect in every process at their next call, and a difference
+    between processes is never an error. ``stats()`` shows the budget's settings as recorded
+    in Redis, and a waiter's wait is the budget's. This object's own arguments stay its own
+    for what they describe of this object (``capacity_active``, ``repr``), for a grant's lease
+    where longer than the budget's (it is renewed every third of this object's lease), and for
+    the in-process fallback a :class:`ResilientLimiter` runs while Redis is away. A Redis that
+    lost the hash (restarted empty, evicted) is given this process's settings again by its
+    next script.
 
     Errors of Redis itself (``redis.exceptions.RedisError``: connection refused, timeout)
     propagate out of ``acquire``, ``release`` and ``stats`` of this class; wrap it in
@@ -135,7 +180,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
     threads are started lazily, on first use (the renewer with the first grant, the waker
     with the first wait), never here, and a process forked since starts its own on its first
     use, as threads do not survive a fork (redis-py's pool opens new connections in the
-    child). Just hold no grant across the fork: the child would inherit it and renew it too.
+    child). A grant held across a fork stays the parent's: the child does not renew it.
 
     The client's retries add to every wait: redis-py 6 and newer retry a failed command
     several times with a backoff by default; pass ``retry=Retry(NoBackoff(), 1)`` (say) to
@@ -162,44 +207,35 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._set_figures(active, queue, wait, retry_after)
         self._lease = positive("lease", lease)
         self._bind(client, name, prefix, stores_bytes=False)
-        tag = "{" + prefix + ":" + name + "}"
-        self._keys = [f"{tag}:{suffix}" for suffix in KEY_SUFFIXES]
-        self._settings_key = f"{tag}:settings"
+        self._keys = limiter_keys(prefix, name)  # the last one: the budget's settings hash
         self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
-        self._checked = False  # racy: set once the settings were checked against Redis
-        self._bell = f"{tag}:w:"
-        self._common: list[str | int] = [
-            self._bell,
-            active,
-            max(1, round(self._lease * 1000)),
-            max(1, round(self.PRESENCE * 1000)),
-        ]
-        self._wait_ms = max(1, round(self._wait * 1000))
-        hot = {
-            "ACTIVE": active, "QUEUE": queue, "LEASE_MS": int(self._common[2]),
-            "PRESENCE_MS": int(self._common[3]), "WAIT_MS": self._wait_ms,
-        }
-        self._hot = hot
-        self._acquire_script = client.register_script(lua.hot_acquire(hot))
+        self._checked = False  # racy: set once this process's settings were written to Redis
+        self._bell = self._keys[0].rsplit(":", 1)[0] + ":w:"
+        self._wait_ms = ms(self._wait)
+        self._lease_ms = ms(self._lease)
+        # The arguments every script starts with (lua/limiter_settings.lua): the presence
+        # period, then this process's settings, which count only where Redis has none.
+        self._common = script_settings(self.PRESENCE, active, queue, self._wait, self._lease)
+        # The same scripts for every limiter: each reads its budget's settings from Redis.
+        self._acquire_script = client.register_script(lua.ACQUIRE)
         # The same, checking for the refusal first: sent while the last acquire was refused.
-        self._refusing_script = client.register_script(lua.hot_acquire(hot, refusal_first=True))
-        self._release_script = client.register_script(lua.hot_release(hot))
+        self._refusing_script = client.register_script(lua.ACQUIRE_AFTER_REFUSAL)
+        self._release_script = client.register_script(lua.RELEASE)
         self._poll_script = client.register_script(lua.POLL)
         self._renew_script = client.register_script(lua.RENEW)
         self._stats_script = client.register_script(lua.STATS)
+        self._record_script = client.register_script(lua.RECORD)
         # The hot paths and the poll send EVALSHA themselves, with everything but the token
         # encoded once here: redis-py's Script object builds and encodes the keys and the
         # arguments again on every call, and packing an argument costs more than it seems.
-        keys = (str(len(self._keys)).encode(), *(key.encode() for key in self._keys))
+        self._encoded_keys = tuple(key.encode() for key in self._keys)
+        self._encoded_common = tuple(str(arg).encode() for arg in self._common)
+        keys = (str(len(self._keys)).encode(), *self._encoded_keys, *self._encoded_common)
         self._acquire_head = (self._acquire_script.sha.encode(), *keys)
         self._refusing_head = (self._refusing_script.sha.encode(), *keys)
         self._refusing = False  # racy: only picks which of the two acquire scripts is sent
         self._release_head = (self._release_script.sha.encode(), *keys)
-        self._poll_head = (
-            self._poll_script.sha.encode(),
-            *keys,
-            *(str(arg).encode() for arg in self._common),
-        )
+        self._poll_head = (self._poll_script.sha.encode(), *keys)
         self._execute: Callable[..., Any] = client.execute_command
         read_timeout = socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
@@ -209,7 +245,6 @@ class RedisColdLimiter(Leased, LimiterFigures):
             "reachlimit-lease-renewer", self._lease / 3, self._renew, what="lease(s)",
             on_lost=RedisGrant._mark_lost,
         )
-        self._lock = self._leases.lock  # also guards each grant's held flag and _lost_tokens
         # Tokens of calls whose replies were lost: given up before the next round trip.
         self._lost_tokens: set[str] = set()
         self._give_up_script = client.register_script(lua.GIVE_UP)
@@ -219,15 +254,16 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._waker = Waker(client, self._keys[0] if self._cluster else None)
         # The cold lead's two scripts (as the acquire's two), registered on its first use.
         self._lead_scripts: tuple[Script, Script] | None = None
-        # An admission the cold lead made, for the acquire that follows in the same thread.
-        self._handed: HandOver[tuple[str, int]] = HandOver(self._undo_admission)
+        # An admission the cold lead made (token, status, wait in ms), for the acquire that
+        # follows in the same thread.
+        self._handed: HandOver[tuple[str, int, int]] = HandOver(self._undo_admission)
 
     # -- public ---------------------------------------------------------------------------
 
     @property
     def keys(self) -> list[str]:
-        """The fixed keys of this limiter (each waiter also has a doorbell key of the same
-        hash tag while it is promoted)."""
+        """The fixed keys of this limiter, the last one its budget's settings hash (each
+        waiter also has a doorbell key of the same hash tag while it is promoted)."""
         return list(self._keys)
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
@@ -249,19 +285,23 @@ class RedisColdLimiter(Leased, LimiterFigures):
             raise Cancelled()
         handed = self._handed.take()
         if handed is not None:  # the cold lead acquired already (see ``lead``)
-            token, status = handed
+            token, status, wait_ms = handed
         else:
             token, who = self._attempt(client)
+            # The anonymous client's id is the script's default: one argument less to send.
+            args = (token,) if who == _ANONYMOUS else (token, who)
             if self._refusing:
-                status = self._send(token, self._refusing_script, self._refusing_head, token, who)
+                reply = self._send(token, self._refusing_script, self._refusing_head, *args)
             else:
-                status = self._send(token, self._acquire_script, self._acquire_head, token, who)
+                reply = self._send(token, self._acquire_script, self._acquire_head, *args)
+            status, wait_ms = _admission(reply)
             self._refusing = status == _FULL
         if status == _GRANTED:
             return self._granted(token)
         if status == _FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
-        return self._wait_for_slot(token, self._wait_ms / 1000, cancel)
+        # Queued for the budget's wait, as Redis answered (its deadline is Redis's too).
+        return self._wait_for_slot(token, wait_ms / 1000, cancel)
 
     def lead(
         self, flight_keys: list[str], flight_args: list[str | int], entry: str, client: Hashable
@@ -276,10 +316,13 @@ class RedisColdLimiter(Leased, LimiterFigures):
             raise RuntimeError("the cold lead spans three hash tags: not on a Redis Cluster")
         token, who = self._attempt(client)
         if self._lead_scripts is None:
-            self._lead_scripts = lead_scripts(self._client, self._hot)
+            self._lead_scripts = lead_scripts(self._client)
         script = self._lead_scripts[1 if self._refusing else 0]
-        head = (script.sha.encode(), b"11", *self._acquire_head[2:])
-        reply = self._send(token, script, head, *flight_keys, entry, token, who, *flight_args)
+        head = (script.sha.encode(), b"12", *self._encoded_keys)
+        reply = self._send(
+            token, script, head, *flight_keys, entry, *self._encoded_common, token, who,
+            *flight_args,
+        )
         answer = LeadReply.of(reply, token)
         if answer.admitted is not None:
             self._refusing = answer.admitted == _FULL
@@ -304,13 +347,15 @@ class RedisColdLimiter(Leased, LimiterFigures):
             self._lose(token)
             raise
 
-    def hand_over(self, token: str, admitted: int) -> AbstractContextManager[None]:
+    def hand_over(self, reply: LeadReply) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`acquire` in this thread
-        answers the cold lead's admission (``token``, ``admitted``) instead of asking Redis.
-        One not taken by then is given up."""
-        return self._handed.give((token, admitted))
+        answers the cold lead's admission (``reply``: its token, what it admitted and, queued,
+        for how long) instead of asking Redis. One not taken by then is given up."""
+        if reply.admitted is None:
+            raise ValueError("the cold lead admitted nothing to hand over")
+        return self._handed.give((reply.token, reply.admitted, reply.wait_ms))
 
-    def _undo_admission(self, admission: tuple[str, int]) -> None:
+    def _undo_admission(self, admission: tuple[str, int, int]) -> None:
         self._lose(admission[0])
         try:
             self._give_up_lost()
@@ -318,15 +363,14 @@ class RedisColdLimiter(Leased, LimiterFigures):
             pass  # kept for the next round trip
 
     def stats(self) -> RedisLimiterStats:
-        """The figures of every process together (one round trip, which also reaps)."""
+        """The figures of every process together, with the budget's settings as Redis holds
+        them (one round trip, which also reaps)."""
         if not self._checked:
             self._check()
         if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
             self._give_up_lost()
         reply = self._stats_script(keys=self._keys, args=self._common)
-        return stats_from_reply(
-            reply, self._capacity, self._queue_capacity, self._wait, self._keys[0]
-        )
+        return stats_from_reply(reply, self._keys[0])
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the renewer and waker threads, for good: grants still held are no longer
@@ -334,6 +378,12 @@ class RedisColdLimiter(Leased, LimiterFigures):
         on."""
         self._leases.close(timeout)
         self._waker.close(timeout)
+
+    @property
+    def _lock(self) -> threading.Lock:
+        """The renewer's lock (replaced in a forked child): it also guards each grant's held
+        flag and ``_lost_tokens``."""
+        return self._leases.lock
 
     @property
     def _renewer(self) -> threading.Thread | None:
@@ -365,18 +415,22 @@ class RedisColdLimiter(Leased, LimiterFigures):
             return self._execute("EVALSHA", *head, *args)
 
     def settings(self) -> dict[str, int]:
-        """The settings every process of this budget must share, as recorded in Redis."""
+        """This object's own settings, as it records them in Redis at its first call (the
+        budget's, which the newest process to start wrote, are in :meth:`stats`)."""
         return {
             "active": self._capacity, "queue": self._queue_capacity,
-            "wait_ms": self._wait_ms, "lease_ms": int(self._common[2]),
+            "wait_ms": self._wait_ms, "lease_ms": self._lease_ms,
         }
 
     def _check(self) -> None:
-        """The first call of this object: record this budget's settings in Redis, or check
-        them against those recorded (``ValueError`` naming the setting and both values), list
-        its name under the prefix (``registry_key``: for ``release_owner``'s callers), and
-        warn once per process if Redis may evict any key. Two or three round trips, once."""
-        check_settings(self._client, self._settings_key, self.settings())
+        """The first call of this object, its start on the budget: write its settings into
+        the budget's settings hash, whatever was recorded (the newest start wins; one INFO
+        line names a change), reaping and filling under them in the same script; list its
+        name under the prefix (``registry_key``: for ``release_owner``'s callers), and warn
+        once per process if Redis may evict any key. Two or three round trips, once. Never
+        an error for settings that differ from those recorded."""
+        before = self._record_script(keys=self._keys, args=[*self._common, owner_id()])
+        settings_changed(f"budget {self._keys[0].rsplit(':', 1)[0]}", self.settings(), before)
         self._client.sadd(self._registry, self._name)
         warn_eviction(self._client)
         self._checked = True
@@ -407,9 +461,9 @@ class RedisColdLimiter(Leased, LimiterFigures):
                      "were lost", int(freed), int(left))
 
     def _admit(self, token: str, who: str = "-") -> tuple[int, int]:
-        """The acquire script for client id ``who``: (status, wait in ms)."""
-        status = self._evalsha(self._acquire_script, self._acquire_head, token, who)
-        return int(status), self._wait_ms
+        """The acquire script for client id ``who``: (status, wait in ms: the budget's, when
+        queued; else 0)."""
+        return _admission(self._evalsha(self._acquire_script, self._acquire_head, token, who))
 
     def _free(self, token: str) -> int:
         """The release script: 1 if the slot was still ``token``'s (now freed), else 0."""

@@ -6,13 +6,18 @@ design:
     of a process that died (the gunicorn master) can free its slots and queue places at once
     instead of waiting for their leases and presence periods to end: :func:`release_owner`,
     one script. The boot id tells apart hosts that share a hostname.
+
+    The parent is no process of the budget: the script reads the budget's settings from
+    Redis, as every limiter script does (``lua/limiter_settings.lua``), and records none of
+    its own; the key names are built here from the prefix and the name, as the limiter
+    builds them (``limiter_keys``).
 """
 
 from __future__ import annotations
 
 from . import lua
-from ._common import Client, owner_prefix
-from ._limiter import RedisColdLimiter
+from ._common import Client, check_names, limiter_keys, owner_prefix, positive
+from ._limiter import RedisColdLimiter, script_settings
 
 __all__ = ["owner_prefix", "release_owner"]
 
@@ -28,22 +33,19 @@ def release_owner(
 ) -> tuple[int, int]:
     """Free, in one script, every slot held and every queue place taken by tokens that
     start with ``owner`` (``owner_prefix(pid)`` of a process that died), then promote the
-    waiters in turn into the freed slots. ``active`` and ``lease`` are read from the
-    settings the budget's processes recorded in Redis (the arguments are used only when none
-    are recorded). Returns (slots freed, places removed).
-    Errors of Redis propagate."""
+    waiters in turn into the freed slots. The budget's settings (how many slots it has) are
+    read from Redis, where its processes recorded them; ``active`` and ``lease`` are used
+    only when none are recorded (Redis lost them), and never written there. Returns (slots
+    freed, places removed). Errors of Redis propagate."""
     if not isinstance(owner, str) or not owner.endswith(":") or owner.count(":") < 3:
         raise ValueError(f"owner must look like '<host>:<boot id>:<pid>:', got {owner!r}")
-    probe = RedisColdLimiter(client, name, active, lease=lease, prefix=prefix)
-    # The budget's own figures, as its processes recorded them (this caller's are a guess).
-    recorded = client.hgetall(probe._settings_key)
-    figures = {k.decode() if isinstance(k, bytes) else k: v for k, v in recorded.items()}
-    try:
-        active = int(figures.get("active", active))
-        lease = int(figures["lease_ms"]) / 1000 if "lease_ms" in figures else lease
-    except ValueError:
-        pass  # written by something else: keep the caller's
-    limiter = RedisColdLimiter(client, name, active, lease=lease, prefix=prefix)
+    check_names(name, prefix)
+    if isinstance(active, bool) or not isinstance(active, int) or active < 1:
+        raise ValueError("active >= 1")
+    # The arguments every limiter script starts with: the presence period a promoted waiter
+    # has to claim its slot, then the figures used where Redis has none (queue and wait are
+    # not used here).
+    mine = script_settings(RedisColdLimiter.PRESENCE, active, 0, 0.001, positive("lease", lease))
     script = client.register_script(lua.RELEASE_OWNER)
-    freed, dropped = script(keys=limiter._keys, args=[*limiter._common, owner])
+    freed, dropped = script(keys=limiter_keys(prefix, name), args=[*mine, owner])
     return int(freed), int(dropped)

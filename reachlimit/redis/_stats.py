@@ -1,5 +1,6 @@
 """The figures of a :class:`~reachlimit.redis.RedisColdLimiter`: ``RedisLimiterStats``, and
-their reading from the stats script's reply (``stats_from_reply``)."""
+their reading from the stats script's reply (``stats_from_reply``): the counts, the counters
+and the budget's settings, all as Redis holds them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ class RedisLimiterStats(LimiterStats):
     """The figures of :class:`~reachlimit.LimiterStats`, for all processes together, plus
     ``backend`` (``"redis"``), ``degraded`` (False from Redis itself; True when
     :class:`ResilientLimiter` answers from its in-process fallback, Redis being unreachable)
-    and ``lease_lost``: grants whose lease ran out before they were released."""
+    and ``lease_lost``: grants whose lease ran out before they were released.
+
+    ``capacity_active``, ``capacity_queue`` and ``wait`` are the budget's settings as recorded
+    in Redis (written by the newest process to start using the budget), not this process's
+    own; the in-process fallback's figures (``degraded``) are its own settings."""
 
     backend: str = "redis"
     degraded: bool = False
@@ -32,13 +37,11 @@ class RedisLimiterStats(LimiterStats):
         return asdict(self)
 
 
-def stats_from_reply(
-    reply: Any, capacity_active: int, capacity_queue: int, wait: float, where: str
-) -> RedisLimiterStats:
-    """The figures from the stats script's reply ``(held, queued, flat counters hash)``;
-    ``where`` (the budget's first key) names it in the warning about a counter that is not
-    a number (read as 0, never an error)."""
-    held, queued, flat = reply
+def stats_from_reply(reply: Any, where: str) -> RedisLimiterStats:
+    """The figures from the stats script's reply ``(held, queued, flat counters hash,
+    (active, queue, wait in ms))``; ``where`` (the budget's first key) names it in the warning
+    about a counter that is not a number (read as 0, never an error)."""
+    held, queued, flat, (capacity_active, capacity_queue, wait_ms) = reply
     counters = dict.fromkeys(_COUNTERS, 0)
     for field, value in zip(flat[::2], flat[1::2], strict=True):
         key = field.decode() if isinstance(field, bytes) else str(field)
@@ -58,9 +61,9 @@ def stats_from_reply(
         rejected_full=counters["rejected_full"],
         rejected_timeout=counters["rejected_timeout"],
         cancelled=counters["cancelled"],
-        capacity_active=capacity_active,
-        capacity_queue=capacity_queue,
-        wait=wait,
+        capacity_active=int(capacity_active),
+        capacity_queue=int(capacity_queue),
+        wait=int(wait_ms) / 1000,
         displaced=counters["displaced"],
         lease_lost=counters["lease_lost"],
     )

@@ -1,6 +1,6 @@
--- The index step of a set on a Redis Cluster, where entries spread over slots (the entry is
--- SET on its own node first; reachlimit/redis/_cache.py): this head, then cache_index.lua.
--- KEYS[1] the index; ARGV[1] the digest, ARGV[2] ttl (ms), ARGV[3] size. Replies the
--- digests evicted, whose entries the caller deletes on their nodes.
-local index, digest = KEYS[1], ARGV[1]
-local ttl, size = tonumber(ARGV[2]), tonumber(ARGV[3])
+-- The index step of a set on a Redis Cluster, where entries spread over slots: after
+-- cache_settings.lua, this head, then cache_index.lua (reachlimit/redis/_cache.py SETs the
+-- entry on its own node after this, with the settings it answers). KEYS[1] the cache's
+-- settings, KEYS[2] the index; ARGV[1..3] as cache_settings.lua, ARGV[4] the digest. Replies
+-- {ttl (ms), stale (ms), digests evicted...}: the caller deletes those entries on their nodes.
+local index, digest = KEYS[2], ARGV[4]

@@ -1,3 +1,5 @@
 -- The counts every step keeps up to date.
-local held = redis.call('ZCARD', holders)  -- never more than capacity
-local queued = 0  -- never more than the queue capacity; alive holds exactly the queued tokens
+-- Never more than capacity and the queue capacity, but just after the budget was given fewer
+-- (its settings are data: limiter_settings.lua); alive holds exactly the queued tokens.
+local held = redis.call('ZCARD', holders)
+local queued = 0

@@ -1,13 +1,13 @@
 -- Give up the tokens of calls whose replies were lost (a socket timeout after the script ran):
 -- each slot one of them holds is freed and each queue place left, and each is remembered as
 -- gone for a while, so that a call of it still on its way (sent on a timed-out connection)
--- is refused when it arrives (limiter_acquire_first.lua). Idempotent. ARGV[5] how long a
--- token is remembered (ms), ARGV[6..] the tokens. Replies {slots freed, places left}.
-local gone = string.sub(holders, 1, -8) .. 'gone'
-local remember = tonumber(ARGV[5])
+-- is refused when it arrives (limiter_acquire_first.lua). Idempotent. ARGV[4] how long a
+-- token is remembered (ms), ARGV[5..] the tokens. Replies {slots freed, places left}.
+local gone = tag .. 'gone'
+local remember = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', gone, '-inf', now)
 local freed, left = 0, 0
-for i = 6, #ARGV do
+for i = 5, #ARGV do
   local token = ARGV[i]
   if redis.call('ZREM', holders, token) == 1 then freed = freed + 1 end
   if redis.call('ZSCORE', queue, token) then

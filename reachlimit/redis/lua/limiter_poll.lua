@@ -1,7 +1,7 @@
--- A waiter's poll. ARGV[5] token, ARGV[6] 0 stay / 1 give up (cancelled) / 2 abandon (error).
+-- A waiter's poll. ARGV[4] token, ARGV[5] 0 stay / 1 give up (cancelled) / 2 abandon (error).
 -- Replies {outcome, ms left}.
-local token = ARGV[5]
-local leaving = tonumber(ARGV[6])
+local token = ARGV[4]
+local leaving = tonumber(ARGV[5])
 if redis.call('ZSCORE', holders, token) then
   redis.call('DEL', bell .. token)
   if leaving ~= 0 then  -- promoted at the instant we gave up: pass the slot on

@@ -1,5 +1,5 @@
--- Release's common case: a slot still free besides (nobody waits) and no lease ended. ARGV[1]
+-- Release's common case: a slot still free besides (nobody waits) and no lease ended. ARGV[4]
 -- token.
-if held < capacity and redis.call('ZCOUNT', holders, '-inf', now) == 0 then
-  return redis.call('ZREM', holders, ARGV[1])
+if lean and held < capacity and redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+  return redis.call('ZREM', holders, ARGV[4])
 end

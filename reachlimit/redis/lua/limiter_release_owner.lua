@@ -1,6 +1,6 @@
--- Free every slot and place of one owner. ARGV[5] the owner prefix. Replies {slots freed, places
+-- Free every slot and place of one owner. ARGV[4] the owner prefix. Replies {slots freed, places
 -- removed}.
-local owner = ARGV[5]
+local owner = ARGV[4]
 local n = #owner
 local freed, dropped = 0, 0
 for _, token in ipairs(redis.call('ZRANGE', holders, 0, -1)) do

@@ -1,6 +1,6 @@
--- Renew leases. ARGV[5..] tokens. Replies the tokens no longer held.
+-- Renew leases. ARGV[4..] tokens. Replies the tokens no longer held.
 local lost = {}
-for i = 5, #ARGV do
+for i = 4, #ARGV do
   if redis.call('ZSCORE', holders, ARGV[i]) then
     redis.call('ZADD', holders, now + lease_ms, ARGV[i])
   else

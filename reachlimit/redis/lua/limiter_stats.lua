@@ -1,2 +1,3 @@
--- Reap, fill and read the figures. Replies {held, queued, HGETALL stats}.
-return {held, queued, redis.call('HGETALL', stats)}
+-- Reap, fill and read the figures, with the budget's settings as Redis holds them. Replies
+-- {held, queued, HGETALL stats, {active, queue, wait (ms)}}.
+return {held, queued, redis.call('HGETALL', stats), {capacity, queue_cap, wait_ms}}

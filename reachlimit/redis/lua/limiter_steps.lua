@@ -3,16 +3,20 @@
 -- afresh first, for a script that changed ``holders`` or ``queue`` itself.
 --
 -- Every script ends with nobody waiting while a slot is free (it fills), and only scripts
--- change ``holders``; so at the start of a script, fewer entries in ``holders`` than
--- ``capacity`` (those whose lease ended included) means an empty queue. The hot scripts rely
--- on that and do not look at the queue then. The other scripts count the queue every time, so
--- a waiter's regular poll would repair a state that broke the rule (a key evicted, say).
--- When every slot is held and the queue capacity is known (the hot scripts), the waiters are
--- counted by their live presences: a queue full of live waiters is one read, and nothing in
--- it is due for reaping (there are never more than ``queue_cap`` waiters).
+-- change ``holders`` (and the settings: limiter_record.lua fills after writing them); so at
+-- the start of a script, fewer entries in ``holders`` than ``capacity`` (those whose lease
+-- ended included) means an empty queue. The hot scripts (``lean``) rely on that and do not
+-- look at the queue then. The other scripts count the queue every time, so a waiter's regular
+-- poll would repair a state that broke the rule (a key evicted, say). When every slot is held
+-- (in a lean script), the waiters are counted by their live presences: a queue full of live
+-- waiters is one read, and nothing in it is due for reaping (there are never more than
+-- ``queue_cap`` waiters, unless the queue was just made shorter: then the extra ones are
+-- reaped once the queue is no longer full of live waiters).
 --
 -- The fair queue: each waiter's client in ``clientof``, each client's waiters (by ticket) in
 -- ``of_client .. id``, the waiting clients in turn order in ``clients``.
+local bell = tag .. 'w:'  -- .. token: a waiter's doorbell
+
 local function recount()
   held = redis.call('ZCARD', holders)
   queued = redis.call('ZCARD', queue)
@@ -37,7 +41,7 @@ local function forget_waiter(token)
 end
 
 local function reap()
-  local nobody_waits = queue_cap and held < capacity  -- the rule above
+  local nobody_waits = lean and held < capacity  -- the rule above
   -- Counted first, removed only if there is something to remove: a refusal writes nothing.
   if held > 0 then
     local lost = redis.call('ZCOUNT', holders, '-inf', now)
@@ -51,7 +55,7 @@ local function reap()
     queued = 0
     return
   end
-  if queue_cap and held >= capacity then
+  if lean and held >= capacity then
     local live = redis.call('ZCOUNT', alive, '(' .. now, '+inf')
     if live >= queue_cap then
       queued = live

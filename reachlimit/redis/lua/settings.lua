@@ -1,8 +1,10 @@
--- Record a budget's settings, or read the ones recorded: the first process to use a budget
--- writes them, every other one compares its own (reachlimit/redis/_common.py,
--- check_settings). KEYS[1] the settings hash; ARGV name, value, name, value...
--- Replies HGETALL of the hash after the writes (field, value, field, value...).
-for i = 1, #ARGV, 2 do
-  redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-return redis.call('HGETALL', KEYS[1])
+-- Record the settings of a process that starts using a shared object (a RedisCache: its ttl,
+-- stale window and size), the newest start winning: every field is written, whatever was there
+-- (reachlimit/redis/_common.py, record_settings). KEYS[1] the settings hash; ARGV[1] who writes
+-- (the process's owner id), ARGV[2..] name, value, name, value... Replies what was recorded
+-- before: {who, value of each name given}, nil for each one that was not.
+local names = {'by'}
+for i = 2, #ARGV, 2 do names[#names + 1] = ARGV[i] end
+local before = redis.call('HMGET', KEYS[1], unpack(names))
+redis.call('HSET', KEYS[1], 'by', unpack(ARGV))
+return before
