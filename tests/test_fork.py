@@ -225,16 +225,24 @@ def lease_end(client: redis.Redis, lim: RedisColdLimiter, grant: RedisGrant) -> 
     return None if score is None else float(score)
 
 
+#: The lease of the renewal test, and how far past its start the test waits (one and a half).
+LEASE = 1.5
+PAST_LEASE_MS = int(LEASE * 1500)
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("at_fork", ["idle", "lock held"])
 def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], threads: ThreadRunner,
     at_fork: str,
 ) -> None:
-    lim = make_limiter(active=2, queue=1, lease=0.6)  # renewed every 0.2 s
+    # Renewed every 0.5 s: a renewal a loaded machine delays by up to a second still lands
+    # in time (with 0.6 s a 0.4 s stall of the renewer's thread lost the lease once).
+    lim = make_limiter(active=2, queue=1, lease=LEASE)
     first = lim.acquire()
     start = server_ms(client)
-    wait_until("the parent's grant past its lease", lambda: server_ms(client) > start + 900)
+    wait_until("the parent's grant past its lease",
+               lambda: server_ms(client) > start + PAST_LEASE_MS)
     end = lease_end(client, lim, first)
     assert end is not None and end > server_ms(client)  # renewed in the parent
     first.release()
@@ -246,7 +254,7 @@ def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
         mine = lim.acquire()
         since = server_ms(client)
         wait_until("the child's grant past its lease",
-                   lambda: server_ms(client) > since + 900, CHILD_BOUND)
+                   lambda: server_ms(client) > since + PAST_LEASE_MS, CHILD_BOUND)
         mine_end = lease_end(client, lim, mine)
         renewed = mine_end is not None and mine_end > server_ms(client)
         lim.stats()  # reaps the leases that ended
