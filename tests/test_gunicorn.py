@@ -335,7 +335,7 @@ def test_clients_that_leave_the_queue_free_their_places(server: Gunicorn) -> Non
             log = server.stdout()
             return all(f'"GET {p} HTTP/1.1" 499 ' in log for p in gone_paths)
 
-        wait_until("three 499 lines in the access log", logged_499, timeout=5.0)
+        wait_until("three 499 lines in the access log", logged_499)
 
         server.release()
         assert [r.status for r in kept.results()] == [200] * 7
@@ -359,7 +359,7 @@ def test_a_leader_that_leaves_hands_over_to_its_followers(server: Gunicorn) -> N
 
         # A follower that leaves gives up only its own wait (answered 499).
         deserter.close()
-        wait_until("the deserter's 499", lambda: logged_499(1), timeout=5.0)
+        wait_until("the deserter's 499", lambda: logged_499(1))
         assert server.health()["queued"] == 1
         assert server.health()["cancelled"] == before["cancelled"]
 
@@ -377,7 +377,7 @@ def test_a_leader_that_leaves_hands_over_to_its_followers(server: Gunicorn) -> N
         wait_until("a follower to lead", handed_over)
         assert server.builds()["total"] - built_before == 0
 
-        wait_until("the leader's 499 too", lambda: logged_499(2), timeout=5.0)
+        wait_until("the leader's 499 too", lambda: logged_499(2))
 
         server.release()
         replies = followers.results()

@@ -5,7 +5,10 @@ design:
     The server is ``tests/test_gunicorn.py``'s slow app (builds wait on a gate the test opens;
     ``REACHLIMIT_WAIT`` 30 s) with a 1 s TTL and a 60 s stale window. The only wait on time
     is for that TTL to end (an entry cannot be made stale inside another process any other
-    way); every claim is an ordering read back from the server: a refresh is "still held"
+    way), counted from the moment its answer arrived: the server stored the entry before it
+    sent the answer, on the same monotonic clock (Linux's, shared by every process), so
+    whatever a loaded machine delays, the entry is stale once TTL has passed since then;
+    every claim is an ordering read back from the server: a refresh is "still held"
     because the server's ``/debug/builds`` says a build waits on the closed gate.
 
     - keep-alive: nginx's background update holds up the next request on the connection
@@ -46,9 +49,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gunicorn]:
         yield srv
 
 
-def past_ttl(since: float) -> None:
-    """Wait until the entry stored at ``since`` (monotonic, before its request) is stale."""
-    wait_until("the TTL to end", lambda: time.monotonic() > since + TTL + 0.05, interval=0.01)
+def past_ttl(answered: float) -> None:
+    """Wait until an entry whose answer had arrived at ``answered`` (monotonic, read after
+    the answer) is stale: the server stored it before sending that answer."""
+    wait_until("the TTL to end", lambda: time.monotonic() > answered + TTL, interval=0.01)
 
 
 def held_builds(server: Gunicorn, n: int) -> None:
@@ -59,13 +63,13 @@ def test_a_keep_alive_client_is_not_held_up_by_the_refresh_it_started(server: Gu
     path = server.path("keepalive")
     conn = http.client.HTTPConnection(HOST, server.port, timeout=CLIENT_TIMEOUT)
     try:
-        stored_at = time.monotonic()
         conn.request("GET", path)
         first = conn.getresponse()
         assert first.status == 200 and first.read()
+        answered = time.monotonic()  # the entry was stored before its answer was sent
         assert first.getheader("Cache-Status") == "reachlimit; fwd=uri-miss; stored"
         sock = conn.sock
-        past_ttl(stored_at)
+        past_ttl(answered)
         with held_gate(server):
             conn.request("GET", path)
             stale = conn.getresponse()
@@ -93,11 +97,11 @@ def test_popular_reports_stay_200_and_refreshed_while_a_crawler_fills_the_queue(
     server: Gunicorn,
 ) -> None:
     popular = [server.path(f"popular{i}") for i in range(3)]
-    stored_at = time.monotonic()
     for path in popular:
         assert http_request(server.port, "GET", path, source=READER).status == 200
+    answered = time.monotonic()  # every entry was stored before its answer was sent
     before = server.builds()["total"]
-    past_ttl(stored_at)
+    past_ttl(answered)
     with held_gate(server) as held:
         crawl = held.herd([server.path(f"crawl{i}") for i in range(10)])
         wait_until(

@@ -45,6 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 
+import pytest
 from hypothesis import seed
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -542,6 +543,11 @@ COUNTERS = ("acquired", "rejected_full", "rejected_timeout", "cancelled", "displ
 seed(stress.SEED)(LimiterMachine)
 
 
+# A hang guard longer than the module's: the run's work is fixed (250 programs of up to 50
+# steps), so a loaded machine makes it take longer and nothing else (about 60-75 s with two
+# CPU hogs beside the suite on 2 cores); a lost wake-up still fails within one step's bound
+# (stress.STEP_TIMEOUT).
+@pytest.mark.timeout(1800 if stress.LONG else 300)
 def test_limiter_state_machine() -> None:
     MACHINE_COUNTS.clear()
 

@@ -72,15 +72,14 @@ def test_a_burst_on_a_cluster_admits_exactly_the_shared_budget(
         herds = [Herd(server.port, [f"/report/burst-{n}" for n in range(40)])]
         single.burst_refused(herds, watch, gate)
         reach = debug_health(server)["reach"]
-        assert (reach["backend"], reach["degraded"], reach["active"], reach["queued"]) == (
-            "redis", False, 2, 8
-        )
+        assert (reach["backend"], reach["degraded"], reach["active"]) == ("redis", False, 2)
+        assert 0 < reach["queued"] <= 8  # 8, less any waiter dropped since (burst_refused)
         (gate / "open").touch()
         replies = herds[0].results()
-        statuses = Counter(r.status for r in replies)
-        assert statuses == {200: 10, 429: 30}, statuses
+        single.check_burst_answers(replies, watch)
         counts = running_counts(gate)
-        assert len(counts) == 10 and max(counts) == 2, counts  # never 3 builds at once
+        admitted = sum(r.status == 200 for r in replies)
+        assert len(counts) == admitted and max(counts) == 2, counts  # never 3 builds at once
         assert watch.stats().active == 0
 
 

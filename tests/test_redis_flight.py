@@ -270,7 +270,7 @@ def test_a_cancelled_follower_leaves_and_its_local_followers_go_round(
     local = start_call(threads, lambda: other.do(KEY, never))
     wait_until("a local follower", lambda: other._local._calls[KEY].followers == 1)
     cancel.set()
-    wait_until("the cancelled follower left", lambda: follow.done.is_set(), timeout=5)
+    wait_until("the cancelled follower left", lambda: follow.done.is_set())
     assert isinstance(follow.error, Cancelled)
     wait_until("its local follower told to go round", lambda: local.done.is_set())
     assert local.value == (LEADER_CANCELLED, True)

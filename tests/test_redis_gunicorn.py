@@ -11,8 +11,11 @@ design:
     prefix (``watch``), and opens the gate by creating the file.
 
     Nothing here depends on timing: the burst's outcome is fixed by the budget (2 building, 8
-    waiting in Redis with a 30 s wait, every other leader refused at once), the builds are
-    released only by the test, and every wait is for a state. The durations the brief asks for
+    waiting in Redis with a 30 s wait, every other leader refused at once; on a loaded machine
+    a waiter whose worker missed its presence period is dropped and refused, and a later
+    leader may take its place: the figures are awaited until every request is accounted for,
+    ``burst_refused``), the builds are released only by the test, and every wait is for a
+    state (the shared figures included). The durations the brief asks for
     (slot back after a SIGKILL, with child_exit and with the lease only; fallback after Redis
     dies; back after it returns) are printed, and only bounded far above what they measure
     where the bound is the contract (a slot back via child_exit long before its lease).
@@ -34,11 +37,12 @@ import pytest
 import redis
 
 from reachlimit.gunicorn import BOOT_ID_VARIABLE, MASTER_VARIABLE, TEMPORARY_VARIABLE
-from reachlimit.redis import RedisColdLimiter, owner_prefix
+from reachlimit.redis import RedisColdLimiter, RedisLimiterStats, owner_prefix
 from tests.apps.file_gate_app import build_pids, running_counts
 from tests.support.clients import Herd, Reply, check_refusal, http_request
 from tests.support.gunicorn_server import WEBAPP_CONFIG, GunicornServer, reach_service, serving
 from tests.support.limiter import LIMITER_FIELDS
+from tests.support.redis_limiters import burst_accounted, refusals
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
@@ -168,17 +172,37 @@ def warm_in_every_worker(
     return answered_by
 
 
-def burst_refused(herds: list[Herd], watch: Watch, gate: Path) -> None:
-    """A burst of 40 held against the shared budget (2 + 8): 30 refused at once with the
-    refusal every layer promises, the budget full in Redis and 2 builds running."""
-    wait_until("30 replies", lambda: len(answered(herds)) >= 30)
-    refused = answered(herds)
-    assert len(refused) == 30
-    for reply in refused:
+def burst_refused(herds: list[Herd], watch: Watch, gate: Path) -> RedisLimiterStats:
+    """A burst of 40 distinct cold keys held against the shared budget (2 + 8): 2 building,
+    every queue place taken, the rest refused at once with the refusal every layer promises
+    (30 finding the queue full), and 2 builds running. Returns the shared figures, every
+    request of the burst accounted for in them.
+
+    On a loaded machine a waiter whose worker did not poll within its presence period is
+    dropped from the queue, refused "waited too long", and a later request of the burst may
+    take its place (``burst_accounted``): so every place the queue lacks is such a waiter's,
+    and each place a later request took is one refusal fewer for a full queue."""
+    stats = burst_accounted(watch.limiter, 40)
+    assert (stats.active, stats.peak_active, stats.peak_queued) == (2, 2, 8), stats
+    assert stats.queued + stats.rejected_timeout >= 8 and stats.rejected_full <= 30, stats
+    counted = refusals(stats)
+    wait_until("every refusal counted answered", lambda: len(answered(herds)) >= counted)
+    for reply in answered(herds):
         check_refusal(reply)
-    stats = watch.stats()
-    assert (stats.active, stats.queued, stats.rejected_full) == (2, 8, 30)
     wait_until("2 builds running", lambda: len(build_pids(gate)) == 2)
+    return stats
+
+
+def check_burst_answers(replies: list[Reply], watch: Watch) -> None:
+    """Once the held burst is over: 200 for each request the shared budget admitted (10: 2
+    building and 8 waiting, unless a loaded machine dropped a waiter that nobody replaced)
+    and the refusal for every other one, each counted in Redis."""
+    statuses = Counter(r.status for r in replies)
+    stats = watch.stats()
+    assert set(statuses) <= {200, 429} and sum(statuses.values()) == 40, statuses
+    assert statuses[200] == stats.acquired <= 10, (statuses, stats)
+    assert statuses[429] == refusals(stats), (statuses, stats)
+    assert statuses[200] == 10 or stats.rejected_timeout > 0, (statuses, stats)
 
 
 def scrape(server: GunicornServer) -> dict[str, float]:
@@ -215,7 +239,7 @@ def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
     with serving(a), serving(b):
         paths = [f"/report/burst-{n}" for n in range(40)]
         herds = [Herd(a.port, paths[0::2]), Herd(b.port, paths[1::2])]
-        burst_refused(herds, watch, gate)
+        stats = burst_refused(herds, watch, gate)
 
         # Every worker of both servers reports the same global figures.
         seen: dict[int, dict[str, Any]] = {}
@@ -233,32 +257,32 @@ def test_a_burst_over_two_servers_admits_exactly_the_shared_budget(
         }
         first = next(iter(figures.values()))
         assert all(f == first for f in figures.values()), figures
-        assert (first["backend"], first["degraded"], first["active"], first["queued"]) == (
-            "redis", False, 2, 8
-        )
+        assert (first["backend"], first["degraded"], first["active"]) == ("redis", False, 2)
+        assert 0 < first["queued"] <= 8  # 8, less any waiter dropped since (burst_refused)
 
         # A scrape of either server shows the service's gauges (read from Redis), while the
-        # admissions are counted by the workers that made them: 30 refusals over both.
+        # admissions are counted by the workers that made them: the queue-full refusals over
+        # both (30, unless a dropped waiter's place went to a later request: burst_refused).
         queue_full = 0.0
         for server in (a, b):
             samples = scrape(server)
             assert samples["reachlimit_builds_active"] == 2  # not 2 per worker
-            assert samples["reachlimit_queue_waiting"] == 8
+            assert 0 < samples["reachlimit_queue_waiting"] <= 8  # not 8 per worker
             assert (samples["reachlimit_capacity_active"],
                     samples["reachlimit_capacity_queue"]) == (2, 8)
             assert samples["reachlimit_backend_degraded"] == 0
             queue_full += samples.get('reachlimit_admissions_total{result="queue_full"}', 0)
-        assert queue_full == 30
+        assert queue_full == stats.rejected_full  # each counted before it was answered
 
         (gate / "open").touch()
         replies = [r for h in herds for r in h.results()]
-        statuses = Counter(r.status for r in replies)
-        assert statuses == {200: 10, 429: 30}, statuses
+        check_burst_answers(replies, watch)
         counts = running_counts(gate)
-        assert len(counts) == 10 and max(counts) == 2, counts  # never 3 builds at once
-        assert watch.stats().active == 0
         pids = {r.json()["pid"] for r in replies if r.status == 200}
-        print(f"the 10 builds ran in {len(pids)} worker process(es)")
+        admitted = sum(r.status == 200 for r in replies)
+        assert len(counts) == admitted and max(counts) == 2, counts  # never 3 builds at once
+        assert watch.stats().active == 0
+        print(f"the {admitted} builds ran in {len(pids)} worker process(es)")
 
 
 # -- one singleflight and one warm cache for 2 servers x 2 workers ------------------------------

@@ -203,9 +203,7 @@ def test_config_file_settings_apply(server: GunicornServer) -> None:
     assert figures["capacity_queue"] == 8
     # The access log goes to stdout, as the config file says.
     wait_until(
-        "an access log line",
-        lambda: '"GET /api/health HTTP/1.1" 200 ' in server.stdout(),
-        timeout=5.0,
+        "an access log line", lambda: '"GET /api/health HTTP/1.1" 200 ' in server.stdout()
     )
 
 

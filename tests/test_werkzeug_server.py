@@ -106,7 +106,7 @@ def test_clients_that_leave_the_queue_free_their_places(caplog: pytest.LogCaptur
             lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
             return all(any(p in line and '" 499 ' in line for line in lines) for p in paths)
 
-        wait_until("a 499 log line for every client that left", logged_499, timeout=5.0)
+        wait_until("a 499 log line for every client that left", logged_499)
         assert app.extensions["slow_app"].figures()["total"] == 0  # nobody built
 
     # The slots are back: the places the leavers gave up are really free again.

@@ -3,13 +3,15 @@
 design: the builds of every worker of every server share one directory, ``$GATE_DIR``:
 
     GET /report/<key>   rl.cold(key, build). The build, under an exclusive ``flock`` of
-                        ``GATE_DIR/lock``, creates ``running-<key>`` holding its PID and the
-                        number of builds running (its own included) - so the largest number
-                        ever written is the most builds that ran at once across processes -
-                        and appends the same line to ``log``; then it waits (20 ms polls) until
-                        ``GATE_DIR/open`` exists, for at most ``GATE_TIMEOUT`` s (default 40;
-                        then it fails, so a forgotten gate fails loudly); then removes its
-                        ``running-`` file and returns {"key", "pid"}.
+                        ``GATE_DIR/lock``, appends to ``log`` a line of its PID, its key and
+                        the number of builds running (its own included) - so the largest
+                        number ever written is the most builds that ran at once across
+                        processes - and then creates ``running-<key>`` holding the same line
+                        (so a build seen running is in the log already); then it waits
+                        (20 ms polls) until ``GATE_DIR/open`` exists, for at most
+                        ``GATE_TIMEOUT`` s (default 40; then it fails, so a forgotten gate
+                        fails loudly); then removes its ``running-`` file and returns
+                        {"key", "pid"}.
     GET /health         rl.health_view
     GET /debug/health   {"pid", "token", "reach": rl.stats()}: the figures and who answered
     every answer        carries ``X-Worker-Pid``: the PID of the worker that answered it
@@ -68,9 +70,10 @@ def create_app() -> Flask:
             try:
                 count = len(list(gate_dir.glob("running-*"))) + 1
                 line = f"{os.getpid()} {key} {count}\n"
-                running.write_text(line)
+                # The log first: a test that sees the running- file finds its line logged.
                 with open(gate_dir / "log", "a") as log:
                     log.write(line)
+                running.write_text(line)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         try:

@@ -184,6 +184,11 @@ def check_a_client_that_comes_back_waits_its_turn(threads: ThreadRunner, make: M
     wait_until("all promoted", lambda: len(queue.promoted) == 5)
     # After a1: b's turn; a waits again, behind b, and c behind a.
     assert queue.promoted == ["a1", "b1", "a2", "c1", "b2"]
+    # Each waiter's thread releases its slot as soon as it is promoted: the last release
+    # may still be reading its reply when the figures show the limiter drained, so the
+    # threads are waited for too (a limiter's client is closed once the check is over).
+    for attempt in queue.attempts.values():
+        attempt.wait_done()
     wait_until("drained", lambda: (lim.stats().active, lim.stats().queued) == (0, 0))
 
 

@@ -4,8 +4,9 @@ the test's ``client``, or on ``client=``, or a subclass as ``cls=``; every one m
 teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
 ``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
-(``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``), ``server_ms`` (Redis's own clock in ms) and
-``state_of`` (every key matching a pattern with its full content). The fixtures are
+(``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``), ``server_ms`` (Redis's own clock in ms),
+``state_of`` (every key matching a pattern with its full content) and ``burst_accounted``
+(a shared budget's figures once every request of a burst is counted there). The fixtures are
 registered for the whole suite by ``tests/conftest.py`` (``pytest_plugins``).
 """
 
@@ -18,8 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit.redis import RedisColdLimiter
+from reachlimit.redis import RedisColdLimiter, RedisLimiterStats
 from tests.support.redis_clients import CountingRedis, closed_at_teardown
+from tests.support.waiting import wait_until
 
 #: What the limiter's scripts answer: an acquire (granted, queued, refused full) and a poll.
 GRANTED, QUEUED, FULL = 1, 2, 0
@@ -61,6 +63,41 @@ def factory_fixture(
         return make
 
     return for_class
+
+
+def refusals(stats: RedisLimiterStats) -> int:
+    """Every refusal a shared limiter counted: the queue full, a wait ended (a timeout, or a
+    waiter dropped for missing its presence), a place taken over (displaced), a wait that
+    could not start in time (``deadline``, where the figures have it)."""
+    deadline: int = getattr(stats, "deadline", 0)
+    return stats.rejected_full + stats.rejected_timeout + stats.displaced + deadline
+
+
+def burst_accounted(
+    watch: RedisColdLimiter, burst: int, before: RedisLimiterStats | None = None
+) -> RedisLimiterStats:
+    """``watch``'s figures (a limiter of the test's on the budget of a service, with its
+    settings) once every one of a ``burst`` of distinct cold keys sent since ``before`` (the
+    figures read just before, nothing held or queued then; None: a budget not used yet) is
+    accounted for in Redis: holding a slot, waiting in the queue, or refused and counted.
+
+    Awaited, not read: while the requests arrive the figures lag them, and on a loaded machine
+    a waiter whose process did not poll within its presence period (about a second) is
+    dropped from the queue and refused "waited too long" - counted when it polls, its place
+    perhaps taken by a later request of the burst - so the figures add up again only once
+    it has polled."""
+    if before is not None:
+        assert before.active == before.queued == 0, before
+    base = 0 if before is None else refusals(before)
+    seen: list[RedisLimiterStats] = []
+
+    def accounted() -> bool:
+        stats = watch.stats()
+        seen.append(stats)
+        return stats.active + stats.queued + refusals(stats) - base == burst
+
+    wait_until(f"the {burst} requests of the burst accounted for in Redis", accounted)
+    return seen[-1]
 
 
 def server_ms(client: redis.Redis) -> int:
