@@ -92,7 +92,7 @@ CRAWLER_ADDR = "127.0.0.2"
 #: The polite clients' addresses: 127.0.0.3, 127.0.0.4, ...
 POLITE_BASE = 3
 WARM_KEYS = tuple(f"warm-{i}" for i in range(8))
-REASONS = ("queue_full", "displaced", "timeout")
+REASONS = ("queue_full", "displaced", "timeout", "deadline")
 GOAL_POLITE_PCT = 95.0
 GOAL_GOODPUT_PCT = 90.0
 JOIN_MARGIN_S = 10.0
@@ -312,7 +312,8 @@ def servers_of(
 
 def limiter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     """The limiter's counts over the measured phase; peaks as they were at its end."""
-    keys = ("acquired", "rejected_full", "rejected_timeout", "displaced", "cancelled")
+    keys = ("acquired", "rejected_full", "rejected_timeout", "displaced", "cancelled",
+            "deadline")
     delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in keys}
     delta.update(peak_active=after["peak_active"], peak_queued=after["peak_queued"])
     return delta

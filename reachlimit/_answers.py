@@ -32,6 +32,8 @@ REFUSAL_SENTENCES = {
     Busy.TIMEOUT: "Waited too long for a free '{budget}' build slot; please retry shortly.",
     Busy.DISPLACED: "This request's place in the '{budget}' queue went to another client's "
     "request (the queue is shared fairly); please retry shortly.",
+    Busy.DEADLINE: "The '{budget}' queue is moving too slowly for this request to start "
+    "within its wait; please retry shortly.",
     Busy.UNAVAILABLE: "The shared build limiter of '{budget}' is unavailable right now; "
     "please retry shortly.",
 }
@@ -40,7 +42,7 @@ REFUSAL_SENTENCES = {
 def refusal_sentence(busy: Busy, budget: str, message: str | None = None) -> str:
     """The sentence of a refusal of ``budget``: the app's ``message`` (REACHLIMIT_REFUSAL_
     MESSAGE, its ``{budget}`` and ``{retry_after}`` filled in) for a busy refusal (queue full,
-    timeout, displaced), else the built-in sentence of its reason. "unavailable" (Redis
+    timeout, displaced, deadline), else the built-in sentence of its reason. "unavailable" (Redis
     down, fallback "refuse") always keeps its own: it is the service's failure, not a crowd."""
     retry_after = max(1, int(busy.retry_after))
     if message is not None and busy.reason != Busy.UNAVAILABLE:

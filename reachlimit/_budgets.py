@@ -107,7 +107,8 @@ class BudgetState:
         """``busy`` with its Retry-After worked out now (``retry_auto`` is set)."""
         auto = self.retry_auto
         assert auto is not None
-        if busy.reason == Busy.TIMEOUT:
+        # A timeout or a deadline refusal may leave a queue that is not full: ask it.
+        if busy.reason in (Busy.TIMEOUT, Busy.DEADLINE):
             try:
                 queued = int(self.path.limiter.stats().queued)
             except Exception:  # the figures cannot be read (Redis, say): assume a full queue
@@ -290,12 +291,13 @@ def build_state(
         if meter is not None:
             metrics = meter(
                 settings.active, settings.queue, settings.wait, settings.limiter_retry_after,
-                cache=cache,
+                cache=cache, deadline=settings.deadline,
             )
             state = BudgetState(settings, metrics.path, metrics, name=name)
         else:
             limiter = ColdLimiter(
-                settings.active, settings.queue, settings.wait, settings.limiter_retry_after
+                settings.active, settings.queue, settings.wait, settings.limiter_retry_after,
+                deadline=settings.deadline,
             )
             state = BudgetState(settings, ColdPath(limiter, cache), name=name)
     # The refresher's threads stop first: a refresh running may still need the rest.

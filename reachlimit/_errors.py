@@ -21,14 +21,17 @@ class Busy(ReachLimitError):
     ``reason`` is ``"queue_full"`` (refused at once: every queue place was taken) or
     ``"timeout"`` (admitted to the queue, but no slot came free within the wait) or
     ``"displaced"`` (admitted, then its place was taken by a leader of a client that held
-    fewer places: fair admission) or ``"unavailable"`` (the shared limiter's Redis cannot be
-    reached and its fallback is to refuse).
+    fewer places: fair admission) or ``"deadline"`` (its place in the queue could not start
+    within its wait by the limiter's estimate of build time: refused at once, or as soon as
+    the estimate said so, instead of at the end of the wait) or ``"unavailable"`` (the shared
+    limiter's Redis cannot be reached and its fallback is to refuse).
     ``retry_after`` is the whole number of seconds a client should wait before trying again.
     """
 
     QUEUE_FULL = "queue_full"
     TIMEOUT = "timeout"
     DISPLACED = "displaced"
+    DEADLINE = "deadline"
     UNAVAILABLE = "unavailable"
 
     # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap

@@ -137,9 +137,11 @@ def shared_path(
         settings.limiter_retry_after,
         lease=settings.lease,
         prefix=settings.redis_prefix,
+        deadline=settings.deadline,
     )
     local = ColdLimiter(
-        settings.active, settings.queue, settings.wait, settings.limiter_retry_after
+        settings.active, settings.queue, settings.wait, settings.limiter_retry_after,
+        deadline=settings.deadline,
     )
     limiter = module.ResilientLimiter(remote, local, health, settings.redis_fallback)
     cache, flight = _shared_cache_and_flight(settings, client, health, remote, name)

@@ -262,9 +262,13 @@ class Settings:
     #: Who asks, for fair admission: "remote_addr", "none" (one client: plain FIFO), or (as
     #: the ReachLimit argument only) a callable ``(request) -> key``.
     client: str | ClientFunc = _option(CLIENT_REMOTE_ADDR, _client)
-    #: The sentence of a busy refusal (queue full, timeout, displaced), ``{budget}`` and
-    #: ``{retry_after}`` filled in; None: the built-in sentences, naming the budget.
+    #: The sentence of a busy refusal (queue full, timeout, displaced, deadline),
+    #: ``{budget}`` and ``{retry_after}`` filled in; None: the built-in sentences, naming
+    #: the budget.
     refusal_message: str | None = _option(None, _refusal_message)
+    #: No wasted waits: a leader whose place in the queue cannot start within its wait by
+    #: the estimate of build time is refused at once ("deadline"), not at its wait's end.
+    deadline: bool = _option(True, _flag)
 
     @property
     def limiter_retry_after(self) -> int:

@@ -32,6 +32,9 @@ class LimiterStats:
     wait: float
     #: Waiters whose place a leader of a client holding fewer places took (fair admission).
     displaced: int = 0
+    #: Leaders refused because their place in the queue could not start within their wait
+    #: by the estimate of build time (at once, or while waiting as the estimate grew).
+    deadline: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

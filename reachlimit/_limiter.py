@@ -11,19 +11,24 @@ design:
           or more places more than ``client`` ....... its newest waiter is displaced, and
                                                       this call takes over its gate place
           else ...................................... raise Busy(queue_full) (refusal path)
-        else append a waiter record, fix one deadline, wait on the record's Condition
+        else append a waiter record
+      with a build-time estimate: read the clock, fix the deadline, and under the lock
+        its place cannot start within its wait ...... raise Busy(deadline)    (at once)
+      fix one deadline, wait on the record's Condition
       the wait ends in exactly one way, decided under the lock:
         promoted (a releaser handed us its slot) .... return Grant
         displaced (a newcomer took our place) ....... raise Busy(displaced)
+        refused late (the estimate grew) ............ raise Busy(deadline)
         deadline passed ............................. raise Busy(timeout)
         cancel set .................................. raise Cancelled
                                                      (a slot handed over at that same instant
                                                       is passed on, never dropped)
 
 One ``threading.Lock`` guards every field. Each waiter owns a ``threading.Condition`` built on
-that lock; it is notified when, and only when, a releaser hands that waiter a slot or a newcomer
-displaces it. A freed slot goes straight to a waiter, so ``_active`` does not drop and a
-newcomer on the fast path can never overtake a waiter (no barging).
+that lock; it is notified when, and only when, a releaser hands that waiter a slot, a newcomer
+displaces it or a walk refuses it late (see below). A freed slot goes straight to a waiter, so
+``_active`` does not drop and a newcomer on the fast path can never overtake a waiter (no
+barging).
 
 Fairness among clients (``client`` is any hashable name for whoever asks; None is one anonymous
 client). ``_clients`` maps each client with waiters to its own FIFO of them, in turn order: a
@@ -40,10 +45,50 @@ and never blocks: a place is taken with ``put(None, block=False)`` (the body of 
 called directly to save the refusal path a Python frame) and returned with ``get_nowait``. So
 "holds a gate place" and "is in ``_waiters``" are the same statement whenever the lock is free.
 Whoever takes a waiter out of ``_waiters`` returns its gate place: the releaser on promotion,
-the waiter itself on timeout, cancellation or an error during the wait. A displaced waiter's
+the refuser of a late waiter, the waiter itself on timeout, cancellation or an error during
+the wait. A displaced waiter's
 place is not returned: it passes, under the lock, to the newcomer that displaced it (the gate
 was tried first and was full; it stays full). ``queue=0`` builds no gate at all, because
 ``queue.Queue(maxsize=0)`` would be unbounded.
+
+No wasted waits (``deadline=True``, the default). A grant a waiter was promoted to is timed,
+from its promotion (the waiter's last clock reading before it saw its slot) to its release (a
+reading taken just before the lock): a grant is held for exactly its build, so the limiter
+measures build time itself, whatever the build's outcome (a build that raised held its slot
+too: the queue drains at the pace slots come free, and a quick failure only lowers the
+estimate, the safe way). Fast-path grants are not timed: the fast path never reads the clock.
+The estimate is a low percentile of the last ``ESTIMATE_SAMPLES`` timings (the
+``(n - 1) // 4``-th smallest of n: the smallest of four, the fourth of sixteen), none before
+``ESTIMATE_AFTER`` of them: conservative on purpose, since refusing a leader who would have
+got in is worse than letting it wait, and most builds take longer than it.
+
+With an estimate E, a waiter's estimated start is worked out by walking the queue in the
+order it will be promoted (round-robin across clients, FIFO within each: the order of
+``_clients`` is the turn order, so the k-th waiter of a client is served in round k, after
+every client before it in turn that still has k + 1 waiters):
+
+    start(p) = now + free[p % active] + (p // active) * E
+
+p being the number of waiters kept ahead of it, ``free`` the times until each slot frees,
+soonest first: E less the time already run for a timed holder (0 once it overran), E for a
+slot just handed over, 0 for any other (a fast-path grant, whose start is unknown: counted
+as finishing now). A waiter whose estimated start is later than its deadline (exactly at it
+is in time; a deadline already passed is the waiter's own timeout, and a waiter that has not
+fixed its deadline yet is skipped) is refused with ``Busy("deadline")``, its turn passing to
+the next waiter of its client; its Retry-After is ``ceil(start - deadline)`` (when the same
+place would have been in time), but never less than the limiter's ``retry_after``: the
+estimate may lengthen the figure every refusal carries, never shorten it. Refused waiters do
+not count in anybody's p, and taking a waiter out never moves another one back, so one
+refusal never causes another.
+
+The walk runs when a newcomer has just queued (it reads the clock first, outside the lock,
+then fixes its deadline and walks under the lock: refused, it never waits) and at each
+release of a timed grant (the estimate may have grown, and the line moved): a waiter refused
+then is woken at once, taken out of the queue and its gate place returned by the refuser,
+and counted by it. A newcomer that displaced a waiter and is then refused late displaced one
+that was late too: the victim, the newest waiter of a client holding more places, comes
+after it in line. ``deadline=False``, or fewer than ``ESTIMATE_AFTER`` timings, change
+nothing at all.
 
 The fast path and the refusal path never read the clock and allocate nothing but the grant or
 the exception they return; the fast path does no client bookkeeping at all. The refusal path
@@ -54,6 +99,7 @@ look-up, and a look at the other clients only when a displacement is possible.
 
 from __future__ import annotations
 
+import math
 import queue as _queue
 import threading
 import time
@@ -68,6 +114,7 @@ from ._grant import LimiterFigures as LimiterFigures  # where reachlimit.redis i
 # Module-level names: the refusal path is a handful of bytecodes, and lookups show.
 _QUEUE_FULL = Busy.QUEUE_FULL
 _DISPLACED = Busy.DISPLACED
+_DEADLINE = Busy.DEADLINE
 _Full = _queue.Full
 
 __all__ = ["ColdLimiter", "Grant", "LimiterStats"]
@@ -97,18 +144,54 @@ class _LocalGrant(Grant):
             lock.release()
 
 
-class _Waiter:
-    """A queued leader of ``client``, the ``seq``-th to join. ``granted`` and ``displaced``
-    are guarded by the limiter's lock; at most one of them is ever set."""
+class _TimedGrant(_LocalGrant):
+    """A slot a waiter was promoted to, held since ``started`` (the limiter's clock): its
+    release records how long it was held (see the module's design note)."""
 
-    __slots__ = ("cond", "granted", "displaced", "client", "seq")
+    __slots__ = ("_started",)
+
+    def __init__(self, limiter: ColdLimiter, started: float) -> None:
+        self._limiter = limiter
+        self._held = True  # guarded by limiter._lock once the grant is handed out
+        self._started = started
+
+    def _give_back(self, strict: bool) -> None:
+        limiter = self._limiter
+        try:
+            now = limiter._clock()  # before the lock: never later than the release
+        except BaseException:
+            with limiter._lock:  # the slot is returned all the same, untimed
+                if self._held:
+                    self._held = False
+                    limiter._holding.discard(self)
+                    limiter._hand_off_or_free()
+            raise
+        with limiter._lock:
+            if not self._held:
+                if strict:
+                    raise RuntimeError("grant released twice")
+                return
+            self._held = False
+            limiter._timed_release(self, now)
+
+
+class _Waiter:
+    """A queued leader of ``client``, the ``seq``-th to join. ``granted``, ``displaced`` and
+    ``late`` are guarded by the limiter's lock; at most one of them is ever set. ``deadline``
+    (the clock's time its wait ends; None until the waiter fixed it) and ``retry`` (a late
+    refusal's Retry-After) are guarded by the lock too."""
+
+    __slots__ = ("cond", "granted", "displaced", "late", "client", "seq", "deadline", "retry")
 
     def __init__(self, lock: threading.Lock, client: Hashable, seq: int) -> None:
         self.cond = threading.Condition(lock)
         self.granted = False
         self.displaced = False
+        self.late = False
         self.client = client
         self.seq = seq
+        self.deadline: float | None = None
+        self.retry = 1
 
 
 class ColdLimiter(LimiterFigures):
@@ -119,9 +202,21 @@ class ColdLimiter(LimiterFigures):
     at least two more than the newcomer's. With one client (``None`` for everyone) it is a
     strict first-in first-out queue.
 
-    ``retry_after`` is the whole number of seconds put on every :class:`Busy`. ``clock`` is
-    a monotonic clock in seconds, read only by callers that really wait.
+    ``retry_after`` is the whole number of seconds put on every :class:`Busy` (a
+    ``"deadline"`` one's may be longer: worked out from the estimate). ``clock`` is a
+    monotonic clock in seconds, read only by callers that really wait and by the releases
+    of the grants they were promoted to.
+
+    ``deadline`` (default True): once ``ESTIMATE_AFTER`` promoted grants have been timed, a
+    leader whose place in the queue cannot start within its wait by the estimate of build
+    time is refused with ``Busy("deadline")`` at once, and a waiter whose place falls behind
+    as the estimate grows is refused then (see the module's design note). False: never.
     """
+
+    #: Timed grants the estimate of build time needs before the first ``deadline`` refusal.
+    ESTIMATE_AFTER = 4
+    #: How many of the latest timed grants the estimate is taken from.
+    ESTIMATE_SAMPLES = 16
 
     #: Longest single wait when a cancel token must be watched (see ``reachlimit._cancel``);
     #: an instance attribute of the same name overrides it (tests wake waiters more often).
@@ -137,9 +232,14 @@ class ColdLimiter(LimiterFigures):
         self, active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
         *,
         clock: Callable[[], float] = time.monotonic,
+        deadline: bool = True,
     ) -> None:
         self._set_figures(active, queue, wait, retry_after)
+        if not isinstance(deadline, bool):
+            raise ValueError("deadline is True or False")
         self._clock = clock
+        # Promoted grants are timed, for the estimate (never without a queue: nobody waits).
+        self._timing = deadline and queue > 0
         self._lock = threading.Lock()
         # The admission gate; None for queue=0 (maxsize=0 would mean "unbounded").
         # Touched only under _lock, never blocking. It is tried with put(None, block=False),
@@ -167,6 +267,12 @@ class ColdLimiter(LimiterFigures):
         self._rejected_full = 0
         self._rejected_timeout = 0
         self._cancelled = 0
+        self._rejected_deadline = 0
+        # The timed grants held now (promotions; each knows its start), the latest timings
+        # and the estimate of build time from them (None before ESTIMATE_AFTER timings).
+        self._holding: set[_TimedGrant] = set()
+        self._durations: deque[float] = deque(maxlen=self.ESTIMATE_SAMPLES)
+        self._estimate: float | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -181,8 +287,10 @@ class ColdLimiter(LimiterFigures):
         Raises ``Cancelled`` if ``cancel`` is set before or while waiting, ``Busy("queue_full")``
         at once when every queue place is taken (and none can be taken over),
         ``Busy("displaced")`` when a leader of a client holding fewer places took this
-        waiter's place, ``Busy("timeout")`` when the wait ends without a slot. On every raise
-        the limiter is left exactly as if the call never happened (but for its counters).
+        waiter's place, ``Busy("deadline")`` (at once, or while waiting) when its place cannot
+        start within its wait by the estimate of build time, ``Busy("timeout")`` when the
+        wait ends without a slot. On every raise the limiter is left exactly as if the call
+        never happened (but for its counters and the estimate).
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
@@ -224,6 +332,10 @@ class ColdLimiter(LimiterFigures):
             lock.release()
         if waiter is None:
             raise Busy(_QUEUE_FULL, self._retry_after)
+        # Racy read: an estimate, once made, stays; one made just now is used from the next
+        # walk on (a timed release's), so reading it unlocked only delays the first check.
+        if self._estimate is not None:
+            self._refuse_if_late(waiter)
         observer = self.on_queued
         if observer is not None:
             try:
@@ -249,7 +361,15 @@ class ColdLimiter(LimiterFigures):
                 capacity_queue=self._queue_capacity,
                 wait=self._wait,
                 displaced=self._displaced,
+                deadline=self._rejected_deadline,
             )
+
+    @property
+    def build_estimate(self) -> float | None:
+        """Racy read: the conservative estimate of one build's time in seconds that
+        ``deadline`` refusals use (see the module's design note), None until
+        ``ESTIMATE_AFTER`` promoted grants have been timed or with ``deadline=False``."""
+        return self._estimate
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -341,21 +461,30 @@ class ColdLimiter(LimiterFigures):
         the clock are called outside the lock."""
         outcome: str | type[Cancelled] | None = None  # a Busy reason, Cancelled or granted
         try:
-            deadline = self._clock() + self._wait
+            # Fixed already (by _refuse_if_late, in this thread) when there is an estimate.
+            deadline = waiter.deadline
+            if deadline is None:
+                deadline = self._clock() + self._wait
             while True:
                 # Checked first on every turn, so a cancel that arrives together with the
                 # promotion wins: its client is gone, and _give_up passes the slot on.
                 if cancel is not None and cancel.is_set():
                     outcome = Cancelled
                     break
-                remaining = deadline - self._clock()
+                now = self._clock()  # a promotion seen below is timed from here
+                remaining = deadline - now
                 with self._lock:
+                    waiter.deadline = deadline  # from now on the walk can refuse it late
                     # Promotion is looked at before the deadline: a slot handed over before
                     # the waiter noticed its time was up is kept (a grant, not a timeout).
                     if waiter.granted:
                         break
-                    if waiter.displaced or remaining <= 0:
-                        outcome = _DISPLACED if waiter.displaced else Busy.TIMEOUT
+                    if waiter.displaced or waiter.late or remaining <= 0:
+                        outcome = (
+                            _DISPLACED if waiter.displaced
+                            else _DEADLINE if waiter.late
+                            else Busy.TIMEOUT
+                        )
                         break
                     if cancel is not None and remaining > self.CANCEL_POLL_INTERVAL:
                         remaining = self.CANCEL_POLL_INTERVAL
@@ -369,11 +498,19 @@ class ColdLimiter(LimiterFigures):
         with self._lock:
             if outcome is None:
                 self._acquired += 1
-                return _LocalGrant(self)
+                if not self._timing:
+                    return _LocalGrant(self)
+                grant = _TimedGrant(self, now)
+                self._holding.add(grant)
+                return grant
             if waiter.displaced:
                 # Displaced before we could leave (counted by the displacer), whatever we
                 # were about to report: the place is already the newcomer's.
                 outcome = _DISPLACED
+            elif waiter.late:
+                # Refused late before we could leave (counted and taken out of the queue by
+                # the refuser), whatever we were about to report.
+                outcome = _DEADLINE
             else:
                 self._give_up(waiter)
                 if outcome is Cancelled:
@@ -382,15 +519,90 @@ class ColdLimiter(LimiterFigures):
                     self._rejected_timeout += 1
         if outcome is Cancelled:
             raise Cancelled()
-        raise Busy(outcome, self._retry_after)
+        raise Busy(outcome, waiter.retry if outcome is _DEADLINE else self._retry_after)
 
     def _give_up(self, waiter: _Waiter) -> None:
         """The waiter leaves without keeping a slot. Called with _lock held."""
         if waiter.granted:
             # Promoted at the instant we gave up: pass the slot on, never drop it.
             self._hand_off_or_free()
-        elif not waiter.displaced:  # a displaced waiter's place is the newcomer's already
+        elif not (waiter.displaced or waiter.late):
+            # (a displaced waiter's place is the newcomer's already; a late one's was
+            # returned by its refuser)
             self._leave_queue(waiter)
+
+    # -- no wasted waits: the estimate of build time and the deadline refusals -------------
+
+    def _refuse_if_late(self, waiter: _Waiter) -> None:
+        """A newcomer has just queued and there is an estimate: fix its deadline and walk the
+        queue; raise ``Busy("deadline")`` if its place cannot start in time. Runs in the
+        newcomer's thread, with _lock not held on entry; the clock is read outside it."""
+        try:
+            now = self._clock()
+        except BaseException:
+            with self._lock:
+                self._give_up(waiter)
+            raise
+        with self._lock:
+            if waiter.granted or waiter.displaced:
+                return  # promoted or displaced meanwhile: the wait sees it at once
+            waiter.deadline = now + self._wait
+            self._refuse_late(now)
+            if not waiter.late:
+                return
+            retry = waiter.retry
+        raise Busy(_DEADLINE, retry)
+
+    def _timed_release(self, grant: _TimedGrant, now: float) -> None:
+        """A timed grant was released at ``now``: record how long it was held, pass its slot
+        on, and refuse the waiters who are now late. Called with _lock held."""
+        self._holding.discard(grant)
+        durations = self._durations
+        durations.append(max(0.0, now - grant._started))
+        if len(durations) >= self.ESTIMATE_AFTER:
+            self._estimate = sorted(durations)[(len(durations) - 1) // 4]
+        handed_over = bool(self._waiters)
+        self._hand_off_or_free()
+        if handed_over and self._waiters and self._estimate is not None:
+            self._refuse_late(now, fresh=1)
+
+    def _refuse_late(self, now: float, fresh: int = 0) -> None:
+        """Refuse, with ``Busy("deadline")``, every waiter whose estimated start is later
+        than its deadline (see the module's design note for the formula). ``fresh`` slots
+        were handed over just now. Called with _lock held and an estimate made."""
+        estimate = self._estimate
+        assert estimate is not None
+        active = self._capacity
+        # When each slot frees next, soonest first (a holder that read the clock after this
+        # walk's reading has run nothing yet).
+        free = [estimate - min(estimate, max(0.0, now - g._started)) for g in self._holding]
+        free.extend([estimate] * fresh)
+        free.extend([0.0] * (active - len(free)))
+        free.sort()
+        late: list[tuple[_Waiter, float]] = []
+        kept = 0  # waiters kept so far, in the order they will be promoted
+        turn = [iter(mine) for mine in self._clients.values()]  # one round-robin round
+        while turn:
+            next_round = []
+            for mine in turn:
+                for waiter in mine:  # this client's next waiter (a late one passes its turn)
+                    start = now + free[kept % active] + (kept // active) * estimate
+                    # (a waiter past its deadline is timing out: that is its own to see)
+                    deadline = waiter.deadline
+                    if deadline is not None and now < deadline < start:
+                        late.append((waiter, start))
+                        continue
+                    kept += 1
+                    next_round.append(mine)
+                    break
+            turn = next_round
+        for waiter, start in late:
+            self._leave_queue(waiter)
+            waiter.late = True
+            assert waiter.deadline is not None
+            waiter.retry = max(self._retry_after, math.ceil(start - waiter.deadline))
+            waiter.cond.notify()
+            self._rejected_deadline += 1
 
 
 #: ``_sole`` when no client, or several, wait: a name nobody passes.

@@ -212,8 +212,13 @@ class ReachLimit:
     (``enabled``, ``active``, ``queue``, ``wait``, ``retry_after``, ``cache_ttl``, ``cache_size``,
     ``stale``, ``status``, ``cancel_on_disconnect``, ``metrics``, ``redis_url``,
     ``redis_prefix``, ``lease``, ``redis_fallback``, ``client``, ``refusal_message``,
-    ``enabled``) and win over the app's config. They are the default budget's, and every
+    ``deadline``) and win over the app's config. They are the default budget's, and every
     budget's defaults.
+
+    ``deadline`` (REACHLIMIT_DEADLINE, default true; also per budget): a leader whose place
+    in the queue cannot start within ``wait`` by the limiter's estimate of build time is
+    answered at once (429 and Retry-After, like a full queue) instead of waiting its whole
+    wait to be told; false waits it out as before.
 
     ``enabled`` (REACHLIMIT_ENABLED, default true; also per budget) false turns the
     machinery off, for an app's tests: every ``cold()`` and decorated view runs its build

@@ -9,8 +9,9 @@ design (every family is labelled ``budget``: one value per budget of the app, so
     figure                                  counted where
     reachlimit_admissions_total{result}     MeteredLimiter.acquire: one event per call -
     reachlimit_wait_seconds                 granted, queue_full, timeout, displaced,
-                                            cancelled; the wait is timed for grants,
-                                            timeouts and displacements
+                                            deadline, cancelled; the wait is timed for
+                                            grants, timeouts, displacements and deadline
+                                            refusals (at once: a wait of about 0)
     reachlimit_build_seconds                MeteredColdPath.get times the build it passes on
     reachlimit_cache_requests_total{result} copied from the path's own counters, the same
     reachlimit_coalesced_total              numbers as ``stats()`` (hit, miss, stale;
@@ -96,7 +97,7 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 #: Upper bounds (seconds) of the build histogram: a cold build takes 0.1 to 1 s.
 BUILD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-RESULTS = ("granted", "queue_full", "timeout", "cancelled", "displaced")
+RESULTS = ("granted", "queue_full", "timeout", "cancelled", "displaced", "deadline")
 
 _HELP = {
     "admissions": "Cold leaders' admissions to the limiter, by result.",
@@ -300,9 +301,9 @@ class ReachMetrics:
     budgets), those of every member of the group.
 
     By default the limiter is a new in-process :class:`MeteredLimiter` made from ``active``,
-    ``queue``, ``wait`` and ``retry_after``. ``limiter=`` passes a shared limiter instead (the
-    four numbers are then the shared limiter's business and ignored here, but for ``wait``,
-    a bucket of the wait histogram); ``flight=`` a shared singleflight."""
+    ``queue``, ``wait``, ``retry_after`` and ``deadline``. ``limiter=`` passes a shared
+    limiter instead (these figures are then the shared limiter's business and ignored here,
+    but for ``wait``, a bucket of the wait histogram); ``flight=`` a shared singleflight."""
 
     #: The Content-Type of :meth:`exposition`.
     content_type = CONTENT_TYPE
@@ -316,6 +317,7 @@ class ReachMetrics:
         flight: Flight | None = None,
         budget: str = "default",
         group: MetricsGroup | None = None,
+        deadline: bool = True,
     ) -> None:
         #: Figures are written to per-process files and published by each process.
         self.per_process = multiprocess_mode()
@@ -325,7 +327,9 @@ class ReachMetrics:
         self.wait = wait
         self.limiter: MeteredLimiter | MeteredSharedLimiter
         if limiter is None:
-            self.limiter = MeteredLimiter(active, queue, wait, retry_after, clock=clock)
+            self.limiter = MeteredLimiter(
+                active, queue, wait, retry_after, clock=clock, deadline=deadline
+            )
             self.limiter.metrics = self
             self.limiter.on_queued = self.limiter._queued
         else:
@@ -438,7 +442,7 @@ class ReachMetrics:
             [g.labels(budget) for g in f.gauges] if f.gauges is not None and not self.shared
             else (None,) * 4
         )
-        granted, queue_full, timeout, cancelled, _ = (admission(r) for r in RESULTS)
+        granted, queue_full, timeout, cancelled, *_ = (admission(r) for r in RESULTS)
         return _Instruments(
             admissions=admission,
             granted=granted,

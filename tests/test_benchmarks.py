@@ -33,7 +33,7 @@ def require_gunicorn_and_redis() -> None:
 @pytest.mark.parametrize(
     "name",
     ["micro.py", "threaded_burst.py", "reach_cold.py", "redis_warm.py", "http_load.py",
-     "http_redis.py", "fair_admission.py"],
+     "http_redis.py", "fair_admission.py", "deadline.py"],
 )
 def test_help(name: str) -> None:
     proc = run_script(name, "--help", timeout=30)
@@ -348,10 +348,66 @@ def test_fair_admission_quick_json() -> None:
         assert limiter["peak_active"] <= config["active"], r
         # Every 429 is one refusal of the limiter, with its reason on the answer.
         refused = r["polite_status"]["429"] + r["crawler_status"]["429"]
-        assert limiter["rejected_full"] + limiter["rejected_timeout"] + limiter["displaced"] == (
-            refused
-        ), r
+        # (A crawler's waiter that newer polite clients' put behind its deadline is refused
+        # then: "deadline".)
+        assert (limiter["rejected_full"] + limiter["rejected_timeout"] + limiter["displaced"]
+                + limiter["deadline"]) == refused, r
         assert r["polite_refusals"]["unknown"] == r["crawler_refusals"]["unknown"] == 0, r
         if r["variant"] == "none":  # one client: plain FIFO, nobody is ever displaced
             assert limiter["displaced"] == 0, r
         assert all(isinstance(v, bool) for v in r["met"].values()), r
+
+
+# -- benchmarks/deadline.py: no wasted waits, REACHLIMIT_DEADLINE off against on ------------
+
+
+@pytest.mark.gunicorn
+@pytest.mark.timeout(300)
+def test_deadline_quick_json() -> None:
+    pytest.importorskip("gunicorn")
+    # Two build lengths and a shorter measured phase than --quick's; the script's own bounds
+    # end it well inside the subprocess timeout.
+    report = run_json("deadline.py", "--builds", "0.1,1", "--duration", "2", timeout=280)
+    assert "loadavg_1m" in report["machine"] and "loadavg_end" in report["machine"]
+    config = report["config"]
+    assert (config["builds"], config["setups"], config["rounds"]) == ([0.1, 1.0], ["single"], 1)
+    assert (config["active"], config["queue"]) == (2, 8)
+    rows = report["results"]
+    assert [(r["setup"], r["build_s"], r["variant"]) for r in rows] == [
+        ("single", b, v) for b in (0.1, 1.0) for v in ("off", "on")
+    ]
+    for r in rows:
+        for key in ("whole_waits", "refused_at_once", "refusal_p50_ms", "refusal_p99_ms",
+                    "wait_thread_s", "waiting_threads", "goodput_per_s", "goodput_pct",
+                    "refusals", "limiter", "estimate_s"):
+            assert key in r, (key, r["build_s"], r["variant"])
+        # Behaviour, not speed: each server ran the variant asked for, answered every request
+        # with a 200 or a 429, never a traceback, never more than `active` builds at once.
+        assert r["deadline_seen"] == [r["variant"] == "on"], r
+        assert not r["stuck"] and not r["server_tracebacks"] and not r["errors"], r
+        assert r["status"]["other"] == r["status"]["error"] == 0, r
+        assert r["requests"] > 0 and r["answers_total"] >= r["requests"], r
+        assert 1 <= r["max_in_flight"] <= config["active"], r
+        # Every key is new: each 200 is one build; every 429 is one refusal of the limiter,
+        # with its reason on the answer.
+        assert r["builds_started"] == r["answered_200_total"], r
+        limiter = r["limiter"]
+        assert limiter["peak_active"] <= config["active"], r
+        assert (limiter["rejected_full"] + limiter["rejected_timeout"] + limiter["deadline"]
+                + limiter["displaced"]) == r["refused_total"], r
+        assert r["refusals"]["unknown"] == 0, r
+        if r["variant"] == "off":  # never a deadline refusal, and no estimate made
+            assert limiter["deadline"] == 0 and r["refusals"]["deadline"] == 0, r
+            assert r["estimate_s"] == [None], r
+    summary = report["summary"]
+    assert [(s["setup"], s["build_s"]) for s in summary] == [("single", 0.1), ("single", 1.0)]
+    for s in summary:
+        assert len(s["whole_waits"]) == len(s["goodput_per_s"]) == 2
+        assert all(isinstance(v, bool) for v in s["met"].values()), s
+    bursts = report["burst"]
+    assert [b["deadline"] for b in bursts] == [False, True]
+    for b in bursts:
+        refused = sum(b["refusals"].values())
+        assert b["admitted"] >= 1 and b["admitted"] + refused == 9, b
+    assert "deadline" not in bursts[0]["refusals"] and bursts[0]["estimate_s"] is None
+    assert isinstance(report["all_met"], bool)

@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from reachlimit import Busy, Cancelled, ColdLimiter, ColdPath
 from reachlimit.flask import ReachLimit
 from reachlimit.prometheus import MeteredColdPath, MeteredLimiter, ReachMetrics
+from tests.support.clock import FakeClock
+from tests.support.deadline import learn, promote
 from tests.support.waiting import DEADLINE, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,6 +238,25 @@ def test_timeout_and_cancelled_are_counted_apart(threads: Any) -> None:
     assert scrape("reachlimit_wait_seconds_bucket", le="+Inf") == 2
     assert scrape("reachlimit_wait_seconds_bucket", le="0.2") >= 1  # the wait is a bucket
     assert scrape.gauges() == (0, 0, 1, 2)
+
+
+def test_deadline_refusals_are_counted_apart(threads: Any) -> None:
+    """A leader refused at once because its place cannot start within its wait (the limiter's
+    estimate of build time, taught on a fake clock): ``result="deadline"``, and in stats()."""
+    clock = FakeClock()
+    metrics = ReachMetrics(active=1, queue=4, wait=1.0, clock=clock)
+    scrape = Scrape(metrics.exposition().decode())
+    assert scrape.admissions("deadline") == 0  # the series is there before any refusal
+    learn(metrics.limiter, clock, threads, [2.0] * 4)
+    holder = promote(metrics.limiter, threads, metrics.limiter.acquire())  # 2 s to go
+    with pytest.raises(Busy) as info:
+        metrics.path.get("late", lambda: "never built")
+    assert info.value.reason == "deadline"
+    holder.release()
+    scrape = Scrape(metrics.exposition().decode())
+    assert scrape.admissions("deadline") == 1
+    assert scrape.admissions("timeout") == 0 and scrape.admissions("queue_full") == 0
+    assert metrics.path.stats().deadline == 1
 
 
 def test_a_build_that_raises_is_timed_and_frees_its_slot() -> None:

@@ -379,9 +379,11 @@ def test_every_key_carries_the_hash_tag(
     # The prefix's registry of limiter names is one key of its own (no script touches it).
     assert client.smembers("svc:budgets") == {b"tagged"}
     keys = [k.decode() for k in client.keys("*") if k != b"svc:budgets"]
-    # holders, queue, alive, deadline, stats, seq, settings, a doorbell, and the fair queue's
-    # three: the waiters' clients, the waiting clients, and the anonymous client's own waiters
-    assert len(keys) == 11, keys
+    # holders, queue, alive, deadline, stats, seq, settings, a doorbell, the fair queue's
+    # three (the waiters' clients, the waiting clients, and the anonymous client's own
+    # waiters), and when w1 was promoted (since: its grant is timed)
+    assert len(keys) == 12, keys
+    assert "{svc:tagged}:since" in keys, keys
     assert "{svc:tagged}:settings" in keys, keys
     assert all(k.startswith("{svc:tagged}:") for k in keys), keys
     assert len({key_slot(k.encode()) for k in keys}) == 1

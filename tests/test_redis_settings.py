@@ -93,7 +93,8 @@ def test_a_second_process_with_other_settings_wins_without_an_error(
     assert ":0ddba11:" in changed[0]  # who: the new process's owner id (and its host)
     assert f"recorded before by {_common.owner_id()}" in changed[0]
     assert recorded(client, lim) == {
-        b"active": b"3", b"queue": b"8", b"wait_ms": b"3000", b"lease_ms": b"10000"
+        b"active": b"3", b"queue": b"8", b"wait_ms": b"3000", b"lease_ms": b"10000",
+        b"deadline": b"1",
     }
     assert lim.stats().capacity_active == 3  # the old process sees the budget's settings
     lim.close()
@@ -265,7 +266,8 @@ def test_settings_lost_with_a_restart_come_back_and_nothing_fails(live_redis: Re
     assert client.exists(settings_key(lim)) == 0
     with lim.acquire():  # the scripts load again, and write the settings back
         assert recorded(client, lim) == {
-            b"active": b"2", b"queue": b"3", b"wait_ms": b"5000", b"lease_ms": b"10000"
+            b"active": b"2", b"queue": b"3", b"wait_ms": b"5000", b"lease_ms": b"10000",
+            b"deadline": b"1",
         }
     s = lim.stats()
     assert (s.capacity_active, s.capacity_queue, s.wait, s.active) == (2, 3, 5.0, 0)
@@ -296,7 +298,8 @@ def test_settings_lost_under_waiters_are_written_back_by_the_next_script(
     assert lim._free("holder") == 1  # a release: the waiter is promoted into the slot
     assert [t.decode() for t in client.zrange(lim.keys[0], 0, -1)] == ["waiter"]
     assert recorded(client, lim) == {
-        b"active": b"1", b"queue": b"2", b"wait_ms": b"60000", b"lease_ms": b"10000"
+        b"active": b"1", b"queue": b"2", b"wait_ms": b"60000", b"lease_ms": b"10000",
+        b"deadline": b"1",
     }
     lim.close()
 

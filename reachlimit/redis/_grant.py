@@ -23,13 +23,15 @@ class RedisGrant(Grant):
     slot it frees is only ever its own: after a lost lease the release changes nothing.
     """
 
-    __slots__ = ("_owner", "token", "_lost")
+    __slots__ = ("_owner", "token", "_lost", "timed")
 
-    def __init__(self, owner: _Owner, token: str) -> None:
+    def __init__(self, owner: _Owner, token: str, timed: bool = False) -> None:
         self._owner = owner
         self.token = token
         self._held = True  # guarded by owner._lock
         self._lost = False  # set (once) by the renewer or the release; racy read
+        #: A waiter was promoted to it: Redis times it, and its release says so.
+        self.timed = timed
 
     @property
     def lease_lost(self) -> bool:

@@ -11,19 +11,28 @@ design:
     {<prefix>:<name>}``, and only its Lua scripts change it; the keys, the fair queue, the
     reaping and every script are described in ``lua/README.md``, beside the scripts.
 
-    Settings are data in Redis: a budget's ``active``, ``queue``, ``wait`` and ``lease`` are
-    its settings hash (``T:settings``), which every process writes at its start (its first
-    call of this budget: ``_check``, one script, ``lua/limiter_record.lua``), the newest start
-    winning, logged at INFO when it changes a value; every script reads them from there
-    (``lua/limiter_settings.lua``, which also says what happens when the hash is missing). So
-    processes configured differently never fail: the budget has the settings of the one that
-    started last, and ``stats()`` shows them. What stays this process's own: the presence
-    period, its lease where longer than the budget's (it renews every third of its own), and
-    everything its in-process fallback (``ResilientLimiter``) decides.
+    Settings are data in Redis: a budget's ``active``, ``queue``, ``wait``, ``lease`` and
+    ``deadline`` are its settings hash (``T:settings``), which every process writes at its
+    start (its first call of this budget: ``_check``, one script, ``lua/limiter_record.lua``),
+    the newest start winning, logged at INFO when it changes a value; every script reads them
+    from there (``lua/limiter_settings.lua``, which also says what happens when the hash is
+    missing). So processes configured differently never fail: the budget has the settings of
+    the one that started last, and ``stats()`` shows them. What stays this process's own:
+    the presence period, its lease where longer than the budget's (it renews every third of
+    its own), and everything its in-process fallback (``ResilientLimiter``) decides.
 
     Cost: the hot scripts (acquire, release, the cold lead) are the same text for every
     limiter, send their common arguments encoded once, and answer their common cases first:
     the design note of ``lua``.
+
+    No wasted waits (``deadline``, a budget setting like the others): the rule of
+    ``reachlimit._limiter``, decided in the scripts on Redis's clock, no round trip added.
+    With it on, Redis times every grant a waiter was promoted to (its promotion in
+    ``T:since``; the grant knows it is ``timed`` and its release says so), keeps the latest
+    16 times (``T:took``) and the budget's estimate from them, shared by every process; the
+    acquire that queues a newcomer and every timed release walk the fair queue and refuse
+    the late (``lua/limiter_deadline.lua``). A waiter refused late learns it from its doorbell ("l"
+    and its Retry-After) or its next poll, as a displaced one does.
 
     Who wakes whom (a waiter blocks on its own doorbell; the ``Waker`` thread ends its
     ``BLPOP`` on time): the design note of ``_wait``, which holds the waiting loop.
@@ -101,7 +110,7 @@ from ._common import (
 from ._grant import RedisGrant
 from ._lead import HandOver, LeadReply, lead_scripts
 from ._renewer import LeaseRenewer
-from ._replies import _FULL, _GRANTED
+from ._replies import _FULL, _GRANTED, _LATE
 from ._replies import _GIVE_UP as _GIVE_UP  # tests import it from here
 from ._replies import _STAY as _STAY  # tests import it from here
 from ._stats import RedisLimiterStats, stats_from_reply
@@ -120,12 +129,12 @@ _ANONYMOUS = "-"
 
 
 def script_settings(
-    presence: float, active: int, queue: int, wait: float, lease: float
+    presence: float, active: int, queue: int, wait: float, lease: float, deadline: bool = True
 ) -> list[str]:
     """The three arguments every limiter script starts with (``lua/limiter_settings.lua``):
     a process's presence period and lease, then its other settings in one string; times in
-    whole ms."""
-    return [str(ms(presence)), str(ms(lease)), f"{active} {queue} {ms(wait)}"]
+    whole ms, ``deadline`` 1 or 0."""
+    return [str(ms(presence)), str(ms(lease)), f"{active} {queue} {ms(wait)} {int(deadline)}"]
 
 
 def _admission(reply: Any) -> tuple[int, int]:
@@ -151,6 +160,12 @@ class RedisColdLimiter(Leased, LimiterFigures):
 
     ``lease`` is how long a grant outlives its process: it is renewed in the background every
     ``lease / 3`` seconds while held.
+
+    ``deadline`` (default True), :class:`~reachlimit.ColdLimiter`'s no wasted waits for the
+    whole budget: a leader whose place cannot start within its wait by the budget's estimate
+    of build time (from the grants waiters were promoted to, timed in Redis, in every
+    process) is refused with ``Busy("deadline")`` at once, a waiter whose place falls behind
+    its deadline is refused then. A budget setting: the newest process to start decides.
 
     Settings are data in Redis: ``active``, ``queue``, ``wait`` and ``lease`` are written into
     the budget's settings hash by every process when it starts using the budget - its first
@@ -202,10 +217,13 @@ class RedisColdLimiter(Leased, LimiterFigures):
     def __init__(
         self, client: Client, name: str = "reachlimit",
         active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
-        *, lease: float = 10.0, prefix: str = "reachlimit",
+        *, lease: float = 10.0, prefix: str = "reachlimit", deadline: bool = True,
     ) -> None:
         self._set_figures(active, queue, wait, retry_after)
         self._lease = positive("lease", lease)
+        if not isinstance(deadline, bool):
+            raise ValueError("deadline is True or False")
+        self._deadline = deadline
         self._bind(client, name, prefix, stores_bytes=False)
         self._keys = limiter_keys(prefix, name)  # the last one: the budget's settings hash
         self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
@@ -215,7 +233,9 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._lease_ms = ms(self._lease)
         # The arguments every script starts with (lua/limiter_settings.lua): the presence
         # period, then this process's settings, which count only where Redis has none.
-        self._common = script_settings(self.PRESENCE, active, queue, self._wait, self._lease)
+        self._common = script_settings(
+            self.PRESENCE, active, queue, self._wait, self._lease, deadline
+        )
         # The same scripts for every limiter: each reads its budget's settings from Redis.
         self._acquire_script = client.register_script(lua.ACQUIRE)
         # The same, checking for the refusal first: sent while the last acquire was refused.
@@ -277,7 +297,10 @@ class RedisColdLimiter(Leased, LimiterFigures):
         Raises ``Cancelled`` if ``cancel`` is set before (then without a call to Redis) or
         while waiting, ``Busy("queue_full")`` at once when every queue place is taken (one
         round trip), ``Busy("displaced")`` when a leader of a client holding fewer places took
-        this waiter's place, ``Busy("timeout")`` when the wait ends without a slot (or the
+        this waiter's place, ``Busy("deadline")`` (at once, or while waiting) when its place
+        cannot start within its wait by the budget's estimate of build time (with the
+        budget's ``deadline`` setting on), ``Busy("timeout")`` when the wait ends without a
+        slot (or the
         waiter lost its place: Redis restarted empty, or it was dropped for not polling in
         time). Errors of Redis propagate as ``redis`` exceptions.
         """
@@ -300,6 +323,8 @@ class RedisColdLimiter(Leased, LimiterFigures):
             return self._granted(token)
         if status == _FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
+        if status == _LATE:  # queued and refused at once: its place could not start in time
+            raise Busy(Busy.DEADLINE, max(self._retry_after, wait_ms))  # (here: seconds)
         # Queued for the budget's wait, as Redis answered (its deadline is Redis's too).
         return self._wait_for_slot(token, wait_ms / 1000, cancel)
 
@@ -420,6 +445,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         return {
             "active": self._capacity, "queue": self._queue_capacity,
             "wait_ms": self._wait_ms, "lease_ms": self._lease_ms,
+            "deadline": int(self._deadline),
         }
 
     def _check(self) -> None:
@@ -465,9 +491,16 @@ class RedisColdLimiter(Leased, LimiterFigures):
         queued; else 0)."""
         return _admission(self._evalsha(self._acquire_script, self._acquire_head, token, who))
 
-    def _free(self, token: str) -> int:
-        """The release script: 1 if the slot was still ``token``'s (now freed), else 0."""
+    def _free(self, token: str, timed: bool = False) -> int:
+        """The release script: 1 if the slot was still ``token``'s (now freed), else 0.
+        ``timed``: a waiter was promoted to it (Redis records how long it was held)."""
+        if timed:
+            return int(self._evalsha(self._release_script, self._release_head, token, "t"))
         return int(self._evalsha(self._release_script, self._release_head, token))
+
+    def _free_grant(self, grant: RedisGrant) -> int:
+        """The release script for ``grant`` (:meth:`_free`, told whether it is timed)."""
+        return self._free(grant.token, True) if grant.timed else self._free(grant.token)
 
     def _poll(self, token: str, leaving: int) -> tuple[int, int]:
         """The poll script: (outcome, milliseconds left of the wait)."""
@@ -483,8 +516,8 @@ class RedisColdLimiter(Leased, LimiterFigures):
 
     # -- grants and their leases ------------------------------------------------------------
 
-    def _granted(self, token: str) -> RedisGrant:
-        grant = RedisGrant(self, token)
+    def _granted(self, token: str, timed: bool = False) -> RedisGrant:
+        grant = RedisGrant(self, token, timed)
         self._leases.hold(token, grant)
         return grant
 
@@ -498,7 +531,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
             grant._held = False
             self._leases.drop_locked(grant.token)
         try:
-            kept = self._free(grant.token)
+            kept = self._free_grant(grant)
         except REDIS_ERRORS:
             self._lose(grant.token)  # freed at the next round trip, not after its lease
             raise

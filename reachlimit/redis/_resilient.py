@@ -239,6 +239,7 @@ def degraded_stats(local: LimiterStats) -> RedisLimiterStats:
         capacity_queue=local.capacity_queue,
         wait=local.wait,
         displaced=local.displaced,
+        deadline=local.deadline,
         backend="local",
         degraded=True,
         lease_lost=0,

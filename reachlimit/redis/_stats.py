@@ -15,7 +15,7 @@ __all__ = ["RedisLimiterStats", "stats_from_reply"]
 log = logging.getLogger("reachlimit")
 
 _COUNTERS = ("displaced", "peak_active", "peak_queued", "acquired", "rejected_full",
-             "rejected_timeout", "cancelled", "lease_lost")
+             "rejected_timeout", "cancelled", "lease_lost", "deadline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,5 +65,6 @@ def stats_from_reply(reply: Any, where: str) -> RedisLimiterStats:
         capacity_queue=int(capacity_queue),
         wait=int(wait_ms) / 1000,
         displaced=counters["displaced"],
+        deadline=counters["deadline"],
         lease_lost=counters["lease_lost"],
     )

@@ -15,10 +15,12 @@ design:
     a slice and its deadline within a few milliseconds, as the local limiter does
     (``benchmarks/redis_handoff.py`` measures both).
 
-    One pass of the loop: the cancel token set -> a giving-up poll (displaced meanwhile is
-    counted as such) and Cancelled; else block on the doorbell for the slice; "d" -> displaced;
-    a ring, the next poll's time or the deadline -> the poll script, whose outcome (granted,
-    timeout, gone, displaced, or waiting with the milliseconds left) decides. On any other
+    One pass of the loop: the cancel token set -> a giving-up poll (displaced or refused late
+    meanwhile is counted as such) and Cancelled; else block on the doorbell for the slice;
+    "d" -> displaced; "l<s>" -> refused late (no wasted waits: its place could no longer start
+    within its wait), s its Retry-After; a ring, the next poll's time or the deadline -> the
+    poll script, whose outcome (granted, timeout, gone, displaced, late, or waiting with the
+    milliseconds left) decides. A slot a waiter was promoted to is timed in Redis. On any other
     exception the waiter leaves with an abandoning poll (or, Redis unreachable, its token is
     given up at the next round trip).
 """
@@ -32,7 +34,17 @@ from .._cancel import CancelToken
 from .._errors import Busy, Cancelled
 from .._limiter import Grant
 from ._common import REDIS_ERRORS
-from ._replies import _ABANDON, _DISPLACED, _DISPLACED_BELL, _GIVE_UP, _GRANTED, _STAY, _WAITING
+from ._replies import (
+    _ABANDON,
+    _DISPLACED,
+    _DISPLACED_BELL,
+    _GIVE_UP,
+    _GRANTED,
+    _LATE,
+    _LATE_BELL,
+    _STAY,
+    _WAITING,
+)
 from ._waker import Waker
 
 __all__ = ["wait_for_slot"]
@@ -53,7 +65,7 @@ class Waiting(Protocol):
 
     def _lose(self, token: str) -> None: ...
 
-    def _granted(self, token: str) -> Grant: ...
+    def _granted(self, token: str, timed: bool = False) -> Grant: ...
 
 
 def wait_for_slot(
@@ -65,15 +77,16 @@ def wait_for_slot(
     bell = self._bell + token
     slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
     slice_cap = min(slice_cap, self._block_cap)
+    retry = 0  # a late refusal's Retry-After (s), from Redis
     try:
         now = time.monotonic()
         next_poll = now + self.POLL_EVERY
         deadline = now + remaining
         while True:
             if cancel is not None and cancel.is_set():
-                # Cancelled, or already gone: either way; displaced is counted as such.
-                if self._poll(token, _GIVE_UP)[0] == _DISPLACED:
-                    outcome = _DISPLACED
+                # Cancelled, or already gone: either way; displaced or late is counted as such.
+                outcome, retry = self._poll(token, _GIVE_UP)
+                if outcome in (_DISPLACED, _LATE):
                     break
                 raise Cancelled()
             now = time.monotonic()
@@ -83,11 +96,15 @@ def wait_for_slot(
             if rang is not None and rang[1] in _DISPLACED_BELL:
                 outcome = _DISPLACED  # the displacer took us out of the queue
                 break
+            if rang is not None and rang[1][:1] in _LATE_BELL:
+                outcome, retry = _LATE, int(rang[1][1:] or 1)  # its refuser took us out
+                break
             now = time.monotonic()
             if rang is None and now < next_poll and now < deadline:
                 continue
             outcome, remaining_ms = self._poll(token, _STAY)
             if outcome != _WAITING:
+                retry = remaining_ms  # (for _LATE: its Retry-After in s)
                 break
             now = time.monotonic()
             next_poll = now + self.POLL_EVERY
@@ -104,7 +121,9 @@ def wait_for_slot(
             self._lose(token)  # Redis drops us anyway, a presence period later
         raise
     if outcome == _GRANTED:
-        return self._granted(token)
+        return self._granted(token, timed=True)
     if outcome == _DISPLACED:
         raise Busy(Busy.DISPLACED, self._retry_after)
+    if outcome == _LATE:
+        raise Busy(Busy.DEADLINE, max(self._retry_after, retry))
     raise Busy(Busy.TIMEOUT, self._retry_after)  # _TIMEOUT, or _GONE: the place was lost

@@ -50,6 +50,7 @@ LIMITER_FIELDS = frozenset(
         "capacity_queue",
         "wait",
         "displaced",
+        "deadline",
     }
 )
 #: The figures ``ColdPathStats.as_dict()`` adds to those of its limiter.

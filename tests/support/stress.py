@@ -113,7 +113,7 @@ def run_storm_threads(
 #: Every way one storm operation ends: each operation is counted under exactly one of these.
 STORM_OUTCOMES = (
     "grant", "queue_full", "timeout", "cancelled", "cancelled_at_once", "token_error",
-    "displaced",
+    "displaced", "deadline",
 )
 
 
@@ -138,6 +138,10 @@ def assert_storm_counted(s: Any, tally: Counter[str], operations: int) -> None:
     assert s.rejected_full == tally["queue_full"]
     assert s.rejected_timeout == tally["timeout"]
     assert s.cancelled == tally["cancelled"]  # a cancel seen at once moves no counter
+    # A waiter refused late whose cancel token then raised is counted by its refuser (as a
+    # displaced one is by its displacer), and the caller sees the token's error.
+    assert tally["deadline"] <= s.deadline <= tally["deadline"] + tally["token_error"], (
+        s.deadline, tally["deadline"], tally["token_error"])
     assert sum(tally[k] for k in STORM_OUTCOMES) == operations
 
 

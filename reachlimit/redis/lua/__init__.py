@@ -18,6 +18,9 @@ design:
         limiter_count           ``held`` and ``queued``
         [common cases]          a hot script's shortcuts (``limiter_acquire_first``, ...)
         limiter_steps           reap, promote, the fair queue; runs reap() and promote()
+        [limiter_deadline]      no wasted waits: the walk that refuses late waiters (acquire
+                                and release; the release's ``limiter_took``, which times a
+                                promoted grant, comes before its common case)
         the script's own        ``limiter_acquire``, ``limiter_poll``, ...
 
     Settings are data: no script carries a budget's settings in its text, so every budget
@@ -146,14 +149,21 @@ def _hot(first: str, own: str, refusal_first: bool = False) -> str:
     return _mode(True) + _KEYS + _SETTINGS + _CLOCK + _hot_body(first, own, refusal_first)
 
 
-_ACQUIRE_PARTS = (FRAGMENTS["limiter_acquire_first"], FRAGMENTS["limiter_acquire"])
+#: No wasted waits (``limiter_deadline``): the walk that refuses late waiters, built after the
+#: general steps of the two scripts that run it (acquire, release); the timing of a promoted
+#: grant's release (``limiter_took``) before the release's common case, which records it too.
+_DEADLINE = FRAGMENTS["limiter_deadline"]
+_ACQUIRE_PARTS = (FRAGMENTS["limiter_acquire_first"], _DEADLINE + FRAGMENTS["limiter_acquire"])
 
 #: The acquire of every limiter.
 ACQUIRE = _hot(*_ACQUIRE_PARTS)
 #: The acquire sent while a limiter's last acquire was refused: the refusal checked first.
 ACQUIRE_AFTER_REFUSAL = _hot(*_ACQUIRE_PARTS, refusal_first=True)
 #: The release of every limiter.
-RELEASE = _hot(FRAGMENTS["limiter_release_first"], FRAGMENTS["limiter_release"])
+RELEASE = _hot(
+    FRAGMENTS["limiter_took"] + FRAGMENTS["limiter_release_first"],
+    _DEADLINE + FRAGMENTS["limiter_release"],
+)
 
 
 def _flight_at(keys: int, args: int) -> str:

@@ -8,4 +8,4 @@ if admitted == 1 or admitted == 2 then
   reply[4] = left
   return reply
 end
-return {4, 0, admitted}
+return {4, 0, admitted, left}  -- a deadline refusal's Retry-After (s) in ``left``

@@ -1,6 +1,7 @@
--- Acquire's general path, after the steps. Replies 1 granted, 0 refused (queue full), or
--- {2, ms}: queued, with the milliseconds its wait lasts (the budget's wait: the waiter's
--- deadline is Redis's, and so is its length).
+-- Acquire's general path, after the steps. Replies 1 granted, 0 refused (queue full), {2, ms}:
+-- queued, with the milliseconds its wait lasts (the budget's wait: the waiter's deadline is
+-- Redis's, and so is its length), or {7, s}: refused because its place cannot start within
+-- its wait (limiter_deadline.lua), with its Retry-After in seconds.
 -- A token Redis knows already: the client is retrying this call after losing its reply.
 -- Answer what the first run decided (a slot handed over meanwhile is claimed here), so that
 -- the token never both holds and waits and nothing is counted twice. Only here, on the
@@ -32,5 +33,14 @@ redis.call('ZADD', queue, ticket, token)
 redis.call('ZADD', alive, now + presence_ms, token)
 redis.call('HSET', deadlines, token, now + wait_ms)
 join(token, id, ticket)
+-- No wasted waits: with an estimate, a newcomer whose place cannot start within its wait is
+-- refused now, {7, its Retry-After in s} (and the waiters it put behind theirs with it).
+local estimate = deadline_on and tonumber(redis.call('HGET', stats, 'estimate_ms'))
+if estimate then
+  local retry = refuse_late(estimate, token)
+  if retry then return {7, retry} end
+  raise_peak('peak_queued', redis.call('ZCARD', queue))
+  return {2, wait_ms}
+end
 raise_peak('peak_queued', queued + 1)
 return {2, wait_ms}

@@ -10,6 +10,7 @@ local freed, left = 0, 0
 for i = 5, #ARGV do
   local token = ARGV[i]
   if redis.call('ZREM', holders, token) == 1 then freed = freed + 1 end
+  redis.call('HDEL', since, token)
   if redis.call('ZSCORE', queue, token) then
     forget_waiter(token)
     left = left + 1

@@ -1,11 +1,12 @@
 -- A waiter's poll. ARGV[4] token, ARGV[5] 0 stay / 1 give up (cancelled) / 2 abandon (error).
--- Replies {outcome, ms left}.
+-- Replies {outcome, ms left}; refused late (limiter_deadline.lua), {7, its Retry-After in s}.
 local token = ARGV[4]
 local leaving = tonumber(ARGV[5])
 if redis.call('ZSCORE', holders, token) then
   redis.call('DEL', bell .. token)
   if leaving ~= 0 then  -- promoted at the instant we gave up: pass the slot on
     redis.call('ZREM', holders, token)
+    redis.call('HDEL', since, token)
     held = held - 1
     if leaving == 1 then redis.call('HINCRBY', stats, 'cancelled', 1) end
     promote()
@@ -15,10 +16,15 @@ if redis.call('ZSCORE', holders, token) then
   redis.call('HINCRBY', stats, 'acquired', 1)
   return {1, 0}
 end
-if not redis.call('ZSCORE', queue, token) then  -- displaced, dropped or Redis emptied
-  if redis.call('LPOP', bell .. token) == 'd' then  -- counted by its displacer
+if not redis.call('ZSCORE', queue, token) then  -- displaced, late, dropped or Redis emptied
+  local rung = redis.call('LPOP', bell .. token)
+  if rung == 'd' then  -- counted by its displacer
     redis.call('DEL', bell .. token)
     return {6, 0}
+  end
+  if rung and string.sub(rung, 1, 1) == 'l' then  -- refused late: counted by its refuser
+    redis.call('DEL', bell .. token)
+    return {7, tonumber(string.sub(rung, 2)) or 1}
   end
   redis.call('DEL', bell .. token)
   if leaving == 0 then redis.call('HINCRBY', stats, 'rejected_timeout', 1) end

@@ -6,6 +6,7 @@ local freed, dropped = 0, 0
 for _, token in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
   if string.sub(token, 1, n) == owner then
     redis.call('ZREM', holders, token)
+    redis.call('HDEL', since, token)
     redis.call('DEL', bell .. token)
     freed = freed + 1
   end

@@ -46,6 +46,9 @@ local function reap()
   if held > 0 then
     local lost = redis.call('ZCOUNT', holders, '-inf', now)
     if lost > 0 then
+      for _, token in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
+        redis.call('HDEL', since, token)
+      end
       redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
       redis.call('HINCRBY', stats, 'lease_lost', lost)
       held = held - lost
@@ -141,6 +144,9 @@ local function promote()
     local token = next_in_turn()  -- out of the queue already
     if not token then break end
     redis.call('ZADD', holders, now + presence_ms, token)
+    -- A promoted grant is timed from here (no wasted waits: limiter_took.lua), when the
+    -- budget's deadline is on; off, nothing is timed and nothing is refused for it.
+    if deadline_on then redis.call('HSET', since, token, now) end
     redis.call('RPUSH', bell .. token, 1)
     redis.call('PEXPIRE', bell .. token, 2 * presence_ms)
     held = held + 1
