@@ -389,6 +389,20 @@ def cached_view(
     spec = _Spec(view, where, mimetype, face.in_request)
     cold = face.cold
 
+    def attempt(
+        app: Any, asking: Any, args: dict[str, Any], cache_key: Hashable
+    ) -> tuple[Any, Any]:
+        """One cold() call for the shared key: (the response to answer, or None; the value).
+        The response is this request's own build's, or the replay of the value."""
+        box: list[Any] = []
+        value = cold(cache_key, partial(_run_view, spec, app, args, asking, cache_key, box,
+                                        True))
+        if box:
+            return box[0], value
+        if type(value) is bytes:
+            return _replayed(app, value), value
+        return None, value
+
     def go_round(
         app: Any, asking: Any, args: dict[str, Any], cache_key: Hashable, value: Any
     ) -> Any:
@@ -399,15 +413,9 @@ def cached_view(
                 app.aborter(404)
             if value is not None:
                 _unreadable(face.forget, cache_key, value)
-            box: list[Any] = []
-            value = cold(cache_key, partial(_run_view, spec, app, args, asking, cache_key,
-                                            box, True))
-            if box:
-                return box[0]
-            if type(value) is bytes:
-                response = _replayed(app, value)
-                if response is not None:
-                    return response
+            response, value = attempt(app, asking, args, cache_key)
+            if response is not None:
+                return response
         if value is NOT_FOUND:
             app.aborter(404)
         # A key no other request has: this request leads, through the limiter; its build
@@ -429,15 +437,9 @@ def cached_view(
             # The endpoint, unique in the app, before the view's name: views made by one
             # factory (or MethodView.as_view) share a qualified name.
             cache_key = (asking.endpoint or name, checked_key(key(**args), key_where))
-        box: list[Any] = []
-        value = cold(cache_key, partial(_run_view, spec, app, args, asking, cache_key, box,
-                                        True))
-        if box:
-            return box[0]
-        if type(value) is bytes:
-            response = _replayed(app, value)
-            if response is not None:
-                return response
+        response, value = attempt(app, asking, args, cache_key)
+        if response is not None:
+            return response
         return go_round(app, asking, args, cache_key, value)
 
     def forget(
