@@ -421,7 +421,7 @@ def cached_view(
         # A key no other request has: this request leads, through the limiter; its build
         # answers None, so nothing is stored under it.
         own = ("reachlimit:own", uuid.uuid4().hex)
-        box = []
+        box: list[Any] = []
         cold(own, partial(_run_view, spec, app, args, asking, own, box, False))
         if not box:
             raise RuntimeError(f"{where}: its own build answered nothing")  # pragma: no cover
