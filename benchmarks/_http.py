@@ -186,6 +186,21 @@ def redis_missing() -> bool:
     return False
 
 
+def shared_redis(stack: contextlib.ExitStack, directory: Path) -> tuple[Any, Any]:
+    """A redis-server for a run, on a free loopback port in ``directory``, and a client of it:
+    the client is closed and the server stopped by its PID when ``stack`` closes."""
+    import redis
+
+    from tests.support.redis_server import RedisServer
+
+    server = RedisServer(directory)
+    stack.callback(server.stop)
+    server.start()
+    client = redis.Redis(host=HOST, port=server.port, socket_timeout=5)
+    stack.callback(client.close)
+    return server, client
+
+
 def unwind_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C: every gunicorn and the redis-server are stopped by PID."""
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(128 + signal.SIGTERM))

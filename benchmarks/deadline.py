@@ -64,7 +64,6 @@ import _common
 import _http
 from _common import fmt, ms, open_loop, pct
 
-from tests.support import HOST
 from tests.support.clients import http_request
 
 APP = "deadline:create_app()"
@@ -603,15 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         rc = rs = None
         if "shared" in setups:
-            import redis
-
-            from tests.support.redis_server import RedisServer
-
-            rs = RedisServer(Path(tmp))
-            st.callback(rs.stop)
-            rs.start()
-            rc = redis.Redis(host=HOST, port=rs.port, socket_timeout=5)
-            st.callback(rc.close)
+            rs, rc = _http.shared_redis(st, Path(tmp))
         where = _http.service_machine(
             [("gunicorn", "gunicorn"), ("flask", "flask")], rs.port if rs is not None else None
         )

@@ -82,7 +82,6 @@ import plots
 from _common import fmt, ms, open_loop, pct
 from _http import Sample, status_counts
 
-from tests.support import HOST
 from tests.support.clients import http_request
 
 APP = "fair_admission:create_app()"
@@ -619,15 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         rc = rs = None
         if "shared" in setups:
-            import redis
-
-            from tests.support.redis_server import RedisServer
-
-            rs = RedisServer(Path(tmp))
-            st.callback(rs.stop)
-            rs.start()
-            rc = redis.Redis(host=HOST, port=rs.port, socket_timeout=5)
-            st.callback(rc.close)
+            rs, rc = _http.shared_redis(st, Path(tmp))
         where = machine(rs.port if rs is not None else None)
         for rnd in range(1, cfg.rounds + 1):
             for setup in setups:
