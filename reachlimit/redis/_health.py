@@ -190,15 +190,15 @@ def _sentinel_client(
         own.setdefault("username", None)  # sentinels without a password: no AUTH at all
     rest = urlencode([(key, value) for key, value in pairs if key not in _SENTINEL_AUTH])
     # redis-py's own reading of the other query arguments (types included), as from_url's.
-    options = parse_url(f"redis://localhost/?{rest}")  # type: ignore[no-untyped-call]
+    options = parse_url(f"redis://localhost/?{rest}")  # type: ignore[no-untyped-call, unused-ignore]
     options.pop("host", None)
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         where.hosts,
         sentinel_kwargs={**bounded, **auth, **own},
         **{"health_check_interval": health_check_interval, **bounded, **auth,
            "db": where.db or 0, **options},
     )
-    primary_client = sentinels.master_for(  # type: ignore[no-untyped-call]
+    primary_client = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         where.service, redis_class=_SentinelPrimary
     )
     return cast(redis.Redis, primary_client)
