@@ -8,7 +8,9 @@ design:
         keys     {<prefix>:<redis_name(budget)>}: the budget's own; the default keeps "cold"
         links    RedisLinks: the app's one client and one health per URL, for every budget
                  (the health probes Redis on that client while it is down)
-        limiter  ResilientLimiter(RedisColdLimiter, ColdLimiter, health, redis_fallback)
+        limiter  ResilientLimiter(RedisColdLimiter, ColdLimiter, health, redis_fallback):
+                 with "local", the process announces itself as one of the budget's live
+                 processes and its fallback admits its share (ceil(active / N), ...)
         cache    ResilientCache(RedisCache, TTLCache, health)       _shared_cache_and_flight
         flight   ResilientFlight(RedisSingleFlight, SingleFlight, health)
         path     ColdPath(limiter, cache, flight), or metrics_class(...).path (metered)
@@ -16,7 +18,8 @@ design:
         closers  what ReachLimit.close() calls, in order
 
 The cold limiter is ``reachlimit.redis``'s ResilientLimiter: the shared RedisColdLimiter
-while Redis answers, an in-process ColdLimiter (or a 503 refusal) while it does not; redis-py
+while Redis answers, an in-process ColdLimiter admitting this process's share of the budget
+(or a 503 refusal) while it does not; redis-py
 is imported only here, and only then. The warm cache and the singleflight are shared too,
 each behind the same fallback and the same health, so Redis failing degrades all three at
 once. ``SharedPathCounters`` adds up every process's figures for ``rl.stats()`` and the
@@ -25,7 +28,8 @@ preloading master. No connection is opened while the app is set up.
 
 ``release_worker`` frees a dead worker's places in every budget: the default, those the
 config's REACHLIMIT_BUDGETS lists, and every limiter name listed in Redis under the prefix
-(``reachlimit.redis.registry_key``; budgets declared only in code included).
+(``reachlimit.redis.registry_key``; budgets declared only in code included), and takes the
+worker out of each budget's live processes.
 
 No Flask here (``reachlimit._budgets`` turns a ``SharedPath`` into a budget's state;
 ``reachlimit.flask`` re-exports ``release_worker``): the standard library, the core and

@@ -90,6 +90,21 @@ that was late too: the victim, the newest waiter of a client holding more places
 after it in line. ``deadline=False``, or fewer than ``ESTIMATE_AFTER`` timings, change
 nothing at all.
 
+Resizing (``resize(active, queue)``, under the lock; what the Redis fallback uses to admit
+only its process's share of a budget). Growing promotes at once: while a waiter is queued and
+fewer than ``active`` slots are held, the next waiter in turn gets a new slot (``_active``
+grows, its gate place is returned), as a release would hand it one. Shrinking evicts
+nobody: ``_active`` and the queue may stay above the new figures until builds end and
+waiters leave. Meanwhile a release hands its slot over only while no more slots are held
+than there are (``_hand_off_or_free``: otherwise the slot goes back, ``_active`` drops),
+and the walk above counts as freeing a slot for a waiter only the last ``active`` of the
+slots held (the first ones to end bring ``_active`` down to size). The gate follows: its
+``maxsize`` is set to the new size under the Queue's own mutex (a gate fuller than that
+refuses every put, and takes places back as before); at ``queue=0`` it stays, for the
+places still taken, but takes none (``_no_gate``). ``_keeps_out`` (the displacement bound)
+and ``_timing`` follow the new size. So every rule above holds again once the limiter is
+back within its figures, and a slot or a place is never lost or counted twice on the way.
+
 The fast path and the refusal path never read the clock and allocate nothing but the grant or
 the exception they return; the fast path does no client bookkeeping at all. The refusal path
 compares the caller with ``_sole`` (the one client waiting, if only one is): with one client,
@@ -239,6 +254,7 @@ class ColdLimiter(LimiterFigures):
             raise ValueError("deadline is True or False")
         self._clock = clock
         # Promoted grants are timed, for the estimate (never without a queue: nobody waits).
+        self._deadline_on = deadline  # kept for resize, which sets _timing again
         self._timing = deadline and queue > 0
         self._lock = threading.Lock()
         # The admission gate; None for queue=0 (maxsize=0 would mean "unbounded").
@@ -364,6 +380,51 @@ class ColdLimiter(LimiterFigures):
                 deadline=self._rejected_deadline,
             )
 
+    def resize(self, active: int | None = None, queue: int | None = None) -> None:
+        """Change the limiter's capacities from now on: at most ``active`` builds at once
+        and ``queue`` queue places (a figure left out, or None, stays as it is), checked as
+        at construction (``ValueError``, the same messages; nothing changes then).
+
+        Growing takes effect at once: each new slot goes to the next waiter in turn (the
+        waiter is promoted now, as by a release), and newcomers find the new places.
+        Shrinking takes nothing away from anybody: every build running goes on to its
+        end, every queued waiter keeps its place and its wait; only newcomers see the
+        smaller figures. Until enough builds have ended, a freed slot goes back to the pool
+        instead of to a waiter, and the queue takes a newcomer only below its new size (a
+        full queue may still displace, by the fairness rule, as for the new size: the
+        count does not grow). So for a while ``stats()`` may show ``active`` above
+        ``capacity_active`` or ``queued`` above ``capacity_queue``, both only going down.
+        ``queue=0`` stops queueing (waiters already queued stay); the estimate of build
+        time is kept. Callable from any thread; see the module's design note."""
+        with self._lock:
+            self._set_figures(
+                self._capacity if active is None else active,
+                self._queue_capacity if queue is None else queue,
+                self._wait,
+                self._retry_after,
+            )
+            places = self._queue_capacity
+            if places:
+                if self._gate is None:  # built with queue=0
+                    self._gate = _queue.Queue(maxsize=places)
+                else:
+                    with self._gate.mutex:  # the Queue's own lock guards its maxsize
+                        self._gate.maxsize = places
+                self._gate_put = self._gate.put
+            else:
+                # The gate stays, for the places still taken, but takes nobody more.
+                self._gate_put = _no_gate
+            self._keeps_out = (places - 2) // 2
+            self._timing = self._deadline_on and places > 0
+            while self._waiters and self._active < self._capacity:
+                waiter = self._next_in_turn()
+                self._return_gate_place()
+                self._active += 1  # a new slot, straight to the waiter
+                waiter.granted = True
+                waiter.cond.notify()
+            if self._active > self._peak_active:
+                self._peak_active = self._active
+
     @property
     def build_estimate(self) -> float | None:
         """Racy read: the conservative estimate of one build's time in seconds that
@@ -443,16 +504,18 @@ class ColdLimiter(LimiterFigures):
 
     # -- slots ----------------------------------------------------------------------------
 
-    def _hand_off_or_free(self) -> None:
-        """A slot is free: give it to the next waiter in turn, else back to the pool.
-        Called with _lock held."""
-        if self._waiters:
+    def _hand_off_or_free(self) -> bool:
+        """A slot is free: give it to the next waiter in turn, else back to the pool (also
+        while more slots are held than there are since a shrink: ``resize``). Whether it
+        was handed over. Called with _lock held."""
+        if self._waiters and self._active <= self._capacity:
             waiter = self._next_in_turn()
             self._return_gate_place()
             waiter.granted = True  # _active is unchanged: the slot changes hands
             waiter.cond.notify()
-        else:
-            self._active -= 1
+            return True
+        self._active -= 1
+        return False
 
     def _wait_for_slot(self, waiter: _Waiter, cancel: CancelToken | None) -> Grant:
         """Wait as a queued leader until promoted, timed out or cancelled.
@@ -561,8 +624,7 @@ class ColdLimiter(LimiterFigures):
         durations.append(max(0.0, now - grant._started))
         if len(durations) >= self.ESTIMATE_AFTER:
             self._estimate = sorted(durations)[(len(durations) - 1) // 4]
-        handed_over = bool(self._waiters)
-        self._hand_off_or_free()
+        handed_over = self._hand_off_or_free()
         if handed_over and self._waiters and self._estimate is not None:
             self._refuse_late(now, fresh=1)
 
@@ -574,11 +636,13 @@ class ColdLimiter(LimiterFigures):
         assert estimate is not None
         active = self._capacity
         # When each slot frees next, soonest first (a holder that read the clock after this
-        # walk's reading has run nothing yet).
+        # walk's reading has run nothing yet). More held than there are slots (a shrink,
+        # ``resize``): the first ones to end free no slot for a waiter, only the rest do.
         free = [estimate - min(estimate, max(0.0, now - g._started)) for g in self._holding]
         free.extend([estimate] * fresh)
-        free.extend([0.0] * (active - len(free)))
+        free.extend([0.0] * (max(self._active, active) - len(free)))
         free.sort()
+        del free[:len(free) - active]
         late: list[tuple[_Waiter, float]] = []
         kept = 0  # waiters kept so far, in the order they will be promoted
         turn = [iter(mine) for mine in self._clients.values()]  # one round-robin round

@@ -17,16 +17,19 @@ cycle: each imports only those above it and the core)::
     _stats       RedisLimiterStats and the reading of the stats script's reply
     _lead        the cold lead's reply and its hand-over to the recheck and the acquire (lua)
     _wait        a waiter's loop: doorbell, polls, deadline, cancel    (_replies, _waker)
+    _members     Members: the live processes of a budget, announced by a daemon thread
+                                                                       (_common, lua, _daemon)
     _limiter     RedisColdLimiter                                      (_common, lua, _renewer,
                                                                         _wait, _grant, _stats,
-                                                                        _lead)
+                                                                        _lead, _members)
     _owners      release_owner: a dead process's places, freed by its parent (_limiter)
     _cache       RedisCache and its codecs                            (_common, lua, _lead)
     _flight      RedisSingleFlight, and its cold lead once fused      (_common, lua, _renewer,
                                                                         _cache's codec, _lead)
     _counters    SharedPathCounters: the path's counters summed in Redis
     _health      connect() and RedisHealth: the breaker every fallback shares
-    _resilient   ResilientLimiter, ResilientCache, ResilientFlight    (_health, _limiter)
+    _resilient   ResilientLimiter, ResilientCache, ResilientFlight    (_health, _limiter,
+                                                                        _members)
 
 The core gives this package what it needs through public hooks only: ``ColdPath.counts()``,
 ``LEADER_CANCELLED`` (``reachlimit._path``), the ``Grant`` base class, ``LimiterFigures``, and

@@ -45,7 +45,7 @@ __all__ = [
     "Leased", "Named",
     "BOOT_ID", "BOOT_ID_VARIABLE", "Client", "LogOnce", "REDIS_ERRORS", "check_client",
     "LIMITER_KEY_SUFFIXES", "check_names", "client_id", "is_cluster", "key_digest", "limiter_keys",
-    "ms", "owner_id", "owner_prefix",
+    "members_key", "ms", "owner_id", "owner_prefix",
     "positive", "record_settings", "settings_changed", "socket_timeout", "warn_eviction",
 ]
 
@@ -143,6 +143,12 @@ def limiter_keys(prefix: str, name: str) -> list[str]:
     hash tag, ``{<prefix>:<name>}``, so every script touches one Cluster slot."""
     tag = "{" + prefix + ":" + name + "}"
     return [f"{tag}:{suffix}" for suffix in LIMITER_KEY_SUFFIXES]
+
+
+def members_key(prefix: str, name: str) -> str:
+    """The live processes of the budget ``name`` under ``prefix`` (``_members``): a key of
+    the limiter's hash tag, so it lives in the limiter's Cluster slot."""
+    return "{" + prefix + ":" + name + "}:members"
 
 
 def check_names(name: str, prefix: str) -> None:

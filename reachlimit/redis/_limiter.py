@@ -19,7 +19,9 @@ design:
     missing). So processes configured differently never fail: the budget has the settings of
     the one that started last, and ``stats()`` shows them. What stays this process's own:
     the presence period, its lease where longer than the budget's (it renews every third of
-    its own), and everything its in-process fallback (``ResilientLimiter``) decides.
+    its own), and everything its in-process fallback (``ResilientLimiter``) decides - which,
+    while Redis is away, admits this process's share of the budget: the live processes it
+    divides by are counted in Redis (``members()``, ``_members``; ``T:members``).
 
     Cost: the hot scripts (acquire, release, the cold lead) are the same text for every
     limiter, send their common arguments encoded once, and answer their common cases first:
@@ -98,6 +100,7 @@ from ._common import (
     client_id,
     is_cluster,
     limiter_keys,
+    members_key,
     ms,
     owner_id,
     owner_prefix,
@@ -109,6 +112,7 @@ from ._common import (
 )
 from ._grant import RedisGrant
 from ._lead import HandOver, LeadReply, lead_scripts
+from ._members import Members
 from ._renewer import LeaseRenewer
 from ._replies import _FULL, _GRANTED, _LATE
 from ._replies import _GIVE_UP as _GIVE_UP  # tests import it from here
@@ -227,6 +231,8 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._bind(client, name, prefix, stores_bytes=False)
         self._keys = limiter_keys(prefix, name)  # the last one: the budget's settings hash
         self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
+        self._members_key = members_key(prefix, name)  # the budget's live processes
+        self._members: list[Members] = []  # those made by members(): close() stops them
         self._checked = False  # racy: set once this process's settings were written to Redis
         self._bell = self._keys[0].rsplit(":", 1)[0] + ":w:"
         self._wait_ms = ms(self._wait)
@@ -285,6 +291,17 @@ class RedisColdLimiter(Leased, LimiterFigures):
         """The fixed keys of this limiter, the last one its budget's settings hash (each
         waiter also has a doorbell key of the same hash tag while it is promoted)."""
         return list(self._keys)
+
+    def members(self, **options: Any) -> Members:
+        """A new member of this budget's live processes (``_members``), on this limiter's
+        client: what a fallback that admits only its share counts (``ResilientLimiter``).
+        ``options`` are :class:`~reachlimit.redis._members.Members`'s (``owner``,
+        ``every``, ``period``). Nothing is sent to Redis until it announces; this limiter's
+        :meth:`close` stops it (and leaves) if it was not closed before."""
+        members = Members(self._client, self._members_key, **options)
+        with self._lock:
+            self._members.append(members)
+        return members
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot, waiting in the shared queue if needed; return the grant.
@@ -400,14 +417,20 @@ class RedisColdLimiter(Leased, LimiterFigures):
     def close(self, timeout: float = 5.0) -> None:
         """Stop the renewer and waker threads, for good: grants still held are no longer
         renewed (their release still works) and ``acquire`` raises ``RuntimeError`` from now
-        on."""
+        on; the members made by :meth:`members` stop announcing and leave (those not closed
+        yet)."""
         self._leases.close(timeout)
         self._waker.close(timeout)
+        with self._lock:
+            made, self._members = self._members, []
+        for members in made:
+            if not members.closed:
+                members.close(timeout)
 
     @property
     def _lock(self) -> threading.Lock:
         """The renewer's lock (replaced in a forked child): it also guards each grant's held
-        flag and ``_lost_tokens``."""
+        flag, ``_lost_tokens`` and ``_members``."""
         return self._leases.lock
 
     @property

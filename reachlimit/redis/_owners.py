@@ -5,7 +5,10 @@ design:
     Every token starts with its owner, ``"<hostname>:<boot id>:<pid>:"``, so that the parent
     of a process that died (the gunicorn master) can free its slots and queue places at once
     instead of waiting for their leases and presence periods to end: :func:`release_owner`,
-    one script. The boot id tells apart hosts that share a hostname.
+    one script; a second one (``lua/members.lua``) takes the process out of the budget's
+    live processes (``_members``) at once rather than one announce period later, so the
+    fallbacks that remain count one process fewer. The boot id tells apart hosts that share
+    a hostname.
 
     The parent is no process of the budget: the script reads the budget's settings from
     Redis, as every limiter script does (``lua/limiter_settings.lua``), and records none of
@@ -16,7 +19,7 @@ design:
 from __future__ import annotations
 
 from . import lua
-from ._common import Client, check_names, limiter_keys, owner_prefix, positive
+from ._common import Client, check_names, limiter_keys, members_key, owner_prefix, positive
 from ._limiter import RedisColdLimiter, script_settings
 
 __all__ = ["owner_prefix", "release_owner"]
@@ -33,7 +36,8 @@ def release_owner(
 ) -> tuple[int, int]:
     """Free, in one script, every slot held and every queue place taken by tokens that
     start with ``owner`` (``owner_prefix(pid)`` of a process that died), then promote the
-    waiters in turn into the freed slots. The budget's settings (how many slots it has) are
+    waiters in turn into the freed slots; then remove the owner from the budget's live
+    processes (a second, small script). The budget's settings (how many slots it has) are
     read from Redis, where its processes recorded them; ``active`` and ``lease`` are used
     only when none are recorded (Redis lost them), and never written there. Returns (slots
     freed, places removed). Errors of Redis propagate."""
@@ -48,4 +52,5 @@ def release_owner(
     mine = script_settings(RedisColdLimiter.PRESENCE, active, 0, 0.001, positive("lease", lease))
     script = client.register_script(lua.RELEASE_OWNER)
     freed, dropped = script(keys=limiter_keys(prefix, name), args=[*mine, owner])
+    client.register_script(lua.MEMBERS)(keys=[members_key(prefix, name)], args=[owner, "0"])
     return int(freed), int(dropped)

@@ -9,7 +9,10 @@ design:
                      ``stats()``) over a RedisColdLimiter, with an in-process ColdLimiter as
                      fallback:
         up                    the shared limiter decides (its Busy and Cancelled pass through)
-        down, "local"         the in-process limiter decides: per-process limits
+        down, "local"         the in-process limiter decides, with this process's share
+                              of the budget: ceil(active / N) builds and ceil(queue / N)
+                              queue places (queue 0 stays 0), N the live processes of
+                              the budget as Redis last counted them (below)
         down, "refuse"        ``Busy("unavailable", retry_after)`` at once
         fails while queued    the waiter goes on with the fallback for the REST of its wait,
                               measured from when it asked (its shared queue place is given up
@@ -23,7 +26,8 @@ design:
                               Redis, and the build's answer is still served.
         stats()               Redis's global figures (``backend="redis"``, ``degraded=False``)
                               when up; the in-process limiter's (``backend="local"``,
-                              ``degraded=True``) when down.
+                              ``degraded=True``) when down, whose ``capacity_active`` and
+                              ``capacity_queue`` are then the share it admits.
         Redis back            an acquire goes where the health says when it starts: every
                               acquire that starts once the health is up again (its probe
                               thread marks it up without waiting for traffic) goes to Redis,
@@ -32,8 +36,26 @@ design:
                               their end, and a waiter queued in it keeps its place and its
                               wait (it is admitted there). So at recovery the service runs
                               at most Redis's ``active`` plus, in each process, the
-                              fallback's builds still running (at most its ``active``),
+                              fallback's builds still running (at most its share),
                               until those end and its queue drains.
+
+    The share (``fallback="local"``). N is how many processes use the budget with a
+    fallback of their own: each announces itself to Redis in the background (``members``,
+    ``_members``: one daemon thread, every second, off the request's path; started by the
+    first ``acquire`` or ``stats``, again in a forked child), and the announce's reply is
+    N, kept in the process (at least 1; 1 if Redis never answered one). A process that dies
+    drops out one announce period later (at once when its gunicorn master frees its places,
+    ``release_owner``); one that closes leaves at once. The in-process limiter is given the
+    share of its own figures (those it was built with) by ``ColdLimiter.resize`` when the
+    fallback first answers with an N it has not been sized for - while Redis is away nothing
+    can announce, so that is the N Redis last counted when the outage began - and for
+    ``stats()`` while down. Shrinking evicts nothing (``resize``): a fallback build still
+    running from an outage before goes on. So the processes together admit about the
+    budget during an outage: the sum of their shares, ceil(active / N) each (with 4
+    processes and active 2: 4 builds at once, where each admitting the whole budget made
+    8), plus any process whose announce Redis never answered, which counts itself alone
+    (the whole budget). With ``fallback="refuse"`` nothing is announced: such a process
+    admits nothing while Redis is away.
 
     ResilientCache   ``get``/``set`` of the Cache protocol (and ``lookup``/``put`` of a cache
                      with a stale window): Redis when up, the in-process cache when down. A
@@ -64,6 +86,7 @@ design:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
@@ -76,6 +99,7 @@ from .._grant import FiguresOf
 from .._limiter import ColdLimiter, Grant, LimiterStats
 from ._health import FAILURES, RedisHealth
 from ._limiter import RedisColdLimiter, RedisLimiterStats
+from ._members import Members
 
 __all__ = ["FALLBACKS", "ResilientCache", "ResilientFlight", "ResilientLimiter"]
 
@@ -139,9 +163,16 @@ class _SharedGrant(Grant):
 class ResilientLimiter(FiguresOf):
     """A shared (Redis) cold limiter that falls back when Redis fails (module design).
 
-    ``fallback="local"``: the in-process ``local`` limiter takes over (each process then has
-    its own ``active``/``queue``); ``"refuse"``: every cold request is refused with
-    ``Busy("unavailable")`` until Redis is back."""
+    ``fallback="local"``: the in-process ``local`` limiter takes over, admitting this
+    process's share of its figures: ceil(active / N) builds and ceil(queue / N) places, N
+    the live processes of the budget as Redis last counted them (``members``, announced in
+    the background); ``"refuse"``: every cold request is refused with
+    ``Busy("unavailable")`` until Redis is back.
+
+    ``members`` is this process's membership of the budget (a
+    :class:`~reachlimit.redis._members.Members`; by default ``remote.members()``, with
+    ``fallback="local"`` only); a test may pass one with another owner. :meth:`close` stops
+    it, and leaves the budget when Redis is believed up."""
 
     def __init__(
         self,
@@ -149,6 +180,8 @@ class ResilientLimiter(FiguresOf):
         local: ColdLimiter,
         health: RedisHealth,
         fallback: str = "local",
+        *,
+        members: Members | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be 'local' or 'refuse', got {fallback!r}")
@@ -156,6 +189,28 @@ class ResilientLimiter(FiguresOf):
         self.local = local
         self.health = health
         self.fallback = fallback
+        if members is None and fallback == "local":
+            members = remote.members()
+        self.members = members
+        # The figures the share is taken of (read-only), and the N the local limiter is
+        # sized for now (written under _share_lock with the resize, read racily first).
+        self._budget = (local.capacity_active, local.capacity_queue)
+        self._shared_by = 1
+        self._share_lock = threading.Lock()
+
+    @property
+    def processes(self) -> int:
+        """Racy read: N, the live processes of the budget as Redis last counted them (at
+        least 1; 1 with ``fallback="refuse"``, or before Redis ever answered an announce)."""
+        return 1 if self.members is None else self.members.count
+
+    def share(self, processes: int | None = None) -> tuple[int, int]:
+        """(builds, queue places) the fallback admits with ``processes`` live processes
+        (default: :attr:`processes`): ceil(active / N) and ceil(queue / N) of the local
+        limiter's own figures."""
+        n = self.processes if processes is None else max(1, processes)
+        active, queue = self._budget
+        return -(-active // n), -(-queue // n)
 
     #: The figures are the shared limiter's (the fallback's are equal).
     _wrapped: RedisColdLimiter = shown("remote")
@@ -166,6 +221,9 @@ class ResilientLimiter(FiguresOf):
         Raises ``Busy`` or ``Cancelled`` as a ColdLimiter does, never a Redis error."""
         if cancel is not None and cancel.is_set():
             raise Cancelled()
+        members = self.members
+        if members is not None:
+            members.start()  # (a no-op once it announces)
         health = self.health
         if not health.available():
             return self._fall_back(cancel, None, client)
@@ -188,20 +246,39 @@ class ResilientLimiter(FiguresOf):
         """The fallback's answer; with ``deadline``, only for the rest of the wait."""
         if self.fallback == "refuse":
             raise Busy(Busy.UNAVAILABLE, self.remote.retry_after)
+        local = self._sized()
         if deadline is None:
-            return self.local.acquire(cancel, client)
+            return local.acquire(cancel, client)
         if time.monotonic() >= deadline:
             raise Busy(Busy.TIMEOUT, self.remote.retry_after)
         try:
             # The local limiter counts a wait ended by this deadline as cancelled.
-            return self.local.acquire(_Deadline(cancel, deadline), client)
+            return local.acquire(_Deadline(cancel, deadline), client)
         except Cancelled:
             if cancel is not None and cancel.is_set():
                 raise
             raise Busy(Busy.TIMEOUT, self.remote.retry_after) from None
 
+    def _sized(self) -> ColdLimiter:
+        """The local limiter, sized first for this process's share if N changed since it
+        was last sized (module design): a racy look, then a check under _share_lock."""
+        local = self.local
+        members = self.members
+        if members is not None and members.count != self._shared_by:
+            with self._share_lock:
+                n = members.count
+                if n != self._shared_by:
+                    active, queue = self.share(n)
+                    local.resize(active=active, queue=queue)
+                    self._shared_by = n
+        return local
+
     def stats(self) -> LimiterStats:
-        """Redis's global figures when it answers, else the fallback's, marked degraded."""
+        """Redis's global figures when it answers, else the fallback's, marked degraded
+        (its capacities the share it admits)."""
+        members = self.members
+        if members is not None:
+            members.start()
         health = self.health
         if health.available():
             since = health.failures
@@ -212,9 +289,16 @@ class ResilientLimiter(FiguresOf):
             else:
                 health.succeeded(since)
                 return figures
+        if self.fallback == "local":
+            return degraded_stats(self._sized().stats())
         return degraded_stats(self.local.stats())
 
     def close(self) -> None:
+        """Stop the shared limiter's threads and the announcing one; leave the budget's
+        live processes at once if Redis is believed up (else this process drops out of
+        them one period later: no close waits for a Redis that is away)."""
+        if self.members is not None:
+            self.members.close(leave=self.health.up)
         self.remote.close()
 
     def __repr__(self) -> str:

@@ -100,10 +100,12 @@ class Commands:
 
 
 def quiet(app: Flask) -> None:
-    """Stop the one thread of the app that talks to Redis on its own (it flushes first)."""
-    counters = app.extensions["reachlimit"].counters
-    assert counters is not None
-    counters.close()
+    """Stop the threads of the app that talk to Redis on their own: the counters' flusher
+    (it flushes first) and the budget's membership announcer (it stays a member)."""
+    ext = app.extensions["reachlimit"]
+    assert ext.counters is not None
+    ext.counters.close()
+    ext.path.limiter.members.close(leave=False)
 
 
 def ghosts_fill(app: Flask, watcher: redis.Redis) -> Patient:

@@ -54,6 +54,10 @@ design:
     ``cache_settings``, ``cache_index_spread`` and ``cache_index`` (``CACHE_INDEX``), the
     clear's ``cache_drain``. ``SETTINGS`` records a cache's settings at its start.
 
+    ``MEMBERS`` (``members``), the live processes of a budget (``_members``), is one file
+    that stands alone: it shares no fragment with the limiter's scripts and touches only
+    the key it is given.
+
     The cold lead (``COLD_LEAD``) is a hot acquire made into a function, between
     ``flight_prelude`` with ``cold_lead_head`` (claim or follow, recheck the cache) and
     ``cold_lead_tail`` (claim only for a leader that builds or waits): the flight's keys and
@@ -84,6 +88,7 @@ __all__ = [
     "FLIGHT_RENEW",
     "FRAGMENTS",
     "GIVE_UP",
+    "MEMBERS",
     "POLL",
     "RECORD",
     "RELEASE",
@@ -208,3 +213,5 @@ CACHE_INDEX = (
 )
 CACHE_DRAIN = FRAGMENTS["cache_drain"]
 SETTINGS = FRAGMENTS["settings"]
+#: A budget's live processes: an announce, or a leave (``_members``). Self-contained.
+MEMBERS = FRAGMENTS["members"]
