@@ -1,35 +1,104 @@
-"""The key checks catch a broken Redis limiter too.
+"""The key checks catch a broken Redis limiter too: every limiter script has a mutant.
 
-Each check of ``tests/support/limiter_checks.py`` passes on ``RedisColdLimiter`` and fails,
-for the reason it names, on a ``RedisColdLimiter`` whose Lua scripts forget a place on
-purpose. A mutant's script is the real script text with one piece replaced; the test first
-asserts that the piece is there exactly once in every script it changes, so a change of the
-real scripts makes the mutant fail loudly instead of quietly testing the unchanged code.
+A mutant's script is the real script text with one piece replaced; the test first asserts
+that the piece is there exactly once in every script it changes (and in the ``.lua`` file it
+is a mutant of), so a change of the real scripts makes the mutant fail loudly instead of
+quietly testing the unchanged code (``tests/support/redis_mutants.py`` builds them).
 
-Mutants:
+Each check passes on ``RedisColdLimiter`` and fails, for the reason it names (its message),
+on the mutant of its row. The first table's checks are those of
+``tests/support/limiter_checks.py`` (each mutant there also passes the checks of the paths it
+left intact); the second's are this module's. The cold lead's mutants are in
+``tests/test_redis_lead_mutants.py``, fair admission's (``limiter_steps.lua``) in
+``tests/test_redis_fairness_mutants.py``, the ones only a Cluster shows
+(``limiter_keys.lua``) in ``tests/test_redis_cluster_mutants.py``; the cache's, the flight's
+and the live members' in ``tests/test_redis_{cache,flight,members}_mutants.py``. One test
+here checks that every ``.lua`` file of the backend has a mutant in one of them.
 
-* the poll script's timeout branch keeps the waiter queued (its place is never given back);
-* the poll script's give-up branch keeps the waiter queued (a cancel keeps the place);
-* promotion (``fill``, in every script) moves the oldest waiter into the holders but leaves
-  it in the queue too;
-* the release script leaves the holder where it is (the slot is never given back).
+========================  ==========================================  ===========================
+script (``.lua`` file)    mutant                                      the check that catches it
+========================  ==========================================  ===========================
+limiter_poll              the timeout branch keeps the waiter queued  gate_place_returned_after_
+                          (``TIMEOUT_KEEPS_PLACE``)                   timeout
+limiter_poll              the give-up branch keeps it queued          gate_place_returned_after_
+                          (``GIVE_UP_KEEPS_PLACE``)                   cancel
+limiter_steps             promotion leaves the promoted waiter in     gate_place_returned_after_
+                          the queue too (``PROMOTION_KEEPS_PLACE``)   promotion
+limiter_release,          the release frees nothing, on its common    slots_come_back
+limiter_release_first     and its general path
+                          (``RELEASE_KEEPS_SLOT``)
+------------------------  ------------------------------------------  ---------------------------
+limiter_acquire_first     the fast path grants with every slot held   no_more_grants_than_slots
+                          (``FAST_PATH_OVERBOOKS``)
+limiter_count             the slots held are not counted (``held``    no_more_grants_than_slots
+                          is 0: ``HELD_NOT_COUNTED``)
+limiter_acquire           a full queue admits a newcomer of another   a_full_queue_stays_full
+                          client beyond its bound, displacing nobody
+                          (``QUEUE_UNBOUNDED``)
+limiter_deadline          no waiter is ever late (``NEVER_LATE``)     a_taught_budget_refuses_a_
+                                                                      late_leader
+limiter_took              the estimate is never made (it waits for    a_taught_budget_refuses_a_
+                          17 times, the list keeps 16:                late_leader
+                          ``NO_ESTIMATE``)
+limiter_clock             Redis's clock read in seconds, not ms       a_taught_budget_refuses_a_
+                          (``CLOCK_IN_SECONDS``: every time it        late_leader
+                          measures is 1000 times too short)
+limiter_refusal_first     after a refusal, every acquire is refused   a_refusal_ends_with_the_
+                          while the slots are held, full queue or     full_queue
+                          not (``REFUSAL_STICKS``)
+limiter_give_up           a lost reply's slot is counted freed and    a_lost_release_frees_its_
+                          kept (``GIVE_UP_KEEPS_SLOT``)               slot
+limiter_record            a process's start writes nothing            every_process_follows_the_
+                          (``RECORD_WRITES_NOTHING``)                 newest_start
+limiter_settings          the settings hash is never read: each       every_process_follows_the_
+                          process runs its own                        newest_start
+                          (``SETTINGS_NOT_READ``)
+limiter_stats             held and queued swapped in the figures      the_figures_count_holders_
+                          (``STATS_SWAPPED``)                         and_waiters
+limiter_renew             a renewal pushes no lease end               a_renewed_grant_outlives_
+                          (``RENEW_DOES_NOT_EXTEND``)                 its_lease
+limiter_steps             the reap leaves dead waiters in the queue   a_dead_waiters_place_comes_
+                          (``REAP_KEEPS_DEAD_WAITERS``)               back
+limiter_release_owner     a dead owner's slot is counted freed and    release_owner_frees_a_dead_
+                          kept (``RELEASE_OWNER_KEEPS_SLOT``)         owners_places
+========================  ==========================================  ===========================
+
+The assembled scripts these reach: ``ACQUIRE`` and ``ACQUIRE_AFTER_REFUSAL`` (acquire_first,
+count, acquire, deadline, refusal_first), ``RELEASE`` (release, release_first, took,
+deadline), ``POLL``, ``RENEW``, ``STATS``, ``RECORD``, ``GIVE_UP``, ``RELEASE_OWNER``, and
+the shared pieces (keys, settings, clock, count, steps) in every one of them.
 
 The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
-``ColdLimiter(active, queue, wait, clock=...)``: each call makes a limiter on a fresh name (so
-no check sees another's leftovers). A ``FakeClock`` that steps
+``ColdLimiter(active, queue, wait, clock=...)`` in the first table: each call makes a limiter
+on a fresh name (so no check sees another's leftovers). A ``FakeClock`` that steps
 on every read means "the wait runs out at once" in the checks; on Redis, whose clock cannot
-be faked, that becomes a 50 ms wait; otherwise the wait is a minute.
+be faked, that becomes a 50 ms wait; otherwise the wait is a minute. The second table's
+checks take ``make`` (``make_limiter`` making the class of the row: several objects on one
+name stand for several processes), the test's client and ``threads``; where a state must
+last (a lease, a presence, a grant held to teach the estimate) they wait for Redis's own
+clock to move, never for this process's.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 
-from reachlimit.redis import RedisColdLimiter, lua
+from reachlimit import Busy, Cancelled, Grant
+from reachlimit.redis import RedisColdLimiter, lua, release_owner
+from reachlimit.redis._common import ms
+from tests.support.fairness import full_queue
+from tests.support.limiter import (
+    ProbeCancel,
+    assert_exact_capacity,
+    start_acquire,
+    try_acquire_now,
+)
 from tests.support.limiter_checks import (
     check_gate_place_returned_after_cancel,
     check_gate_place_returned_after_promotion,
@@ -37,101 +106,69 @@ from tests.support.limiter_checks import (
     check_queue_bound,
     check_slots_come_back,
 )
+from tests.support.redis_limiters import GRANTED, QUEUED, server_ms
+from tests.support.redis_mutants import (
+    LIMITER_SCRIPTS,
+    MUTATED,
+    Change,
+    broken,
+    in_fragment,
+    mutant_class,
+)
 from tests.support.threads import ThreadRunner
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 #: Each script a limiter registers, and the attribute holding its EVALSHA head (the SHA and
 #: the encoded keys the hot paths send themselves), if it has one.
-SCRIPTS = {
-    "_acquire_script": "_acquire_head",
-    "_refusing_script": "_refusing_head",
-    "_release_script": "_release_head",
-    "_poll_script": "_poll_head",
-    "_renew_script": None,
-    "_stats_script": None,
-    "_record_script": None,
-}
+SCRIPTS = LIMITER_SCRIPTS
 
 
-def mutant(
-    changes: tuple[tuple[str, str], ...], scripts: tuple[str, ...]
-) -> type[RedisColdLimiter]:
+def mutant(changes: tuple[Change, ...], scripts: tuple[str, ...]) -> type[RedisColdLimiter]:
     """A RedisColdLimiter whose ``scripts`` (attribute names) run the text the real limiter
     registers with each ``(old, new)`` of ``changes`` applied. The check that each ``old`` is
     found exactly once in each script is made on every limiter made, before it is used, on
     the text that limiter registered (the same for every limiter: each reads its settings
     from Redis)."""
+    for attr in scripts:
+        assert attr in SCRIPTS, f"no {attr} any more"
+    return mutant_class(RedisColdLimiter, changes, {attr: SCRIPTS[attr] for attr in scripts})
 
-    class Mutant(RedisColdLimiter):
-        def __init__(self, client: redis.Redis, *args: Any, **kwargs: Any) -> None:
-            super().__init__(client, *args, **kwargs)
-            for attr in scripts:
-                assert attr in SCRIPTS and hasattr(self, attr), f"no {attr} any more"
-                text: str = getattr(self, attr).script
-                broken = text
-                for old, new in changes:
-                    assert broken.count(old) == 1, f"{attr} no longer holds {old!r} once"
-                    broken = broken.replace(old, new)
-                assert broken != text
-                script = client.register_script(broken)
-                setattr(self, attr, script)
-                head_attr = SCRIPTS[attr]
-                if head_attr is not None:  # the hot paths send this SHA themselves
-                    head = getattr(self, head_attr)
-                    setattr(self, head_attr, (script.sha.encode(), *head[1:]))
-
-    return Mutant
-
-
-# The pieces replaced must be in the module's texts once; a change there fails here, at
-# collection, and in each Mutant.__init__ for the texts built from them.
-_PIECES = (
-    (lua.POLL, "if remaining <= 0 then\n  forget_waiter(token)\n"),
-    (lua.POLL, "if leaving ~= 0 then\n  forget_waiter(token)\n"),
-    (lua.FRAGMENTS["limiter_steps"], "  if token then forget_waiter(token) end\n"),
-    (lua.FRAGMENTS["limiter_release"], "local mine = redis.call('ZREM', holders, ARGV[4])"),
-    (lua.FRAGMENTS["limiter_release_first"], "return redis.call('ZREM', holders, ARGV[4])"),
-)
-for _text, _piece in _PIECES:
-    assert _text.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
 
 #: The poll script's timeout branch, without the line that gives the place back.
 TIMEOUT_KEEPS_PLACE = mutant(
-    (("if remaining <= 0 then\n  forget_waiter(token)\n", "if remaining <= 0 then\n"),),
+    in_fragment("limiter_poll", ("if remaining <= 0 then\n  forget_waiter(token)\n",
+                                 "if remaining <= 0 then\n")),
     ("_poll_script",),
 )
 #: The poll script's give-up branch (cancelled, or an error), keeping the place.
 GIVE_UP_KEEPS_PLACE = mutant(
-    (("if leaving ~= 0 then\n  forget_waiter(token)\n", "if leaving ~= 0 then\n"),),
+    in_fragment("limiter_poll", ("if leaving ~= 0 then\n  forget_waiter(token)\n",
+                                 "if leaving ~= 0 then\n")),
     ("_poll_script",),
 )
 #: Promotion that forgets to take the promoted waiter out of the queue (in every script,
 #: since every script runs the shared steps and may promote): the next waiter in turn of a
 #: queue with one client (the checks' anonymous one) is the oldest ticket.
 PROMOTION_KEEPS_PLACE = mutant(
-    (
-        (
-            "  if token then forget_waiter(token) end\n",
-            "  if token then\n    redis.call('ZREM', alive, token)\n"
-            "    redis.call('HDEL', deadlines, token)\n  end\n",
-        ),
-    ),
+    in_fragment("limiter_steps", (
+        "  if token then forget_waiter(token) end\n",
+        "  if token then\n    redis.call('ZREM', alive, token)\n"
+        "    redis.call('HDEL', deadlines, token)\n  end\n",
+    )),
     tuple(SCRIPTS),
 )
 #: A release that answers as if it freed the slot, and frees nothing: on its common path
 #: (a slot free besides) and on the general one.
 RELEASE_KEEPS_SLOT = mutant(
-    (
-        (
-            "return redis.call('ZREM', holders, ARGV[4])",
-            "return redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
-        ),
-        (
-            "local mine = redis.call('ZREM', holders, ARGV[4])",
-            "local mine = redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
-        ),
-    ),
+    in_fragment("limiter_release_first", (
+        "return redis.call('ZREM', holders, ARGV[4])",
+        "return redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
+    )) + in_fragment("limiter_release", (
+        "local mine = redis.call('ZREM', holders, ARGV[4])",
+        "local mine = redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
+    )),
     ("_release_script",),
 )
 
@@ -202,3 +239,396 @@ def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(
         check(make, threads)
     for other in intact:
         other(make, threads)
+
+
+# -- every other limiter script: a mutant each, and the check that catches it -----------------
+
+Make = Callable[..., RedisColdLimiter]
+
+
+def check_no_more_grants_than_slots(make: Make, client: redis.Redis, threads: ThreadRunner) -> None:
+    """active=2, no queue: exactly two grants at once, never a third."""
+    assert_exact_capacity(make(active=2, queue=0))
+
+
+def check_a_full_queue_stays_full(make: Make, client: redis.Redis, threads: ThreadRunner) -> None:
+    """active=1, queue=2, both places client a's: a newcomer of client b takes a's newest
+    place (displacing it), never a third place."""
+    with full_queue(threads, lambda active, queue: make(active=active, queue=queue, wait=60.0),
+                    "a1 a2") as (lim, queue, _):
+        queue.join("b1")
+        s = lim.stats()
+        assert s.queued <= 2, f"queue bound broken: {s.queued} waiters with queue=2"
+
+
+def promoted_grant(threads: ThreadRunner, lim: RedisColdLimiter, n: int) -> Grant:
+    """A grant a waiter was promoted to (timed in Redis): it queues behind a fast-path grant,
+    which is then released."""
+    holder = lim.acquire()
+    waiter = start_acquire(threads, lim, threading.Event(), name=f"promoted-{n}")
+    wait_until(f"waiter {n} queued", lambda: waiter.done.is_set() or lim.stats().queued == 1)
+    holder.release()
+    waiter.wait_done()
+    assert waiter.grant is not None, f"waiter {n} not promoted: {waiter.error!r}"
+    return waiter.grant
+
+
+def check_a_taught_budget_refuses_a_late_leader(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """Four grants waiters were promoted to, each held 300 ms or more on Redis's clock, teach
+    the budget an estimate of at least 300 ms. Then, its one slot held and a wait of 1 s,
+    places 0, 1, 2, 3, 4 of the queue start 0, E, 2E, 3E, 4E >= 1.2 s from now: with four
+    leaders queued (or refused already), the next is refused at once, Busy("deadline")."""
+    lim = make(active=1, queue=8, wait=1.0)
+    for n in range(4):
+        grant = promoted_grant(threads, lim, n)
+        start = server_ms(client)
+        wait_until(f"grant {n} held 300 ms on Redis's clock",
+                   lambda start=start: server_ms(client) >= start + 300)  # fmt: skip
+        grant.release()
+    with lim.acquire():  # a fast-path grant: counted as ending now
+        for n in range(4):
+            lim._admit(f"ghost-{n}")  # queued (or refused late): ghosts that never poll
+        try:
+            lim.acquire(ProbeCancel())  # refused at once, or queued and gone at its first look
+        except Busy as busy:
+            assert busy.reason == Busy.DEADLINE, f"refused for {busy.reason!r}, not the deadline"
+            return
+        except Cancelled:
+            pass
+    raise AssertionError("no refusal by the estimate: a leader that cannot start within its "
+                         "wait was queued")
+
+
+def check_a_refusal_ends_with_the_full_queue(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """active=1, queue=1: a limiter refused once sends its next acquire through the script
+    that checks for the refusal first; once its waiter has left, the queue has room again
+    and that acquire is admitted."""
+    lim = make(active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        cancel = threading.Event()
+        waiter = start_acquire(threads, lim, cancel, name="waiter")
+        wait_until("the waiter queued", lambda: lim.stats().queued == 1)
+        with pytest.raises(Busy):
+            lim.acquire()  # queue_full: the refusal
+        cancel.set()
+        waiter.wait_done()
+        try:
+            lim.acquire(ProbeCancel())
+        except Busy as busy:
+            raise AssertionError(
+                f"a refusal outlasted the full queue: the next caller got {busy.reason!r} "
+                "with a place free"
+            ) from None
+        except Cancelled:
+            pass  # admitted, then gone at its first look at the cancel object
+
+
+def check_a_lost_release_frees_its_slot(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A release whose call fails (a timeout: the caller cannot tell whether it ran) gives
+    the grant's token up; the next round trip frees the slot, long before its lease ends."""
+    lim = make(active=1, queue=0, lease=60.0)
+    grant = lim.acquire()
+
+    def times_out(token: str, timed: bool = False) -> int:
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    lim._free = times_out  # type: ignore[method-assign]
+    try:
+        with pytest.raises(redis.TimeoutError):
+            grant.release()
+    finally:
+        del lim._free
+    again = try_acquire_now(lim)  # queue=0: refused if the slot were still held
+    assert again is not None, "a lost release kept its slot: the next caller was refused"
+    again.release()
+
+
+def check_every_process_follows_the_newest_start(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """Two processes of one budget: the newest to start (active=3) sets it for both."""
+    first = make(name="settled", active=1, queue=0)
+    first.stats()  # its start: active=1 recorded
+    newest = make(name="settled", active=3, queue=0)
+    newest.stats()  # the newest start
+    for who, lim in (("the newest", newest), ("the first", first)):
+        active = lim.stats().capacity_active
+        assert active == 3, (
+            f"a process does not follow the newest start: {who} has active={active}, not 3"
+        )
+    grants = [try_acquire_now(first) for _ in range(3)]
+    taken = [g for g in grants if g is not None]
+    for grant in taken:
+        grant.release()
+    assert len(taken) == 3, (
+        f"a process does not follow the newest start: {len(taken)} of 3 slots taken"
+    )
+
+
+def check_the_figures_count_holders_and_waiters(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    lim = make(active=2, queue=2, wait=60.0)
+    grants = [lim.acquire(), lim.acquire()]
+    cancel = threading.Event()
+    waiter = start_acquire(threads, lim, cancel, name="waiter")
+    try:
+        wait_until("the waiter queued", lambda: waiter.done.is_set() or lim.stats().queued >= 1)
+        s = lim.stats()
+        assert (s.active, s.queued) == (2, 1), (
+            f"the figures are wrong: {s.active} held and {s.queued} queued, not 2 and 1"
+        )
+    finally:
+        cancel.set()
+        waiter.wait_done()
+        for grant in grants:
+            grant.release()
+
+
+def check_a_renewed_grant_outlives_its_lease(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A grant held past two of its 1.5 s leases (on Redis's clock) is still held: its
+    process renews it every third of its lease."""
+    lim = make(active=1, queue=0, lease=1.5)
+    grant = lim.acquire()
+    start = server_ms(client)
+    try:
+        wait_until("two leases passed on Redis's clock", lambda: server_ms(client) > start + 3100)
+        s = lim.stats()
+        assert (s.active, s.lease_lost) == (1, 0), (
+            f"a renewed grant lost its lease: {s.active} held, {s.lease_lost} lost"
+        )
+    finally:
+        grant.release()
+
+
+def check_a_dead_waiters_place_comes_back(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """queue=1: a waiter that stops polling (its process died) leaves the queue once its
+    presence period is over, and the next caller is admitted to its place."""
+    lim = make(active=1, queue=1, wait=60.0)
+    with lim.acquire():
+        assert lim._admit("dead")[0] == QUEUED  # a waiter whose process died at once
+        start = server_ms(client)
+        wait_until("the dead waiter's presence ended on Redis's clock",
+                   lambda: server_ms(client) > start + ms(lim.PRESENCE))  # fmt: skip
+        try:
+            lim.acquire(ProbeCancel())
+        except Busy as busy:
+            raise AssertionError(
+                f"a dead waiter kept its place: the next caller got {busy.reason!r}"
+            ) from None
+        except Cancelled:
+            pass  # admitted to the place that came back
+
+
+#: The owner prefix of a process that died (the tokens of a limiter start with their owner's).
+DEAD_OWNER = "deadhost:0000:4242:"
+
+
+def check_release_owner_frees_a_dead_owners_places(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """release_owner frees the slot and the queue place a dead process held, at once."""
+    lim = make(name="owned", active=1, queue=2, wait=60.0)
+    assert lim._admit(DEAD_OWNER + "holder")[0] == GRANTED
+    assert lim._admit(DEAD_OWNER + "waiter")[0] == QUEUED
+    assert release_owner(client, DEAD_OWNER, name="owned") == (1, 1)
+    s = lim.stats()
+    assert (s.active, s.queued) == (0, 0), (
+        f"a dead owner's places outlived release_owner: {s.active} held, {s.queued} queued"
+    )
+    assert_exact_capacity(lim)
+
+
+_EVERY = tuple(SCRIPTS)
+_ACQUIRES = ("_acquire_script", "_refusing_script")
+
+FAST_PATH_OVERBOOKS = mutant(
+    in_fragment("limiter_acquire_first", ("  if held < capacity then\n    if held == 0",
+                                          "  if held <= capacity then\n    if held == 0")),
+    _ACQUIRES,
+)
+HELD_NOT_COUNTED = mutant(
+    in_fragment("limiter_count", ("local held = redis.call('ZCARD', holders)\n",
+                                  "local held = 0\n")),
+    _EVERY,
+)
+QUEUE_UNBOUNDED = mutant(
+    in_fragment("limiter_acquire", ("if queued >= queue_cap then\n", "if false then\n")),
+    _ACQUIRES,
+)
+NEVER_LATE = mutant(
+    in_fragment("limiter_deadline", ("if deadline and now < deadline and deadline < start then",
+                                     "if false then")),
+    (*_ACQUIRES, "_release_script"),
+)
+NO_ESTIMATE = mutant(
+    in_fragment("limiter_took", ("if #times >= 4 then", "if #times >= 17 then")),
+    ("_release_script",),
+)
+CLOCK_IN_SECONDS = mutant(
+    in_fragment("limiter_clock", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+                                  "tonumber(t[1])")),
+    _EVERY,
+)
+REFUSAL_STICKS = mutant(
+    in_fragment("limiter_refusal_first", (
+        "'+inf') >= capacity\n    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= "
+        "queue_cap\n",
+        "'+inf') >= capacity\n",
+    )),
+    ("_refusing_script",),
+)
+GIVE_UP_KEEPS_SLOT = mutant(
+    in_fragment("limiter_give_up", ("if redis.call('ZREM', holders, token) == 1 then",
+                                    "if redis.call('ZSCORE', holders, token) then")),
+    ("_give_up_script",),
+)
+RECORD_WRITES_NOTHING = mutant(
+    in_fragment("limiter_record", ("redis.call('HSET', settings, 'by', ARGV[4],",
+                                   "local _ = false and redis.call('HSET', settings, 'by', "
+                                   "ARGV[4],")),
+    ("_record_script",),
+)
+SETTINGS_NOT_READ = mutant(
+    in_fragment("limiter_settings", ("local recorded = redis.call('HMGET', settings,",
+                                     "local recorded = {} or redis.call('HMGET', settings,")),
+    _EVERY,
+)
+STATS_SWAPPED = mutant(
+    in_fragment("limiter_stats", ("return {held, queued,", "return {queued, held,")),
+    ("_stats_script",),
+)
+RENEW_DOES_NOT_EXTEND = mutant(
+    in_fragment("limiter_renew", ("redis.call('ZADD', holders, now + lease_ms, ARGV[i])",
+                                  "redis.call('ZSCORE', holders, ARGV[i])")),
+    ("_renew_script",),
+)
+REAP_KEEPS_DEAD_WAITERS = mutant(
+    in_fragment("limiter_steps", (
+        "    for _, token in ipairs(dead) do\n      forget_waiter(token)\n",
+        "    for _, token in ipairs(dead) do\n",
+    )),
+    _EVERY,
+)
+#: Not a script of the limiter's own: ``release_owner`` registers ``lua.RELEASE_OWNER`` at
+#: each call, so the test puts this text there.
+RELEASE_OWNER_KEEPS_SLOT = broken(
+    lua.RELEASE_OWNER,
+    in_fragment("limiter_release_owner", (
+        "    redis.call('ZREM', holders, token)\n    redis.call('HDEL', since, token)\n",
+        "    redis.call('HDEL', since, token)\n",
+    )),
+    "RELEASE_OWNER",
+)
+
+MORE_CHECKS = (
+    check_no_more_grants_than_slots,
+    check_a_full_queue_stays_full,
+    check_a_taught_budget_refuses_a_late_leader,
+    check_a_refusal_ends_with_the_full_queue,
+    check_a_lost_release_frees_its_slot,
+    check_every_process_follows_the_newest_start,
+    check_the_figures_count_holders_and_waiters,
+    check_a_renewed_grant_outlives_its_lease,
+    check_a_dead_waiters_place_comes_back,
+    check_release_owner_frees_a_dead_owners_places,
+)
+
+
+@pytest.mark.parametrize("check", MORE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_each_check_passes_on_the_real_redis_limiter(
+    check: Callable[..., None], make_limiter: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    check(make_limiter, client, threads)
+
+
+LATE_LEADER = check_a_taught_budget_refuses_a_late_leader
+NEWEST_START = check_every_process_follows_the_newest_start
+
+
+@pytest.mark.parametrize(
+    ("cls", "check", "reason"),
+    [
+        pytest.param(FAST_PATH_OVERBOOKS, check_no_more_grants_than_slots,
+                     "slot double counted", id="fast-path-overbooks"),
+        pytest.param(HELD_NOT_COUNTED, check_no_more_grants_than_slots,
+                     "slot double counted", id="held-not-counted"),
+        pytest.param(QUEUE_UNBOUNDED, check_a_full_queue_stays_full,
+                     "queue bound broken", id="queue-unbounded"),
+        pytest.param(NEVER_LATE, LATE_LEADER, "no refusal by the estimate", id="never-late"),
+        pytest.param(NO_ESTIMATE, LATE_LEADER, "no refusal by the estimate", id="no-estimate"),
+        pytest.param(CLOCK_IN_SECONDS, LATE_LEADER, "no refusal by the estimate",
+                     id="clock-in-seconds"),
+        pytest.param(REFUSAL_STICKS, check_a_refusal_ends_with_the_full_queue,
+                     "a refusal outlasted the full queue", id="refusal-sticks"),
+        pytest.param(GIVE_UP_KEEPS_SLOT, check_a_lost_release_frees_its_slot,
+                     "a lost release kept its slot", id="give-up-keeps-slot"),
+        pytest.param(RECORD_WRITES_NOTHING, NEWEST_START,
+                     "the newest has active=1", id="record-writes-nothing"),
+        pytest.param(SETTINGS_NOT_READ, NEWEST_START,
+                     "the first has active=1", id="settings-not-read"),
+        pytest.param(STATS_SWAPPED, check_the_figures_count_holders_and_waiters,
+                     "the figures are wrong", id="stats-swapped"),
+        pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_grant_outlives_its_lease,
+                     "a renewed grant lost its lease", id="renew-does-not-extend"),
+        pytest.param(REAP_KEEPS_DEAD_WAITERS, check_a_dead_waiters_place_comes_back,
+                     "a dead waiter kept its place", id="reap-keeps-dead-waiters"),
+    ],
+)
+def test_a_redis_limiter_with_a_broken_script_fails_the_check_for_it(
+    cls: type[RedisColdLimiter],
+    check: Callable[..., None],
+    reason: str,
+    make_limiter: Make,
+    client: redis.Redis,
+    threads: ThreadRunner,
+) -> None:
+    def make(**kwargs: Any) -> RedisColdLimiter:
+        return make_limiter(cls=cls, **kwargs)
+
+    with pytest.raises(AssertionError, match=reason):
+        check(make, client, threads)
+
+
+def test_a_release_owner_that_keeps_the_dead_owners_slot_fails_its_check(
+    make_limiter: Make, client: redis.Redis, threads: ThreadRunner,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lua, "RELEASE_OWNER", RELEASE_OWNER_KEEPS_SLOT)
+    with pytest.raises(AssertionError, match="a dead owner's places outlived release_owner"):
+        check_release_owner_frees_a_dead_owners_places(make_limiter, client, threads)
+
+
+#: Where the mutants of each ``.lua`` file are (this module's are built at its import).
+MUTANT_MODULES = (
+    "tests.test_redis_cache_mutants",
+    "tests.test_redis_cluster_mutants",
+    "tests.test_redis_flight_mutants",
+    "tests.test_redis_members_mutants",
+)
+
+
+def test_every_lua_file_has_a_mutant() -> None:
+    """Each ``.lua`` file of the backend has a mutant in one of the mutant modules (the cold
+    lead's two in ``tests/test_redis_lead_mutants.py``, which builds its own): a new script
+    needs a check that catches it broken."""
+    for name in MUTANT_MODULES:
+        importlib.import_module(name)
+    from tests.test_redis_lead_mutants import MUTANTS as LEAD_MUTANTS
+
+    covered = set(MUTATED)
+    for fragment in ("cold_lead_head", "cold_lead_tail"):
+        if any(lua.FRAGMENTS[fragment].count(old) == 1 for old, _ in LEAD_MUTANTS.values()):
+            covered.add(fragment)
+    missing = sorted(set(lua.FRAGMENTS) - covered)
+    assert not missing, f"no mutant test for {missing}"

@@ -1,0 +1,117 @@
+"""The mutants only a Redis Cluster shows, on a REAL three-primary cluster
+(``tests/support/redis_cluster.py``; the module's ``client`` is ``connect`` of it, as in
+``tests/test_redis_cluster.py``, so the suite's ``factory`` makes limiters on the cluster).
+
+On one Redis a script may touch any key, and the cache keeps its entries under its own hash
+tag; on a Cluster a script touches its own slot only, and the cache's entries spread over the
+nodes: the set and the clear are then scripts of their own (``lua.CACHE_INDEX``,
+``lua.CACHE_DRAIN``) followed by commands on the entries' nodes. A mutant is the real script
+text with one piece replaced (``tests/support/redis_mutants.py``: the piece asserted to be
+there exactly once), put on the object in place of the script it registered; each check
+passes with the real scripts and fails with the mutant of its row.
+
+==================  =============================================  ==============================
+script              mutant                                         the check that catches it
+==================  =============================================  ==============================
+limiter_keys        the tag the scripts build their own keys from  slots_come_back (of
+                    (doorbells, given-up tokens, timed grants)     ``limiter_checks``): every
+                    loses its opening brace (``TAG_LOSES_BRACE``)  acquire fails, its key in
+                                                                   another slot
+cache_index_spread  the digest indexed is the size argument        the_size_bound_evicts_the_
+                    (``SPREAD_WRONG_DIGEST``: one index entry for  oldest
+                    every key, nothing evicted)
+cache_index_tail    the digests evicted are not answered           the_size_bound_evicts_the_
+                    (``TAIL_DROPS_EVICTED``: their entries stay)   oldest
+cache_drain         the drain answers no digest                    clear_empties_the_cache_for_
+                    (``DRAIN_ANSWERS_NOTHING``: the entries stay)  every_process
+==================  =============================================  ==============================
+
+``CACHE_INDEX`` is ``cache_settings``, ``cache_index_spread``, ``cache_index`` and
+``cache_index_tail``; the cache's checks are those of ``tests/test_redis_cache_mutants.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit.redis import RedisCache, RedisColdLimiter
+from tests.support.limiter_checks import check_slots_come_back
+from tests.support.redis_cluster import redis_cluster_fixture  # noqa: F401 (a fixture)
+from tests.support.redis_mutants import Change, in_fragment
+from tests.support.threads import ThreadRunner
+from tests.test_redis_cache_mutants import (
+    DRAIN,
+    INDEX,
+    MakeCache,
+    check_clear_empties_the_cache_for_every_process,
+    check_the_size_bound_evicts_the_oldest,
+    mutant_cache,
+)
+from tests.test_redis_cluster import cluster_client_fixture  # noqa: F401 (the client fixture)
+from tests.test_redis_mutants import SCRIPTS, mutant
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+TAG_LOSES_BRACE = mutant(
+    in_fragment("limiter_keys", ("local tag = string.sub(holders, 1, -8)",
+                                 "local tag = string.sub(holders, 2, -8)")),
+    tuple(SCRIPTS),
+)
+SPREAD_WRONG_DIGEST = in_fragment(
+    "cache_index_spread", ("local index, digest = KEYS[2], ARGV[4]",
+                           "local index, digest = KEYS[2], ARGV[3]")
+)
+TAIL_DROPS_EVICTED = in_fragment(
+    "cache_index_tail", ("for _, old in ipairs(evicted) do reply[#reply + 1] = old end\n", "")
+)
+DRAIN_ANSWERS_NOTHING = in_fragment("cache_drain", ("return digests", "return {}"))
+
+CACHE_CHECKS = (check_the_size_bound_evicts_the_oldest,
+                check_clear_empties_the_cache_for_every_process)
+
+
+def test_the_limiter_check_passes_on_a_cluster(
+    factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
+) -> None:
+    check_slots_come_back(factory(RedisColdLimiter), threads)
+
+
+def test_a_tag_without_its_brace_fails_every_script_that_builds_a_key(
+    factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
+) -> None:
+    with pytest.raises(redis.ResponseError, match="non local key"):
+        check_slots_come_back(factory(TAG_LOSES_BRACE), threads)
+
+
+@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_each_cache_check_passes_on_a_cluster(
+    check: Callable[[MakeCache, Any], None], client: Any
+) -> None:
+    check(lambda **kwargs: RedisCache(client, **kwargs), client)
+
+
+@pytest.mark.parametrize(
+    ("changes", "scripts", "check", "reason"),
+    [
+        pytest.param(SPREAD_WRONG_DIGEST, (INDEX,), check_the_size_bound_evicts_the_oldest,
+                     "the size bound kept the oldest entry", id="spread-wrong-digest"),
+        pytest.param(TAIL_DROPS_EVICTED, (INDEX,), check_the_size_bound_evicts_the_oldest,
+                     "the size bound kept the oldest entry", id="tail-drops-evicted"),
+        pytest.param(DRAIN_ANSWERS_NOTHING, (DRAIN,),
+                     check_clear_empties_the_cache_for_every_process, "an entry survived clear",
+                     id="drain-answers-nothing"),
+    ],
+)
+def test_a_cluster_cache_with_a_broken_script_fails_the_check_for_it(
+    changes: tuple[Change, ...],
+    scripts: tuple[str, ...],
+    check: Callable[[MakeCache, Any], None],
+    reason: str,
+    client: Any,
+) -> None:
+    with pytest.raises(AssertionError, match=reason):
+        check(mutant_cache(client, changes, scripts), client)

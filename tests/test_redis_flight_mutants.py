@@ -1,0 +1,203 @@
+"""The flight's checks catch a broken flight script: every script of ``RedisSingleFlight``
+has a mutant.
+
+A mutant is the real script text with one piece replaced (``tests/support/redis_mutants.py``:
+the piece asserted to be there exactly once, in the script and in its ``.lua`` file), put on
+every flight object a check makes in place of the script it registered. Each check passes
+with the real scripts and fails, with the message it names, with the mutant of its row.
+Several flight objects on one Redis and name stand for several processes (the
+``make_flight`` fixture of ``tests/test_redis_flight.py``: each with a client of its own).
+
+==================  =============================================  ==============================
+script              mutant                                         the check that catches it
+==================  =============================================  ==============================
+flight_join         every join claims a new flight, whether one    one_build_across_processes
+                    is led or not (``JOIN_ALWAYS_CLAIMS``)
+flight_check        a follower's check overlooks the outcome of    one_build_across_processes
+                    its own flight, and leads it again
+                    (``CHECK_OVERLOOKS_OUTCOME``)
+flight_prelude      a claim is SET without its lease               a_claim_ends_with_its_lease
+                    (``CLAIM_WITHOUT_LEASE``: a leader that dies
+                    holds its key for good)
+flight_publish      the publish leaves the claim in place          a_call_after_a_flight_ended_
+                    (``PUBLISH_KEEPS_CLAIM``)                      leads_anew
+flight_renew        a renewal pushes no lease end                  a_renewed_claim_outlives_its_
+                    (``RENEW_DOES_NOT_EXTEND``)                    lease
+==================  =============================================  ==============================
+
+``FLIGHT_JOIN``, ``FLIGHT_CHECK``, ``FLIGHT_PUBLISH`` and ``FLIGHT_RENEW`` are
+``flight_prelude`` and the file of their name; the prelude's mutant is put in all four.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from reachlimit.redis import RedisSingleFlight
+from tests import test_redis_flight
+from tests.support.redis_mutants import Change, in_fragment, install
+from tests.support.threads import Outcome, ThreadRunner, start_call
+from tests.support.waiting import wait_until
+from tests.test_redis_flight import KEY, Gate, waiters
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+MakeFlight = Callable[..., RedisSingleFlight]
+
+#: The flight tests' fixture: ``make_flight(**kwargs)``, a flight object with a client of its
+#: own (a "process"), closed at teardown.
+make_flight = test_redis_flight.make_flight
+
+
+def check_one_build_across_processes(
+    make: MakeFlight, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A leader in one process, a second call of its key in another: the second follows,
+    builds nothing, and gets the leader's value."""
+    leader, other = make(), make()
+    gate, second = Gate(result="built"), Gate(result="built again")
+    second.finish.set()
+    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
+    try:
+        assert gate.started.wait(10)
+        follow: Outcome = start_call(threads, lambda: other.do(KEY, second), name="follower")
+        wait_until("the second call follows in Redis, or builds",
+                   lambda: waiters(client, leader) == 1 or second.runs)  # fmt: skip
+        assert second.runs == 0, "built twice: a second process led a key that was led"
+    finally:
+        gate.finish.set()
+    wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set())
+    assert lead.value == ("built", False)
+    assert second.runs == 0 and follow.value == ("built", True), (
+        f"built twice: the follower got {follow.value!r} ({second.runs} build of its own)"
+    )
+
+
+def check_a_claim_ends_with_its_lease(
+    make: MakeFlight, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A leader's claim lives its lease (0.5 s) unless renewed: a leader whose process dies
+    lets a follower take its flight over then."""
+    leader = make(lease=0.5)
+    gate = Gate(result="v")
+    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
+    try:
+        assert gate.started.wait(10)
+        pttl = client.pttl(leader.base_of(KEY) + "lead")
+        assert 0 < pttl <= 500, f"a claim without its lease (PTTL {pttl})"
+    finally:
+        gate.finish.set()
+        lead.wait_done()
+
+
+def check_a_call_after_a_flight_ended_leads_anew(
+    make: MakeFlight, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A flight that ended is over: the next call of its key, in another process, builds."""
+    first, later = make(), make()
+    assert first.do(KEY, lambda: "first") == ("first", False)
+    got = later.do(KEY, lambda: "later")
+    assert got == ("later", False), (
+        f"a finished flight's claim outlived it: a later call got {got!r} instead of building"
+    )
+
+
+def check_a_renewed_claim_outlives_its_lease(
+    make: MakeFlight, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A leader's claim (lease 1 s) is pushed back up every third of its lease while its
+    build runs: three renewals seen, and the claim never ended meanwhile."""
+    leader = make(lease=1.0)
+    gate = Gate(result="v")
+    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
+    lead_key = leader.base_of(KEY) + "lead"
+    try:
+        assert gate.started.wait(10)
+        last, renewals = [client.pttl(lead_key)], [0]
+
+        def renewed_three_times() -> bool:
+            ttl = client.pttl(lead_key)
+            assert ttl > 0, "the claim ended while its leader ran: no renewal pushed its lease"
+            if ttl > last[0]:
+                renewals[0] += 1  # pushed back up
+            last[0] = ttl
+            return renewals[0] >= 3
+
+        wait_until("three renewals", renewed_three_times, interval=0.02)
+    finally:
+        gate.finish.set()
+        lead.wait_done()
+    assert lead.value == ("v", False)
+
+
+SCRIPTS = ("_join_script", "_check_script", "_publish_script", "_renew_script")
+
+JOIN_ALWAYS_CLAIMS = in_fragment("flight_join", ("if joined then return joined end\n", ""))
+CHECK_OVERLOOKS_OUTCOME = in_fragment(
+    "flight_check", ("local out = outcome(mine)\nif out then return {2, mine, out} end\n",
+                     "local out\n")
+)
+CLAIM_WITHOUT_LEASE = in_fragment(
+    "flight_prelude", ("redis.call('SET', lead, n .. ':' .. token, 'PX', lease)",
+                       "redis.call('SET', lead, n .. ':' .. token)")
+)
+PUBLISH_KEEPS_CLAIM = in_fragment(
+    "flight_publish", ("if redis.call('GET', lead) == n .. ':' .. token then "
+                       "redis.call('DEL', lead) end\n", "")
+)
+RENEW_DOES_NOT_EXTEND = in_fragment("flight_renew", ("  redis.call('PEXPIRE', lead, lease)\n", ""))
+
+CHECKS = (
+    check_one_build_across_processes,
+    check_a_claim_ends_with_its_lease,
+    check_a_call_after_a_flight_ended_leads_anew,
+    check_a_renewed_claim_outlives_its_lease,
+)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_each_check_passes_with_the_real_scripts(
+    check: Callable[..., None], make_flight: MakeFlight, client: redis.Redis,
+    threads: ThreadRunner,
+) -> None:
+    check(make_flight, client, threads)
+
+
+@pytest.mark.parametrize(
+    ("changes", "scripts", "check", "reason"),
+    [
+        pytest.param(JOIN_ALWAYS_CLAIMS, ("_join_script",), check_one_build_across_processes,
+                     "built twice", id="join-always-claims"),
+        pytest.param(CHECK_OVERLOOKS_OUTCOME, ("_check_script",),
+                     check_one_build_across_processes, "built twice",
+                     id="check-overlooks-outcome"),
+        pytest.param(CLAIM_WITHOUT_LEASE, SCRIPTS, check_a_claim_ends_with_its_lease,
+                     "a claim without its lease", id="claim-without-lease"),
+        pytest.param(PUBLISH_KEEPS_CLAIM, ("_publish_script",),
+                     check_a_call_after_a_flight_ended_leads_anew,
+                     "a finished flight's claim outlived it", id="publish-keeps-claim"),
+        pytest.param(RENEW_DOES_NOT_EXTEND, ("_renew_script",),
+                     check_a_renewed_claim_outlives_its_lease,
+                     "the claim ended while its leader ran", id="renew-does-not-extend"),
+    ],
+)
+def test_a_flight_with_a_broken_script_fails_the_check_for_it(
+    changes: tuple[Change, ...],
+    scripts: tuple[str, ...],
+    check: Callable[..., None],
+    reason: str,
+    make_flight: MakeFlight,
+    client: redis.Redis,
+    threads: ThreadRunner,
+) -> None:
+    def make(**kwargs: Any) -> RedisSingleFlight:
+        flight = make_flight(**kwargs)
+        install(flight, changes, scripts)
+        return flight
+
+    with pytest.raises(AssertionError, match=reason):
+        check(make, client, threads)

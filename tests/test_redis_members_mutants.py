@@ -1,0 +1,132 @@
+"""The checks of a budget's live processes catch a broken ``members.lua``.
+
+``lua.MEMBERS`` (``reachlimit/redis/_members.py``) counts the processes that share a budget:
+each announces itself, one that stops announcing drops out one period after its last
+announce, and the parent of a process that died removes all of its members at once
+(``release_owner``). A mutant is the real script text with one piece replaced
+(``tests/support/redis_mutants.py``: the piece asserted to be there exactly once), put on a
+``Members`` object in place of its script, or in place of ``lua.MEMBERS`` for
+``release_owner``, which registers it at each call. Each check passes with the real script
+and fails, with the message it names, with the mutant of its row. Two ``Members`` objects
+with other owners stand for two processes.
+
+==================  =============================================  ==============================
+script              mutant                                         the check that catches it
+==================  =============================================  ==============================
+members             a member whose period ended is never dropped   a_silent_member_drops_out
+                    (``ENDED_KEPT``: a dead process counted for
+                    good, every fallback's share too small)
+members             leaving removes the exact id only, not every   release_owner_removes_a_dead_
+                    member of an owner prefix (``LEAVE_EXACT_      owners_members
+                    ONLY``: a dead worker stays counted a period)
+==================  =============================================  ==============================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from reachlimit.redis import lua, release_owner
+from reachlimit.redis._common import members_key
+from reachlimit.redis._members import Members
+from tests.support.redis_limiters import server_ms
+from tests.support.redis_mutants import Change, broken, in_fragment, install
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+NAME = "shared"
+KEY = members_key("reachlimit", NAME)
+DEAD, LIVE = "deadhost:0000:4242:", "livehost:0000:7:"
+
+MakeMembers = Callable[..., Members]
+
+
+@pytest.fixture(name="make_members")
+def make_members_fixture(client: redis.Redis) -> Iterator[MakeMembers]:
+    """``make_members(owner, period)``: a member of the budget NAME (no thread: the check
+    announces), closed at teardown without leaving."""
+    made: list[Members] = []
+
+    def make(owner: str, period: float) -> Members:
+        member = Members(client, KEY, owner=owner, period=period)
+        made.append(member)
+        return member
+
+    yield make
+    for member in made:
+        member.close(leave=False)
+
+
+def check_a_silent_member_drops_out(make: MakeMembers, client: redis.Redis) -> None:
+    """A member that stops announcing (its process died) is no longer counted once its
+    period (0.3 s) is over on Redis's clock."""
+    dead, live = make(DEAD, 0.3), make(LIVE, 60.0)
+    assert dead.announce() == 1
+    start = server_ms(client)
+    assert live.announce() == 2
+    wait_until("the silent member's period ended on Redis's clock",
+               lambda: server_ms(client) > start + 300)  # fmt: skip
+    count = live.announce()
+    assert count == 1, f"a silent member is still counted: {count} live, not 1"
+
+
+def check_release_owner_removes_a_dead_owners_members(
+    make: MakeMembers, client: redis.Redis
+) -> None:
+    """Two members of a process that died (two apps on one budget) leave at once when its
+    parent releases its owner prefix, long before their periods end."""
+    live = make(LIVE, 60.0)
+    make(DEAD, 60.0).announce()
+    make(DEAD, 60.0).announce()
+    assert live.announce() == 3
+    assert release_owner(client, DEAD, name=NAME) == (0, 0)
+    count = live.announce()
+    assert count == 1, f"a dead owner's members outlived release_owner: {count} live, not 1"
+
+
+ENDED_KEPT = in_fragment(
+    "members", ("redis.call('ZREMRANGEBYSCORE', members, '-inf', now)", "local _ = now")
+)
+LEAVE_EXACT_ONLY = in_fragment(
+    "members", ("if string.sub(id, 1, n) == who then", "if id == who then")
+)
+
+
+def mutant_members(make: MakeMembers, changes: tuple[Change, ...]) -> MakeMembers:
+    def build(owner: str, period: float) -> Members:
+        member = make(owner, period)
+        install(member, changes, ("_script",))
+        return member
+
+    return build
+
+
+@pytest.mark.parametrize(
+    "check", [check_a_silent_member_drops_out, check_release_owner_removes_a_dead_owners_members],
+    ids=lambda c: c.__name__.removeprefix("check_"),
+)
+def test_each_check_passes_with_the_real_script(
+    check: Callable[[MakeMembers, redis.Redis], None], make_members: MakeMembers,
+    client: redis.Redis,
+) -> None:
+    check(make_members, client)
+
+
+def test_a_script_that_keeps_ended_members_fails_the_check_for_it(
+    make_members: MakeMembers, client: redis.Redis
+) -> None:
+    with pytest.raises(AssertionError, match="a silent member is still counted"):
+        check_a_silent_member_drops_out(mutant_members(make_members, ENDED_KEPT), client)
+
+
+def test_a_leave_by_exact_id_only_fails_the_check_for_it(
+    make_members: MakeMembers, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # release_owner registers lua.MEMBERS at each call (and so does each Members made now).
+    monkeypatch.setattr(lua, "MEMBERS", broken(lua.MEMBERS, LEAVE_EXACT_ONLY, "MEMBERS"))
+    with pytest.raises(AssertionError, match="a dead owner's members outlived release_owner"):
+        check_release_owner_removes_a_dead_owners_members(make_members, client)
