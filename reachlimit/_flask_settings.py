@@ -72,7 +72,11 @@ def _whole(minimum: int, allowed: str | None = None) -> Check:
     return check
 
 
-def _one_of(*choices: int) -> Check:
+# _one_of, _choice and _option run once, at import, to make the fields of Settings: a
+# mutation tool that switches its mutants on per call (after import) can run none of theirs,
+# so they are left out of it (no mutate block). The checks they make are tested like any
+# other option's (tests/test_flask_ext.py).
+def _one_of(*choices: int) -> Check:  # pragma: no mutate block
     allowed = " or ".join(map(str, choices))
     whole = _whole(0, allowed)
 
@@ -128,7 +132,7 @@ def _flag(key: str, value: Any) -> bool:
     raise ValueError(f"{key} must be true or false, got {value!r}")
 
 
-def _choice(*choices: str) -> Check:
+def _choice(*choices: str) -> Check:  # pragma: no mutate block (see _one_of)
     allowed = " or ".join(repr(c) for c in choices)
 
     def check(key: str, value: Any) -> str:
@@ -221,7 +225,7 @@ def _refusal_message(key: str, value: Any) -> str | None:
     return value.strip()
 
 
-def _option(default: Any, check: Check, *, show: bool = True) -> Any:
+def _option(default: Any, check: Check, *, show: bool = True) -> Any:  # pragma: no mutate block
     return field(default=default, metadata={"check": check}, repr=show)
 
 
@@ -340,6 +344,7 @@ def _nearest(key: str) -> str:
     """"; did you mean <the nearest known key>?", or "" when none is near."""
     # Compared without the prefix every key shares (it would make any two look close).
     cut = len(_CONFIG_PREFIX)
+    # n=1: only the best is shown (any n >= 1 has the same best first)
     near = difflib.get_close_matches(key[cut:], sorted(k[cut:] for k in _KNOWN_NAMES), n=1)
     return f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
 
@@ -383,7 +388,7 @@ def _checked(client: ClientFunc) -> ClientFunc:
 
     def client_of(request: Any) -> Hashable:
         name = client(request)
-        if type(name) is str:  # the common case: no call
+        if type(name) is str:  # the common case: no call (checked_client passes a str too)
             return name
         return checked_client(name, client)
 
@@ -395,10 +400,13 @@ def warn_threads(threads: int | None, budgets: list[tuple[int, int]]) -> None:
     than the ``(active, queue)`` of every budget added up, plus :data:`SPARE_THREADS`."""
     needed = sum(active + queue for active, queue in budgets) + SPARE_THREADS
     if threads is not None and threads < needed:
+        # The why is no behaviour (no mutate); the figures and the advice are tested.
         log.warning(
             "gunicorn runs %d thread(s) per worker, fewer than active + queue + %d = %d "
-            "(over the app's %d budget(s)): the queue can never fill and warm requests "
-            "starve behind cold ones; start gunicorn with --threads %d or more",
+            "(over the app's %d budget(s)): "
+            "the queue can never fill and warm requests starve "  # pragma: no mutate
+            "behind cold ones; "  # pragma: no mutate
+            "start gunicorn with --threads %d or more",
             threads, SPARE_THREADS, needed, len(budgets), needed,
         )
 

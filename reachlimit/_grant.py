@@ -68,7 +68,7 @@ class Grant:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._give_back(strict=False)
+        self._give_back(strict=False)  # strict is tested for truth: None is False
 
     def _give_back(self, strict: bool) -> None:
         raise NotImplementedError

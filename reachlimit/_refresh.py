@@ -51,12 +51,13 @@ class Refresher:
         self.threads = threads
         self.max_pending = max_pending
         self._name = name
+        # A Condition given None makes an RLock of its own: nothing here takes it twice.
         self._cond = threading.Condition(threading.Lock())
         self._pending: dict[Hashable, Callable[[], None]] = {}  # guarded by _cond
         self._running: set[Hashable] = set()  # guarded by _cond
         self._workers: list[threading.Thread] = []  # guarded by _cond
         self._idle = 0  # guarded by _cond
-        self._closed = False  # guarded by _cond
+        self._closed = False  # guarded by _cond; only tested for truth (None would do)
         #: Jobs not queued because ``max_pending`` were waiting (racy read).
         self.dropped = 0
         reset_after_fork(self, Refresher._forked)
@@ -85,7 +86,7 @@ class Refresher:
         """How many refresher threads are alive (racy read)."""
         return sum(1 for t in self._workers if t.is_alive())
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> None:  # pragma: no mutate (the bound's seconds)
         """Stop for good: jobs still waiting are dropped, running ones finish; every thread
         is joined for up to ``timeout`` seconds in all."""
         with self._cond:
@@ -99,7 +100,7 @@ class Refresher:
 
     def _forked(self) -> None:
         """In the child of a fork, its one thread running (module design): start afresh."""
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(threading.Lock())  # an RLock of None's: the same here
         self._pending = {}
         self._running = set()
         self._workers = []
@@ -130,7 +131,7 @@ class Refresher:
             try:
                 job()
             except BaseException:  # a job's own business; never the end of the thread
-                log.exception("reachlimit: a refresh of %r failed", key)
+                log.exception("reachlimit: a refresh of %r failed", key)  # pragma: no mutate (log)
             finally:
                 with self._cond:
                     self._running.discard(key)
@@ -179,11 +180,13 @@ class RefreshBackoff:
                 del self._keys[next(iter(self._keys))]
             self._keys[key] = (logged or first, until)
         if first:
+            # pragma: no mutate start (a log's words; how often it is logged is tested)
             log.warning(
                 "reachlimit: the refresh of %r was %s; its stale entry is served until its "
                 "stale window ends and not refreshed again for a backoff (logged once until "
                 "it is built again)", key, why,
             )
+            # pragma: no mutate end
 
     def ended(self, key: Hashable) -> None:
         """``key`` was built: no backoff, and its next failure starts a new episode."""

@@ -70,6 +70,9 @@ def _raw_password(url: str) -> tuple[int, int] | None:
     if start < 0:
         return None
     start += 3
+    # An '@' before start would be in the scheme: the colon search below, from start to
+    # it, then finds nothing either, so searching for '@' from 0 is the same. at and colon
+    # are -1 or at least start (3): comparing them with 0 or 1 instead is the same too.
     at = url.rfind("@", start)
     if at < 0:
         return None
@@ -95,7 +98,7 @@ def mask_url(url: object) -> str:
         if any(key.lower() in _SECRET_QUERY_KEYS for key, _ in pairs):
             query = urlencode(
                 [(k, MASK if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs],
-                safe="*",
+                safe="*",  # keeps MASK as written (letters are never quoted anyway)
             )
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
@@ -112,6 +115,8 @@ def url_secrets(url: str) -> list[str]:
         parts = urlsplit(url)
     except ValueError:
         return found
+    # Blank values are kept and then dropped below (no secret): leaving them out here is
+    # the same.
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key.lower() in _SECRET_QUERY_KEYS:
             found.append(value)
@@ -176,7 +181,7 @@ def cluster_problem(url: str) -> str | None:
     """What is wrong with ``redis+cluster://[user:password@]host[:port][,host[:port]...]
     [/0]`` (a node's port defaults to 6379), or None: a cluster has one database, so no
     path but ``/0`` and no ``db=`` but 0."""
-    try:
+    try:  # only its errors count here (the default port is never read)
         split_hosts(urlsplit(url).netloc.rpartition("@")[2], CLUSTER_PORT, "node")
     except ValueError as exc:
         return str(exc)

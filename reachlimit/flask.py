@@ -161,7 +161,7 @@ class ClientGone(HTTPException):
     code = STATUS_CLIENT_GONE
 
     def __init__(self) -> None:
-        super().__init__(
+        super().__init__(  # its body is never read (the client left): any body is the same
             response=Response(b"", status=f"{STATUS_CLIENT_GONE} Client Closed Request")
         )
 
@@ -182,6 +182,7 @@ def _write_cache_status(response: Response) -> Response:
         # Added, not set: Cache-Status is a list (RFC 9211), and a header the view set
         # already (an upstream cache's entry, say) stays before ours.
         response.headers.add("Cache-Status", status)
+        # (Header names in any case are the same header, to werkzeug as to HTTP.)
         if response.status_code in (429, 503) and "Retry-After" not in response.headers:
             retry_after = environ.get(_RETRY_KEY)
             if retry_after is not None and "fwd-status=" in status:  # the last was refused
@@ -310,6 +311,7 @@ class ReachLimit:
 
     def _build(self, app: Flask, budgets: AppBudgets, name: str) -> BudgetState:
         """Budget ``name`` of ``app``, built and added to ``budgets``."""
+        # (The default has no options of its own to add: budget_settings would give base.)
         settings = budgets.base if name == DEFAULT_BUDGET else budget_settings(
             budgets.base, name, budgets.configured.get(name, {}), self._declared.get(name, {})
         )
@@ -325,7 +327,9 @@ class ReachLimit:
         budgets must not be used afterwards. Safe to call more than once."""
         state = (app or _app_proxy._get_current_object()).extensions.get("reachlimit")
         if not isinstance(state, BudgetState) or state.budgets is None:
-            raise RuntimeError("ReachLimit is not initialised on this app: call init_app(app)")
+            raise RuntimeError(
+                "ReachLimit is not initialised on this app: call init_app(app)"  # pragma: no mutate
+            )
         state.budgets.close()
 
     # -- per request ------------------------------------------------------------------
@@ -403,7 +407,10 @@ class ReachLimit:
     ) -> Any:
         # where: the caller, named in the value rule's TypeError ("" for cold()); None: the
         # decorator's, whose key is checked (checked_key) and whose build applies the value
-        # rule itself, so neither is done here (no wrapper made).
+        # rule itself, so neither is done here (no wrapper made). (Checking a str key, or
+        # the decorator's checked one, would pass: skipping it only saves time. The rule
+        # names no caller for where "" or None alike, and leaves the decorator's values,
+        # bytes or None, as they are.)
         if where is not None and type(key) is not str:  # a str key: one comparison
             check_key(key, "cold()")  # first: nothing held or counted, in process or not
         if state.counters is not None:
@@ -437,7 +444,8 @@ class ReachLimit:
             # headers, the response need not measure and set it again.
             raise ColdRefused(Response([body], status, headers), busy, state.name) from None
         except Cancelled:
-            log.info("client left while waiting for %r; answered 499", key)
+            # pragma below: an INFO line's words and argument are no behaviour
+            log.info("client left while waiting for %r; answered 499", key)  # pragma: no mutate
             raise ClientGone() from None
         asking.environ[_STATUS_KEY] = cache_status(answer)
         return answer.value
@@ -482,7 +490,7 @@ class ReachLimit:
 
     def _forget(self, state: BudgetState, key: Hashable) -> bool:
         """Drop ``key`` from budget ``state``'s warm cache; True if it was there."""
-        if type(key) is not str:
+        if type(key) is not str:  # (a str passes the check: skipping it only saves time)
             check_key(key, "forget()")
         return forget_in(state.path.cache, key)
 
@@ -506,7 +514,7 @@ class ReachLimit:
         response = jsonify(
             status="ok", reach=figures[DEFAULT_BUDGET], budgets=figures, **extra
         )
-        response.headers["Cache-Control"] = "no-store"
+        response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
         return response
 
     def metrics_view(self) -> Response:
@@ -523,10 +531,10 @@ class ReachLimit:
         try:
             body = metrics.exposition()
         except Exception:
-            log.exception("reachlimit metrics could not be read")
+            log.exception("reachlimit metrics could not be read")  # pragma: no mutate (words)
             return Response("metrics unavailable\n", status=503, mimetype="text/plain")
         response = Response(body, content_type=metrics.content_type)
-        response.headers["Cache-Control"] = "no-store"
+        response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
         return response
 
     @staticmethod
@@ -537,7 +545,8 @@ class ReachLimit:
             state = _app_proxy._get_current_object().extensions["reachlimit"]
         except KeyError:
             raise RuntimeError(
-                "ReachLimit is not initialised on this app: call init_app(app) first"
+                "ReachLimit is not initialised on this app: "  # pragma: no mutate (words)
+                "call init_app(app) first"  # pragma: no mutate (words)
             ) from None
         assert isinstance(state, BudgetState)
         return state
@@ -553,9 +562,10 @@ class ReachLimit:
         if budgets.owner is not self or name not in self._declared:
             raise RuntimeError(
                 f"budget {name!r} is not one of this app's: declare it with rl.budget({name!r}"
-                ", ...) on the ReachLimit that initialised the app"
+                ", ...) on the ReachLimit that initialised the app"  # pragma: no mutate (words)
             )
         app = _app_proxy._get_current_object()
+        # (ensure() finds the state by name only for a thread that lost the race to build it)
         return budgets.ensure(name, lambda: self._build(app, budgets, name))
 
     def _all_states(self) -> dict[str, BudgetState]:

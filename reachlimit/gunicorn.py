@@ -128,10 +128,13 @@ def _prepare_metrics_dir() -> None:
     os.environ[METRICS_DIR_VARIABLE] = made
     os.environ[TEMPORARY_VARIABLE] = made
     if "prometheus_client" in sys.modules and not given:
+        # no mutate: the words of a log line (no behaviour); the variable it names is tested.
         log.warning(
-            "reachlimit: prometheus_client was imported before reachlimit.gunicorn.prepare() "
-            "set %s, so this process counts its metrics on its own; call prepare() first in "
-            "the gunicorn config file", METRICS_DIR_VARIABLE,
+            "reachlimit: prometheus_client was imported before "  # pragma: no mutate
+            "reachlimit.gunicorn.prepare() set %s, so this process counts its "  # pragma: no mutate
+            "metrics on its own; call prepare() first in the gunicorn config "  # pragma: no mutate
+            "file",  # pragma: no mutate
+            METRICS_DIR_VARIABLE,
         )
 
 
@@ -140,17 +143,22 @@ def when_ready(server: Any) -> None:
     :func:`prepare` was not called."""
     count = server.cfg.workers
     if count > 1 and not _redis_url():
+        # no mutate: the words of a log line (no behaviour); the figures and the variable
+        # it names are tested.
         server.log.warning(
             "reachlimit: %d workers without %s: every worker has its own cold limiters, so "
-            "limits multiply: up to %d x REACHLIMIT_ACTIVE builds of each budget run at once "
-            "and %d x REACHLIMIT_QUEUE leaders wait; set %s to share one budget",
+            "limits multiply: up to %d x REACHLIMIT_ACTIVE builds of each "  # pragma: no mutate
+            "budget run at once and %d x REACHLIMIT_QUEUE leaders wait; set "  # pragma: no mutate
+            "%s to share one budget",  # pragma: no mutate
             count, _REDIS_URL_VARIABLE, count, count, _REDIS_URL_VARIABLE,
         )
     if os.environ.get(MASTER_VARIABLE) != str(os.getpid()):
+        # no mutate: the words of a log line (no behaviour); that it is logged is tested.
         server.log.warning(
-            "reachlimit: reachlimit.gunicorn.prepare() was not called in the gunicorn config "
-            "file: no metrics directory of this server's own (stale files are not cleared) "
-            "and no boot id shared by its workers",
+            "reachlimit: reachlimit.gunicorn.prepare() was not called in the "  # pragma: no mutate
+            "gunicorn config file: no metrics directory of this server's own "  # pragma: no mutate
+            "(stale files are not cleared) and no boot id shared by its "  # pragma: no mutate
+            "workers",  # pragma: no mutate
         )
 
 
@@ -186,8 +194,10 @@ def _release_shared_places(server: Any, pid: int) -> None:
         released = release_worker(os.environ, pid)
     except Exception as exc:
         server.log.warning(
+            # no mutate: the words of a log line (no behaviour); what it names is tested.
             "reachlimit: could not free the shared places of worker %d on %s (%s); their "
-            "leases will", pid, mask_url(url),
+            "leases will",  # pragma: no mutate
+            pid, mask_url(url),
             scrub(f"{type(exc).__name__}: {exc}", url_secrets(url)),
         )
         return

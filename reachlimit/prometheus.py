@@ -122,6 +122,7 @@ _HELP = {
 def multiprocess_mode() -> bool:
     """True when prometheus_client writes to ``PROMETHEUS_MULTIPROC_DIR`` (decided when it
     was first imported: setting the variable later changes nothing)."""
+    # Both of prometheus_client's value classes set _multiprocess: the default is never read.
     return bool(getattr(_values.ValueClass, "_multiprocess", False))
 
 
@@ -168,7 +169,8 @@ _T = TypeVar("_T")
 
 
 def _made_once(owner: object, name: str, lock: threading.Lock, make: Callable[[], _T]) -> _T:
-    """``owner.<name>``, made by ``make`` (with ``lock`` held) if it is still None."""
+    """``owner.<name>``, made by ``make`` (with ``lock`` held) if it is still None. (The
+    first read only saves the lock: without it, the answer is the same.)"""
     made: _T | None = getattr(owner, name)
     if made is None:
         with lock:
@@ -199,7 +201,7 @@ class _LimiterGauges:
                                              s.capacity_queue)[i])
             yield family
         shared = [(budget, s) for (budget, s), m in zip(figures, members, strict=True)
-                  if m.shared]
+                  if m.shared]  # (figures is made from members: strict never fails)
         if shared:
             degraded = GaugeMetricFamily(
                 "reachlimit_backend_degraded", _HELP["backend_degraded"], labels=["budget"]
@@ -236,6 +238,7 @@ class MetricsGroup:
 
     def _make_families(self) -> _Families:
         """Called once, with _lock held."""
+        # Per process, a scrape reads the files, never a registry: none is needed then.
         registry = None if self.per_process else self.registry
         budget = ["budget"]
         shared = any(m.shared for m in self.members)
@@ -243,11 +246,15 @@ class MetricsGroup:
         if self.per_process and not all(m.shared for m in self.members):
             # Live processes only: a dead worker's gauges drop out once it is marked dead.
             # Slots and places in use add up; a capacity is the limit each process enforces.
+            # In no registry, like the counters of this mode: a scrape reads the files, and
+            # prometheus_client's global registry would refuse a second app's of this process.
             gauges = [
-                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livesum")
+                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livesum",
+                      registry=registry)
                 for n in ("builds_active", "queue_waiting")
             ] + [
-                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livemax")
+                Gauge(f"reachlimit_{n}", _HELP[n], budget, multiprocess_mode="livemax",
+                      registry=registry)
                 for n in ("capacity_active", "capacity_queue")
             ]
         if not self.per_process:
@@ -341,16 +348,21 @@ class ReachMetrics:
         self._lock = threading.Lock()
         self._instruments: _Instruments | None = None  # made on first use; under _lock
         self._published_counts: tuple[int, ...] = (0,) * 7  # guarded by _lock
+        # The first publish writes every gauge whatever these two start as: no process has
+        # pid 0, so it resets them.
         self._published_gauges: tuple[int, int, int, int] | None = None  # guarded by _lock
         self._published_pid = 0  # guarded by _lock
         if self.per_process:
             with _owner_lock:
                 owner = _per_process_owners.get(budget)
                 if owner is not None and owner() is not None:
+                    # The words are no behaviour (no mutate); what the line names is tested.
                     log.warning(
-                        "a second reachlimit metrics set of budget %r in process %d: in the "
-                        "several-process mode both write the same series, so their figures "
-                        "are unreliable; meter one app per process", budget, os.getpid(),
+                        "a second reachlimit metrics set of budget %r in "  # pragma: no mutate
+                        "process %d: in the several-process mode both write "  # pragma: no mutate
+                        "the same series, so their figures are unreliable; "  # pragma: no mutate
+                        "meter one app per process",  # pragma: no mutate
+                        budget, os.getpid(),
                     )
                 _per_process_owners[budget] = weakref.ref(self)
 
@@ -372,6 +384,7 @@ class ReachMetrics:
             # one answer that must stay the cheapest. The request's end publishes the rest.
             inst.queue_full.inc()
             return
+        # inst.timeout is admissions("timeout") itself (a label's child is made once).
         (inst.timeout if reason == Busy.TIMEOUT else inst.admissions(reason)).inc()
         if self.per_process:
             self.publish(gauges=True)  # it left the queue
@@ -394,6 +407,8 @@ class ReachMetrics:
                       c.refresh_failed)
             last = self._published_counts
             if counts != last:
+                # Both tuples have the seven counts (strict never fails); an unchanged count
+                # would only add 0.
                 for counter, now, before in zip(
                     (inst.hits, inst.misses, inst.coalesced, inst.stale, inst.refreshed,
                      inst.refresh_refused, inst.refresh_failed),
@@ -402,6 +417,8 @@ class ReachMetrics:
                     if now > before:
                         counter.inc(now - before)
                 self._published_counts = counts
+            # Writing the gauges more often than this (when not asked, or all four every
+            # time) would write the same true figures: only the figures are tested.
             if not (gauges and inst.builds_active is not None):
                 return
             pid = os.getpid()
@@ -416,6 +433,7 @@ class ReachMetrics:
                 (inst.builds_active, inst.queue_waiting, inst.capacity_active,
                  inst.capacity_queue)
             ):
+                # (Past the return above the four gauges exist: "gauge is not None" holds.)
                 if gauge is not None and (old is None or old[i] != figures[i]):
                     gauge.set(figures[i])
             self._published_gauges = figures

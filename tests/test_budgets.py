@@ -333,3 +333,243 @@ def test_options_declared_after_init_app_for_a_configured_budget_are_refused() -
     with app.app_context():
         settings = early.budget("reports").settings()
     assert (settings.active, settings.queue) == (1, 4)  # declared first: both reach it
+
+
+# -- an app's own refusal handler, and what the after_request hook adds ------------------------
+
+
+def own_handler_app(status: int, retry_after: int = 2) -> tuple[Flask, ReachLimit, list[Any]]:
+    """An app whose "reports" budget (one slot, no queue) is answered by the app's own
+    refusal handler, with ``status`` and no Retry-After of its own; the refusals it saw."""
+    rl = ReachLimit(retry_after=retry_after)
+    reports = rl.budget("reports", active=1, queue=0)
+    app = Flask("own-status")
+    seen: list[Any] = []
+
+    def mine(exc: ColdRefused) -> Any:
+        seen.append(exc)
+        return jsonify(mine=True), status
+
+    app.register_error_handler(ColdRefused, mine)
+    rl.init_app(app)
+    app.add_url_rule("/r", "r", lambda: reports.cold("k", lambda: b"never"))
+    return app, rl, seen
+
+
+@pytest.mark.parametrize(("status", "retry_after"), [(429, "2"), (503, "2"), (200, None)])
+def test_the_hook_adds_retry_after_to_an_own_429_or_503_only(
+    status: int, retry_after: str | None
+) -> None:
+    """A handler that answers the refusal with a page of its own (200) is not told to retry."""
+    app, rl, seen = own_handler_app(status)
+    reply = get_while_full(app, rl.budget("reports"), "/r")
+    assert reply.status_code == status
+    assert reply.headers.get("Retry-After") == retry_after
+    [refused] = seen
+    assert refused.budget == "reports" and refused.busy.reason == "queue_full"
+
+
+def test_a_one_second_retry_after_stays_one_second() -> None:
+    app, rl, seen = own_handler_app(429, retry_after=1)
+    reply = get_while_full(app, rl.budget("reports"), "/r")
+    assert reply.headers["Retry-After"] == "1"
+    assert seen[0].retry_after == 1
+
+
+def test_a_caught_refusal_followed_by_an_answer_is_not_told_to_retry() -> None:
+    """The view catches the refusal of one budget and answers from a warm key of another,
+    with a 503 of its own: the last cold() was no refusal, so no Retry-After is added."""
+    rl = ReachLimit()
+    reports = rl.budget("reports", active=1, queue=0)
+    app = Flask("caught")
+    rl.init_app(app)
+
+    def view() -> Any:
+        try:
+            reports.cold("k", lambda: b"never")
+        except ColdRefused:
+            pass
+        return jsonify(rl.cold("warm", lambda: {"warm": True})), 503
+
+    app.add_url_rule("/v", "v", view)
+    reply = get_while_full(app, reports, "/v")
+    assert reply.status_code == 503 and reply.get_json() == {"warm": True}
+    assert "Retry-After" not in reply.headers
+    assert reply.headers.getlist("Cache-Status") == ["reachlimit; fwd=uri-miss; stored"]
+
+
+# -- budgets declared after init_app -------------------------------------------------------------
+
+
+def test_a_budget_declared_after_init_app_is_in_the_health_before_its_first_use() -> None:
+    rl = ReachLimit()
+    app = Flask("late-health")
+    rl.init_app(app)
+    app.add_url_rule("/health", view_func=rl.health_view)
+    rl.budget("later", active=1)
+    budgets = app.test_client().get("/health").get_json()["budgets"]
+    assert set(budgets) == {"default", "later"}
+    assert budgets["later"]["capacity_active"] == 1
+
+
+def test_a_budget_declared_after_init_app_refreshes_in_the_apps_context(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stale entry's refresh runs on a refresher thread, in an app context of the app the
+    budget was built in (the build reads current_app)."""
+    from flask import current_app
+
+    from reachlimit import TTLCache
+    from tests.support.clock import FakeClock
+    from tests.support.waiting import wait_until
+
+    rl = ReachLimit()
+    app = Flask("late-stale")
+    rl.init_app(app)
+    reports = rl.budget("reports", cache_ttl=10, stale=30)
+    runs: list[str] = []
+
+    def build() -> Any:
+        runs.append(current_app.name)
+        return {"n": len(runs)}
+
+    app.add_url_rule("/r", "r", lambda: reports.cold("k", build))
+    clock = FakeClock(5000.0)
+    with app.app_context():
+        path = reports.path  # built now, on its first use in this app
+    path.cache = TTLCache(8, 10.0, stale=30.0, clock=clock)
+    path.clock = clock
+    try:
+        assert app.test_client().get("/r").get_json() == {"n": 1}
+        clock.advance(12.0)  # stale
+        assert app.test_client().get("/r").get_json() == {"n": 1}  # at once, then refreshed
+        wait_until("the refresh", lambda: not path.refresher.busy("k"))
+        assert runs == ["late-stale", "late-stale"]
+        assert app.test_client().get("/r").get_json() == {"n": 2}
+        assert (path.counts().refreshed, path.counts().refresh_failed) == (1, 0)
+    finally:
+        rl.close(app)
+
+
+def test_a_budgets_bad_options_are_named_with_the_known_ones() -> None:
+    from reachlimit.flask import CONFIG_KEYS
+
+    rl = ReachLimit()
+    with pytest.raises(TypeError) as info:
+        rl.budget("x", queu=1, activ=2)
+    unknown, known = str(info.value).split("; known: ")
+    assert unknown == "rl.budget('x'): unknown option(s) activ, queu"
+    app_wide = {"metrics", "redis_url", "redis_prefix", "budgets"}
+    options = sorted(k.removeprefix("REACHLIMIT_").lower() for k in CONFIG_KEYS)
+    assert known.split(", ") == [o for o in options if o not in app_wide]
+    with pytest.raises(ValueError) as shared:
+        rl.budget("x", redis_prefix="p", metrics=True)
+    assert str(shared.value).startswith(
+        "rl.budget('x'): metrics, redis_prefix is the same for every budget of an app"
+    )
+
+
+# -- a budget's figures and housekeeping (reachlimit._budgets) ------------------------------------
+
+
+class ServiceCounters:
+    """A stand-in for the counters an app on Redis adds up there (``SharedPathCounters``):
+    ``apply`` puts the service's hits in place of this process's."""
+
+    def __init__(self, hits: int) -> None:
+        self.hits = hits
+        self.applied = 0
+
+    def apply(self, stats: Any) -> Any:
+        import dataclasses
+
+        self.applied += 1
+        return dataclasses.replace(stats, hits=self.hits)
+
+
+def test_the_figures_are_the_services_unless_its_backend_is_degraded() -> None:
+    import dataclasses
+
+    from reachlimit import ColdLimiter, ColdPath
+    from reachlimit._budgets import BudgetState, service_stats
+    from reachlimit.flask import Settings
+
+    path = ColdPath(ColdLimiter())
+    counters = ServiceCounters(hits=41)
+    state = BudgetState(Settings(), path, counters=counters)  # type: ignore[arg-type]
+    assert service_stats(state).hits == 41 and counters.applied == 1
+    degraded = dataclasses.replace(path.stats(), degraded=True)
+    path.stats = lambda: degraded  # type: ignore[method-assign]
+    assert service_stats(state) is degraded and counters.applied == 1  # never asked
+    alone = BudgetState(Settings(), ColdPath(ColdLimiter()))  # no service counters
+    assert service_stats(alone).hits == 0
+
+
+def test_clearing_a_cache_that_cannot_be_cleared_does_nothing() -> None:
+    from reachlimit import ColdLimiter, ColdPath
+    from reachlimit._budgets import BudgetState, clear_cache
+    from reachlimit.flask import Settings
+
+    class Plain:
+        """A cache of an app's own, without clear()."""
+
+        def __init__(self) -> None:
+            self.entries: dict[Any, Any] = {"k": "v"}
+
+        def get(self, key: Any) -> Any:
+            return self.entries.get(key)
+
+        def set(self, key: Any, value: Any) -> None:
+            self.entries[key] = value
+
+    cache = Plain()
+    clear_cache(BudgetState(Settings(), ColdPath(ColdLimiter(), cache)))
+    assert cache.entries == {"k": "v"}
+
+
+def test_a_budgets_cold_keeps_the_key_and_value_rules() -> None:
+    rl = ReachLimit()
+    reports = rl.budget("reports")
+    app = Flask("rules")
+    rl.init_app(app)
+    with app.test_request_context("/"):
+        with pytest.raises(TypeError, match="cold"):
+            reports.cold(1.5, lambda: "never built")
+        with pytest.raises(TypeError) as info:
+            reports.cold("odd", lambda: {1, 2})
+        assert str(info.value).startswith("the value built for key 'odd' is a set, which ")
+        assert reports.cold("fine", lambda: ("a", 1)) == ["a", 1]  # as the shared cache gives
+
+
+def test_a_budgets_cached_view_takes_its_key_and_mimetype() -> None:
+    rl = ReachLimit()
+    reports = rl.budget("reports")
+    app = Flask("cached-budget")
+    rl.init_app(app)
+    built: list[str] = []
+
+    @app.get("/csv/<name>")
+    @reports.cached(key=lambda name: name, mimetype="text/csv")
+    def csv(name: str) -> str:
+        built.append(name)
+        return f"name\n{name}\n"
+
+    client = app.test_client()
+    first, second = client.get("/csv/a?x=1"), client.get("/csv/a?x=2")  # one key: the name
+    assert first.headers["Content-Type"] == "text/csv; charset=utf-8"
+    assert first.get_data() == second.get_data() == b"name\na\n"
+    assert built == ["a"]
+    with app.app_context():
+        assert reports.stats().hits == 1 and rl.stats().hits == 0  # the budget's own
+
+
+def test_an_own_refusals_retry_after_is_kept() -> None:
+    rl = ReachLimit(active=1, queue=0)
+    app = Flask("own-retry-after")
+    app.register_error_handler(
+        ColdRefused, lambda exc: (jsonify(mine=True), 429, {"Retry-After": "7"})
+    )
+    rl.init_app(app)
+    app.add_url_rule("/r", "r", lambda: rl.cold("k", lambda: b"never"))
+    reply = get_while_full(app, rl, "/r")
+    assert reply.headers.getlist("Retry-After") == ["7"]

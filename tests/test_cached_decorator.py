@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from flask import Flask, request
+from werkzeug.test import EnvironBuilder
 
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
@@ -358,3 +359,172 @@ def test_a_given_key_follows_the_shared_key_rule_with_or_without_redis() -> None
     with pytest.raises(TypeError, match=r"by_float returned a float as the cache key"):
         app.test_client().get("/f/1.5")
     assert app.test_client().get("/t/3").get_json() == {"n": 3}
+
+
+def test_a_refresh_runs_the_view_under_the_root_url_of_the_request_that_asked() -> None:
+    clock = FakeClock(1000.0)
+    rl = ReachLimit(cache_ttl=10, stale=30)
+    app = Flask("root")
+    rl.init_app(app)
+    seen: list[str] = []
+
+    @app.get("/where")
+    @rl.cached()
+    def where() -> Any:
+        seen.append(request.url_root)
+        return {"root": request.url_root}
+
+    with app.test_request_context():
+        path = rl.path
+    path.cache = TTLCache(64, 10.0, stale=30.0, clock=clock)
+    root = "https://shop.example/app/"
+    try:
+        assert app.test_client().get("/where", base_url=root).get_json() == {"root": root}
+        clock.advance(12)  # stale: this answer hands out a refresh
+        app.test_client().get("/where", base_url=root)
+        key = ("where", "/where", ())
+        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        assert seen == [root, root]
+    finally:
+        rl.close(app)
+
+
+def test_a_value_outside_the_rule_names_the_views_module_and_the_key_in_a_tuple_too() -> None:
+    app = Flask("named")
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+    rl = ReachLimit(app)
+
+    @app.get("/pair")
+    @rl.cached()
+    def pair() -> Any:
+        return {1, 2}, 200
+
+    class Page:
+        """A callable object as a view: it has a module, but no qualified name."""
+
+        def __repr__(self) -> str:
+            return "<the page>"
+
+        def __call__(self) -> Any:
+            return {3}
+
+    app.add_url_rule("/page", endpoint="page", view_func=rl.cached()(Page()))
+    with pytest.raises(TypeError, match=(
+        rf"by view {__name__}\.test_a_value_outside_the_rule_names_the_views_module_and_the_key"
+        r"_in_a_tuple_too\.<locals>\.pair for key \('pair', '/pair', \(\)\) is a set"
+    )):
+        app.test_client().get("/pair")
+    with pytest.raises(TypeError, match=rf"by view {__name__}\.<the page> for key \('page'"):
+        app.test_client().get("/page")
+
+
+def test_a_follower_whose_second_round_finds_nothing_is_a_404(threads: ThreadRunner) -> None:
+    app = Flask("second-round")
+    rl = ReachLimit(app)
+    go, building = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    @app.get("/r")
+    @rl.cached()
+    def r() -> Any:
+        runs.append(1)
+        if len(runs) > 1:
+            return NOT_FOUND  # the thing went away after the first answer
+        building.set()
+        assert go.wait(JOIN_TIMEOUT)
+        return "made", 201  # answered, and never shared with the follower
+
+    leader = start_call(threads, lambda: app.test_client().get("/r"), name="leader")
+    assert building.wait(JOIN_TIMEOUT)
+    follower = start_call(threads, lambda: app.test_client().get("/r"), name="follower")
+    with app.test_request_context():
+        flight: Any = rl.path.flight
+    wait_until("the follower", lambda: sum(c.followers for c in flight._calls.values()) == 1)
+    go.set()
+    leader.wait_done()
+    follower.wait_done()
+    assert (leader.value.status_code, follower.value.status_code) == (201, 404)
+    assert runs == [1, 1]
+
+
+def test_requests_that_build_answers_of_their_own_never_share_one(threads: ThreadRunner) -> None:
+    """Three followers of an answer that may not be shared go round; one of them leads the
+    next build and the other two follow it, and that answer may not be shared either: those
+    two then build their own answers, each under a key of its own, at the same time."""
+    app = Flask("own")
+    rl = ReachLimit(app, active=2, queue=8)
+    gates = [threading.Event(), threading.Event()]
+    started = [threading.Event(), threading.Event()]
+    both_own = threading.Barrier(2, timeout=JOIN_TIMEOUT)
+    runs: list[int] = []
+    lock = threading.Lock()
+
+    @app.get("/o")
+    @rl.cached()
+    def o() -> Any:
+        with lock:
+            runs.append(1)
+            run = len(runs)
+        if run <= 2:  # the shared rounds' builds, held by the test
+            started[run - 1].set()
+            assert gates[run - 1].wait(JOIN_TIMEOUT)
+        else:
+            both_own.wait()  # the two own builds run at once, or this breaks
+        return f"run {run}", 201
+
+    with app.test_request_context():
+        flight: Any = rl.path.flight
+
+    def followers() -> int:
+        return sum(c.followers for c in flight._calls.values())
+
+    first = start_call(threads, lambda: app.test_client().get("/o"), name="first")
+    assert started[0].wait(JOIN_TIMEOUT)
+    rest = [
+        start_call(threads, lambda: app.test_client().get("/o"), name=f"r{i}") for i in range(3)
+    ]
+    wait_until("three followers of the first build", lambda: followers() == 3)
+    gates[0].set()
+    assert started[1].wait(JOIN_TIMEOUT)
+    wait_until("two followers of the second build", lambda: followers() == 2)
+    gates[1].set()
+    for outcome in [first, *rest]:
+        outcome.wait_done()
+        assert outcome.error is None and outcome.value.status_code == 201
+    bodies = sorted(outcome.value.get_data() for outcome in [first, *rest])
+    assert bodies == [b"run 1", b"run 2", b"run 3", b"run 4"]
+
+
+def test_a_refresh_of_a_request_whose_server_gave_no_query_string_has_an_empty_one() -> None:
+    """PEP 3333 lets a server leave QUERY_STRING out of the environ when there is none."""
+    clock = FakeClock(1000.0)
+    rl = ReachLimit(cache_ttl=10, stale=30)
+    app = Flask("no-query")
+    rl.init_app(app)
+    seen: list[tuple[bytes, list[tuple[str, str]]]] = []
+
+    @app.get("/bare")
+    @rl.cached()
+    def bare() -> Any:
+        seen.append((request.query_string, list(request.args.items(multi=True))))
+        return "bare"
+
+    with app.test_request_context():
+        path = rl.path
+    path.cache = TTLCache(64, 10.0, stale=30.0, clock=clock)
+
+    def ask() -> bytes:
+        environ = EnvironBuilder(path="/bare").get_environ()
+        del environ["QUERY_STRING"]
+        return b"".join(app.wsgi_app(environ, lambda status, headers, exc_info=None: None))
+
+    try:
+        assert ask() == b"bare"
+        clock.advance(12)  # stale: this answer hands out a refresh
+        assert ask() == b"bare"
+        key = ("bare", "/bare", ())
+        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        assert seen == [(b"", []), (b"", [])]
+        assert path.counts().refreshed == 1
+    finally:
+        rl.close(app)

@@ -633,3 +633,50 @@ def test_refusal_stays_json_past_blueprint_handlers_and_trapping(status: int) ->
     assert refused.headers["X-Seen-By-App"] == "yes"  # after_request hooks still run
     assert seen == []
 
+
+
+# -- misuse and edges -----------------------------------------------------------------------
+
+
+def test_unknown_options_are_named_with_every_known_one() -> None:
+    from reachlimit.flask import CONFIG_KEYS
+
+    with pytest.raises(TypeError) as info:
+        ReachLimit(queu=1, activ=2)
+    unknown, known = str(info.value).split("; known: ")
+    assert unknown == "unknown ReachLimit option(s): activ, queu"
+    options = sorted(k.removeprefix("REACHLIMIT_").lower() for k in CONFIG_KEYS)
+    assert known.split(", ") == [o for o in options if o != "budgets"]
+
+
+def test_the_default_budgets_handle_is_the_extensions_own() -> None:
+    h = Harness()
+    default = h.rl.budget("default")
+    assert default.name == "default" and h.rl.budget("default") is default
+    with h.app.test_request_context("/"):
+        assert default.cold("k", lambda: {"v": 1}) == {"v": 1}
+        assert default.stats() == h.rl.stats() and default.path is h.rl.path
+
+
+def test_close_on_an_app_never_initialised_is_a_runtime_error() -> None:
+    with pytest.raises(RuntimeError, match="ReachLimit is not initialised on this app"):
+        ReachLimit().close(Flask("never"))
+
+
+def test_a_value_outside_the_rule_is_named_by_its_key() -> None:
+    h = Harness()
+    with h.app.test_request_context("/"), pytest.raises(TypeError) as info:
+        h.rl.cold("odd", lambda: {1, 2})
+    assert str(info.value).startswith("the value built for key 'odd' is a set, which ")
+
+
+def test_a_disabled_budget_calls_the_client_callable_with_the_request() -> None:
+    asked: list[str] = []
+
+    def client(request: Any) -> str:
+        asked.append(request.path)
+        return "someone"
+
+    h = Harness(enabled=False, client=client)
+    assert h.get("x").get_json() == {"key": "x", "build": 1}
+    assert asked == ["/report/x"]

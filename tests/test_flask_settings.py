@@ -90,3 +90,71 @@ def test_enabled_reads_like_every_flag(value: object, enabled: bool) -> None:
     assert app.extensions["reachlimit"].settings.enabled is enabled
     assert app.extensions["reachlimit"].enabled is enabled
     assert "REACHLIMIT_ENABLED" in CONFIG_KEYS
+
+
+# -- the threads a gunicorn worker needs ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("threads", "budgets", "needed"),
+    [(13, [(2, 8)], 14), (10, [(2, 8), (1, 0)], 15), (1, [(1, 0)], 5)],
+)
+def test_too_few_threads_are_warned_about_with_the_figures(
+    caplog: pytest.LogCaptureFixture, threads: int, budgets: list[tuple[int, int]], needed: int
+) -> None:
+    from reachlimit._flask_settings import warn_threads
+
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        warn_threads(threads, budgets)
+        warn_threads(needed, budgets)  # enough: nothing to say
+        warn_threads(None, budgets)  # not gunicorn: nothing to say
+    [line] = warnings_of(caplog, "thread")
+    assert line.startswith(
+        f"gunicorn runs {threads} thread(s) per worker, fewer than active + queue + 4 = "
+        f"{needed} (over the app's {len(budgets)} budget(s)): "
+    )
+    assert line.endswith(f"; start gunicorn with --threads {needed} or more")
+
+
+def test_the_threads_of_the_gunicorn_worker_loading_the_app_are_found() -> None:
+    """What init_app's warning reads: the ``threads`` setting of the gunicorn worker (or
+    application) whose method is loading the app, found on the call stack."""
+    import types
+
+    from gunicorn.app.base import BaseApplication
+    from gunicorn.workers.base import Worker
+
+    from reachlimit._flask_settings import gunicorn_threads
+
+    class LoadingWorker(Worker):
+        def __init__(self, threads: object) -> None:  # gunicorn's needs a whole server
+            self.cfg = types.SimpleNamespace(threads=threads)
+
+        def load_wsgi(self) -> int | None:
+            return gunicorn_threads()
+
+    class LoadingApplication(BaseApplication):
+        def __init__(self) -> None:
+            self.cfg = types.SimpleNamespace(threads=6)
+
+        def load(self) -> int | None:
+            return gunicorn_threads()
+
+    assert LoadingWorker(16).load_wsgi() == 16
+    assert LoadingWorker("16").load_wsgi() is None  # not a number: nothing to compare
+    assert LoadingApplication().load() == 6
+    assert gunicorn_threads() is None  # no gunicorn object loading anything here
+
+
+def test_retry_after_takes_a_whole_number_from_one_or_auto() -> None:
+    from reachlimit._flask_settings import RETRY_AFTER_AUTO, _read_settings
+
+    def retry_after(raw: object) -> object:
+        return _read_settings({"REACHLIMIT_RETRY_AFTER": raw}, {}).retry_after
+
+    assert retry_after(1) == 1 and retry_after(" 3 ") == 3 and retry_after("+2") == 2
+    assert retry_after(" AUTO ") == RETRY_AFTER_AUTO
+    for bad in (0, "0", True, 1.5, "\u20032", "２"):  # an em space, a full-width digit
+        with pytest.raises(ValueError, match="REACHLIMIT_RETRY_AFTER must be a whole number "
+                                             ">= 1 or 'auto'"):
+            retry_after(bad)

@@ -361,3 +361,87 @@ def test_a_reload_keeps_the_boot_id_and_the_directory(tmp_path: Path) -> None:
             before["boot_id"], before["metrics_dir"]
         )
         assert Path(after["metrics_dir"], f"counter_{old}.db").exists()  # not wiped
+
+
+# -- what the hooks say, and when (in this process) -------------------------------------------
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The reachlimit logger's warnings, each as it reads."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "reachlimit" and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize(
+    ("imported", "given", "warned"),
+    [(True, False, True), (True, True, False), (False, False, False)],
+    ids=["imported-first", "directory-given", "not-imported"],
+)
+def test_prepare_warns_only_when_prometheus_client_came_first_without_a_directory(
+    env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    imported: bool, given: bool, warned: bool,
+) -> None:
+    """prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, at its import: imported
+    before prepare() made a directory, this process counts alone (warned, naming the
+    variable); with the operator's directory already set when it was imported, it is right."""
+    if imported:
+        import prometheus_client
+
+        env.setitem(sys.modules, "prometheus_client", prometheus_client)
+    else:
+        env.delitem(sys.modules, "prometheus_client", raising=False)
+    if given:
+        env.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / GIVEN))
+    caplog.set_level("WARNING", logger="reachlimit")
+    try:
+        hooks.prepare()
+    finally:
+        hooks.on_exit(Server())
+    said = warnings_of(caplog)
+    if warned:
+        [line] = said
+        assert "PROMETHEUS_MULTIPROC_DIR" in line and "prometheus_client" in line
+    else:
+        assert said == []
+
+
+def test_two_workers_without_redis_are_warned_about_naming_the_figures(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv(hooks.MASTER_VARIABLE, str(os.getpid()))  # prepared
+    server = Server(2)
+    hooks.when_ready(server)
+    [(level, line)] = server.log.lines
+    assert level == "warning" and line.startswith("reachlimit: 2 workers without ")
+    # the variable that fixes it, named where it is missing and where it is to be set
+    assert line.count("REACHLIMIT_REDIS_URL") == 2
+    assert "2 x REACHLIMIT_ACTIVE" in line and "2 x REACHLIMIT_QUEUE" in line
+
+
+def test_on_exit_removes_only_its_own_directory_while_it_is_the_metrics_one(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made, other = tmp_path / "made", tmp_path / "other"
+    made.mkdir()
+    other.mkdir()
+    env.setenv(hooks.TEMPORARY_VARIABLE, str(made))
+    env.setenv("PROMETHEUS_MULTIPROC_DIR", str(other))  # no longer the one it made
+    hooks.on_exit(Server())
+    assert made.is_dir() and other.is_dir()
+
+
+def test_on_exit_never_raises_when_its_directory_is_gone_already(env: pytest.MonkeyPatch) -> None:
+    hooks.prepare()
+    made = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    made.rmdir()  # removed under the master (a tmp cleaner, say)
+    hooks.on_exit(Server())  # must not raise
+    assert not made.exists()
+
+
+def test_a_failure_to_mark_a_worker_dead_names_the_error(prepared: Path) -> None:
+    (prepared / "gauge_livesum_4242.db").mkdir()  # os.remove cannot remove a directory
+    server = Server()
+    hooks.child_exit(server, Worker(4242))
+    [(_, line)] = server.log.lines
+    assert "4242" in line
+    assert "(IsADirectoryError: " in line and "gauge_livesum_4242.db" in line, line

@@ -391,3 +391,103 @@ def test_the_core_imports_only_the_standard_library() -> None:
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=ROOT, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- the metered path's own arguments and figures ----------------------------------------------
+
+
+def test_the_metered_limiter_is_made_from_the_arguments_with_the_librarys_defaults() -> None:
+    default, plain = ReachMetrics().limiter, ColdLimiter()
+    figures = ("capacity_active", "capacity_queue", "wait", "retry_after")
+    assert [getattr(default, f) for f in figures] == [getattr(plain, f) for f in figures]
+    given = ReachMetrics(active=3, queue=5, wait=1.5, retry_after=7).limiter
+    assert [getattr(given, f) for f in figures] == [3, 5, 1.5, 7]
+
+
+def test_without_deadline_a_late_leader_waits_instead_of_being_refused(
+    threads: Any,
+) -> None:
+    """The same estimate as test_deadline_refusals_are_counted_apart; the leader's client
+    has left already, so it leaves the queue instead of waiting there."""
+    clock = FakeClock()
+    metrics = ReachMetrics(active=1, queue=4, wait=1.0, clock=clock, deadline=False)
+    learn(metrics.limiter, clock, threads, [2.0] * 4)
+    holder = promote(metrics.limiter, threads, metrics.limiter.acquire())
+    gone = threading.Event()
+    gone.set()
+    with pytest.raises(Cancelled):
+        metrics.path.get("late", lambda: "never built", gone)
+    holder.release()
+    assert Scrape(metrics.exposition().decode()).admissions("deadline") == 0
+
+
+def test_a_given_flight_and_cache_are_the_paths() -> None:
+    from reachlimit import SingleFlight, TTLCache
+
+    flight: SingleFlight[Any] = SingleFlight()
+    cache: TTLCache[Any] = TTLCache(4, 60.0)
+    metrics = ReachMetrics(flight=flight, cache=cache)
+    assert metrics.path.flight is flight and metrics.path.cache is cache
+
+
+def test_the_registry_is_the_one_a_scrape_reads_and_the_build_buckets_are_fixed() -> None:
+    """``.registry``: for an app that serves the figures from a registry of its own."""
+    from prometheus_client import generate_latest
+
+    from reachlimit.prometheus import BUILD_BUCKETS
+
+    metrics = ReachMetrics()
+    assert metrics.path.get("k", lambda: "v") == "v"
+    scrape = Scrape(generate_latest(metrics.registry).decode())
+    assert scrape.admissions("granted") == 1
+    for bound in (*BUILD_BUCKETS, "+Inf"):
+        assert scrape("reachlimit_build_seconds_bucket", le=str(bound)) == 1
+
+
+def test_refreshes_refused_and_failed_are_counted_by_result(threads: Any) -> None:
+    """A stale entry is answered at once and refreshed by the refresher: refused while the
+    only slot is held (no queue), failed when the build raises; on a fake clock."""
+    from reachlimit import TTLCache
+
+    clock = FakeClock(1000.0)
+    metrics = ReachMetrics(
+        active=1, queue=0, cache=TTLCache(8, 10.0, stale=60.0, clock=clock)
+    )
+    path = metrics.path
+    path.clock = clock  # the refreshes' backoff, on the same clock
+    for key in ("refused", "failed"):
+        assert path.get(key, lambda k=key: k) == key
+    clock.advance(11.0)  # both stale now
+    gate = threading.Event()
+    holder = threads.start(path.get, "held", lambda: gate.wait(DEADLINE))
+    wait_until("the only slot held", lambda: metrics.limiter.stats().active == 1)
+    assert path.get("refused", lambda: "never built") == "refused"  # stale, at once
+    wait_until("the refused refresh", lambda: not path.refresher.busy("refused"))
+    gate.set()
+    holder.join(DEADLINE)
+
+    def fail() -> str:
+        raise RuntimeError("database gone")
+
+    assert path.get("failed", fail) == "failed"
+    wait_until("the failed refresh", lambda: not path.refresher.busy("failed"))
+    counts = path.counts()
+    assert (counts.refresh_refused, counts.refresh_failed) == (1, 1)
+    scrape = Scrape(metrics.exposition().decode())
+    assert scrape("reachlimit_refreshes_total", result="refused") == 1
+    assert scrape("reachlimit_refreshes_total", result="failed") == 1
+    assert scrape("reachlimit_refreshes_total", result="done") == 0
+    path.close()
+
+
+def test_the_503_of_unreadable_figures_is_plain_text(
+    held: Held, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> bytes:
+        raise OSError("metrics directory gone")
+
+    with held.app.app_context():
+        monkeypatch.setattr(held.app.extensions["reachlimit"].metrics, "exposition", broken)
+    reply = held.app.test_client().get("/metrics")
+    assert reply.status_code == 503
+    assert reply.headers["Content-Type"] == "text/plain; charset=utf-8"

@@ -430,3 +430,26 @@ def test_on_redis_a_failing_refresh_is_tried_once_per_backoff(
     assert build.runs == 3 and one.path.counts().refreshed == 1
     one.cache.local.clear()
     assert one.path.fetch("k", build).value == "v3"
+
+
+def test_a_failure_is_logged_once_per_episode_even_after_a_refresh_that_found_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backoff = RefreshBackoff()
+
+    def warnings_of(key: str) -> int:
+        return len([r for r in caplog.records if r.levelno == logging.WARNING and
+                    f"refresh of {key!r}" in r.getMessage()])
+
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        backoff.hold("k", 100.0, None)  # found nothing: held back, not logged
+        assert warnings_of("k") == 0
+        backoff.hold("k", 200.0, "refused")  # the episode's first failure
+        backoff.hold("k", 300.0, "failed")
+        backoff.hold("other", 300.0, "failed")  # another key: an episode of its own
+        assert (warnings_of("k"), warnings_of("other")) == (1, 1)
+        backoff.ended("k")  # built again: the next failure starts a new episode
+        assert backoff.allows("k", 0.0)
+        backoff.hold("k", 400.0, "failed")
+        assert warnings_of("k") == 2
+    assert not backoff.allows("k", 399.0) and backoff.allows("k", 400.0)

@@ -25,8 +25,9 @@ from reachlimit import (
     TTLCache,
 )
 from reachlimit._path import EARLY_SPAN
+from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.clock import FakeClock
-from tests.support.threads import JOIN_TIMEOUT
+from tests.support.threads import JOIN_TIMEOUT, Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -399,3 +400,114 @@ def test_refresher_threads_default_to_the_limiters_active(
 ) -> None:
     path = make_path(paths, clock, active=3)
     assert path.refresher.threads == 3
+
+
+class HeldJobs:
+    """Refresher jobs that record that they started, then hold their thread until ``gate``
+    is set."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.started: list[str] = []
+        self._lock = threading.Lock()
+
+    def job(self, name: str) -> Callable[[], None]:
+        def run() -> None:
+            with self._lock:
+                self.started.append(name)
+            assert self.gate.wait(JOIN_TIMEOUT)
+
+        return run
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.started)
+
+    def wait_for(self, what: str, count: int) -> None:
+        """Wait until ``count`` jobs have started."""
+        wait_until(what, lambda: self.count() == count)
+
+
+@invalid_arguments(
+    threads=("threads >= 1", [0, -1, True, 1.5, "2"]),
+    max_pending=("max_pending >= 1", [0, -1, True, 2.0]),
+)
+def test_a_refresher_with_a_bad_figure_is_a_value_error_naming_it(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    figures = {"threads": 1, **kwargs}
+    assert_value_error(lambda: Refresher(**figures), message)
+
+
+def test_an_idle_thread_takes_the_next_job_and_a_thread_starts_only_when_none_is_idle() -> None:
+    refresher = Refresher(4)
+    jobs = HeldJobs()
+    try:
+        for key in ("a", "b", "c"):
+            assert refresher.submit(key, jobs.job(key))
+        jobs.wait_for("a, b and c to run", 3)
+        assert refresher.alive == 3
+        jobs.gate.set()
+        # The refresher's own count of the threads waiting for a job: all three.
+        wait_until("the three threads to be idle", lambda: refresher._idle == 3)
+        jobs.gate.clear()
+        for started, key in enumerate(("d", "e", "f"), start=4):
+            assert refresher.submit(key, jobs.job(key))
+            jobs.wait_for(f"{key} to run", started)
+            assert refresher.alive == 3  # an idle thread took it: none was started for it
+        assert refresher.submit("g", jobs.job("g"))  # no thread idle: a fourth starts for it
+        jobs.wait_for("g to run while d, e and f hold their threads", 7)
+        assert refresher.alive == 4
+        # Daemon threads: a refresh never keeps the process from exiting.
+        assert all(thread.daemon for thread in refresher._workers)
+    finally:
+        jobs.gate.set()
+        refresher.close(JOIN_TIMEOUT)
+
+
+def test_every_job_beyond_the_bound_is_counted_as_dropped() -> None:
+    refresher = Refresher(1, max_pending=1)
+    jobs = HeldJobs()
+    try:
+        assert refresher.submit("running", jobs.job("running"))
+        jobs.wait_for("the first job to run", 1)
+        assert refresher.submit("waiting", jobs.job("waiting"))
+        assert not refresher.submit("x", jobs.job("x"))
+        assert not refresher.submit("y", jobs.job("y"))
+        assert refresher.dropped == 2
+        jobs.gate.set()
+        wait_until("the waiting job to run", lambda: not refresher.busy("waiting"))
+        assert jobs.started == ["running", "waiting"]
+    finally:
+        jobs.gate.set()
+        refresher.close(JOIN_TIMEOUT)
+
+
+def test_by_default_256_jobs_wait_and_the_next_is_dropped() -> None:
+    refresher = Refresher(1)
+    jobs = HeldJobs()
+    try:
+        assert refresher.submit("running", jobs.job("running"))
+        jobs.wait_for("the first job to run", 1)
+        assert all(refresher.submit(n, jobs.job(str(n))) for n in range(256))
+        assert not refresher.submit(256, jobs.job("256"))
+        assert refresher.dropped == 1
+    finally:
+        jobs.gate.set()
+        refresher.close(JOIN_TIMEOUT)
+
+
+def test_close_waits_for_a_running_job_no_longer_than_its_timeout(threads: ThreadRunner) -> None:
+    refresher = Refresher(1)
+    jobs = HeldJobs()
+    try:
+        assert refresher.submit("held", jobs.job("held"))
+        jobs.wait_for("the job to run", 1)
+        closing: Outcome = start_call(threads, lambda: refresher.close(0.01), name="close")
+        closing.wait_done()  # returned although the job still holds its thread
+        assert closing.error is None and refresher.busy("held")
+        assert not refresher.submit("late", jobs.job("late"))
+    finally:
+        jobs.gate.set()
+        refresher.close(JOIN_TIMEOUT)
+    assert refresher.alive == 0

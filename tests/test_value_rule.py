@@ -18,7 +18,7 @@ import pytest
 from flask import Flask, Response
 
 from reachlimit import TTLCache
-from reachlimit._values import decode, encode, normalised
+from reachlimit._values import decode, encode, normalised, run_ruled
 from reachlimit.flask import ReachLimit
 from reachlimit.redis._cache import Codec
 from tests.support.redis_server import RedisServer
@@ -151,3 +151,29 @@ def test_the_librarys_own_ttlcache_still_takes_any_object() -> None:
     thing = Thing()
     cache.set("k", thing)
     assert cache.get("k") is thing
+
+
+def test_the_stored_bytes_are_a_tag_then_the_bytes_or_compact_utf8_json() -> None:
+    # The bytes another process (or another version) reads back from the shared cache.
+    assert encode({"a": [1, 2], "é": "ü"}) == 'j{"a":[1,2],"é":"ü"}'.encode()
+    assert encode(b"raw") == b"braw" and encode(memoryview(b"mv")) == b"bmv"
+    assert decode(b'j{"a":[1,2],"\xc3\xa9":"\xc3\xbc"}') == {"a": [1, 2], "é": "ü"}
+    assert decode(b"braw") == b"raw"
+    lone = "\ud800"  # a lone surrogate: a str Python holds, which strict UTF-8 refuses
+    assert encode(lone) == b'j"\xed\xa0\x80"'
+    assert decode(encode([lone])) == [lone]
+
+
+def test_what_the_encoding_cannot_hold_is_a_type_error_naming_its_type() -> None:
+    for value, kind in (({1}, "set"), (float("nan"), "float"), (Thing(), "Thing")):
+        with pytest.raises(TypeError, match=f"this {kind}:"):
+            encode(value)
+    for data in (b"", b"x1", b"j{", b"j\xff"):
+        with pytest.raises(ValueError):
+            decode(data)
+
+
+def test_a_ruled_build_is_its_value_through_the_rule_and_names_where_it_ran() -> None:
+    assert run_ruled(lambda: (1, {2: "b"}), "k", "") == [1, {"2": "b"}]
+    with pytest.raises(TypeError, match="the value built by view v for key 'k' is a set"):
+        run_ruled(lambda: {1}, "k", "view v")
