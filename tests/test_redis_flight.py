@@ -9,6 +9,7 @@ tests with real processes are in ``tests/test_redis_flight_processes.py``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -445,13 +446,18 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 
 
 class FailingPublish(CountingRedis):
-    """Its publish script fails as if Redis had gone away, once ``fail_sha`` is set."""
+    """Its publish script fails as if Redis had gone away, once ``fail_sha`` is set: every
+    time, or while ``away`` is set when the test gives it one (Redis back once cleared)."""
 
     fail_sha = ""
+    away: threading.Event | None = None
+    tries = 0
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         if args[0] == "EVALSHA" and self.fail_sha and args[1] == self.fail_sha:
-            raise redis.exceptions.ConnectionError("publish lost")
+            self.tries += 1
+            if self.away is None or self.away.is_set():
+                raise redis.exceptions.ConnectionError("publish lost")
         return super().execute_command(*args, **options)
 
 
@@ -478,6 +484,63 @@ def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
     assert lead.value == ("lost", False)  # the publish failed: logged, not raised
     assert follow.value == ("again", False) and second.runs == 1  # took over after the lease
     assert any("could not publish" in r.getMessage() for r in caplog.records)
+    failing.close()
+
+
+def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it_is_back(
+    threads: ThreadRunner,
+    client: CountingRedis,
+    redis_server: RedisServer,
+    make_flight: Callable[..., RedisSingleFlight],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A lease far longer than the test's timeout: a follower that got its value by taking
+    # the flight over (after the lease) could not finish in time, so "shared" proves the
+    # late publish reached it.
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    failing.away = threading.Event()
+    failing.away.set()
+    leader = make_flight(client=failing, lease=120.0)
+    failing.fail_sha = leader._publish_script.sha
+    follower = make_flight(lease=120.0)
+    gate = Gate(result="built while away")
+    lead = start_call(threads, lambda: leader.do(KEY, gate))
+    assert gate.started.wait(10)
+    follow = start_call(threads, lambda: follower.do(KEY, never))
+    wait_until("the follower counted", lambda: waiters(client, leader) == 1)
+    gate.finish.set()
+    wait_until("the leader done", lead.done.is_set)
+    assert lead.value == ("built while away", False)  # the leader's own answer, at once
+    wait_until("a retry failed too", lambda: failing.tries >= 2)
+    assert not follow.done.is_set()  # still following: the claim stands, nothing published
+    assert leader._late.pending == 1
+    failing.away.clear()  # Redis answers again
+    wait_until("the follower done", follow.done.is_set)
+    assert follow.value == ("built while away", True) and gate.runs == 1
+    assert leader._late.pending == 0 and leader._late.published == 1
+    assert client.get(leader.base_of(KEY) + "lead") is None  # the claim went with it
+    assert any("published a flight outcome late" in r.getMessage() for r in caplog.records)
+    failing.close()
+
+
+def test_an_outcome_is_given_up_after_the_lease_and_on_close(
+    threads: ThreadRunner,
+    client: CountingRedis,
+    redis_server: RedisServer,
+    make_flight: Callable[..., RedisSingleFlight],
+) -> None:
+    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    leader = make_flight(client=failing, lease=0.3)
+    failing.fail_sha = leader._publish_script.sha
+    assert leader.do(KEY, lambda: "once") == ("once", False)
+    wait_until("given up after the lease", lambda: leader._late.given_up == 1)
+    assert leader._late.pending == 0 and leader._late.published == 0
+    assert leader.do("other", lambda: "twice") == ("twice", False)
+    assert leader._late.pending == 1
+    leader.close()
+    assert leader._late.closed and leader._late.thread is not None
+    assert not leader._late.thread.is_alive()
     failing.close()
 
 

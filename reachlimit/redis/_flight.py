@@ -56,7 +56,12 @@ design:
     ``outcome_ttl`` misses the outcome and leads a flight of its own (ColdPath's recheck then
     finds the cached value). Redis errors (``redis.exceptions.RedisError``) propagate from
     ``get``, ``set``, the join and the wait; a leader whose publish fails still returns its
-    own outcome (logged), and its followers take over once the unrenewed claim ends.
+    own outcome (logged), and hands it to the republisher (``_republish``), which publishes
+    it as soon as Redis answers again (tried every ``POLL_EVERY`` seconds for up to
+    ``lease``): so a build that ended while Redis was paused or failing over reaches its
+    followers elsewhere within a quarter of a second of Redis coming back, instead of them
+    waiting out the claim's lease and building the key again. Only when Redis stays away
+    for the whole lease do they take over, once the unrenewed claim ends.
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ from ._common import (
 )
 from ._lead import DONE, FOLLOW, HIT, LEAD, UNCLAIMED
 from ._renewer import LeaseRenewer
+from ._republish import Republisher
 
 if TYPE_CHECKING:
     from ._cache import RedisCache
@@ -178,6 +184,11 @@ class RedisSingleFlight(Leased):
         )
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._claims.paused
+        # The outcomes whose publish failed, published again once Redis answers.
+        self._late: Republisher[tuple[_Claim, bytes]] = Republisher(
+            "reachlimit-flight-republisher", self._publish_once,
+            interval=self.POLL_EVERY, keep=self._lease,
+        )
         #: Called with the error when publishing an outcome or renewing claims fails (both
         #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
         self.on_redis_error: Callable[[BaseException], None] | None = None
@@ -242,9 +253,11 @@ class RedisSingleFlight(Leased):
         return value, shared_ or local_shared
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the renewer thread, for good: claims still held are no longer renewed, and
-        ``do`` raises ``RuntimeError`` from now on."""
+        """Stop the renewer and republisher threads, for good: claims still held are no
+        longer renewed, outcomes not yet published are given up, and ``do`` raises
+        ``RuntimeError`` from now on."""
         self._claims.close(timeout)
+        self._late.close(timeout)
 
     @property
     def _renewer(self) -> threading.Thread | None:
@@ -409,16 +422,23 @@ class RedisSingleFlight(Leased):
 
     def _publish(self, claim: _Claim, outcome: bytes) -> None:
         """Publish the outcome of our flight. A Redis error here is logged, not raised: the
-        leader's own outcome stands, and its followers take over once the claim ends."""
+        leader's own outcome stands, and the republisher publishes it once Redis answers."""
         try:
-            self._publish_script(
-                keys=claim.keys,
-                args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
-                      claim.flight, outcome, self._outcome_ms],
-            )
+            self._publish_once((claim, outcome))
         except REDIS_ERRORS as exc:
-            log.warning("reachlimit: could not publish a flight outcome: %s", exc)
+            log.warning("reachlimit: could not publish a flight outcome (it will be once "
+                        "Redis answers): %s", exc)
+            self._late.add((claim, outcome))
             self._report(exc)
+
+    def _publish_once(self, late: tuple[_Claim, bytes]) -> None:
+        """One try of the publish script (Redis errors propagate)."""
+        claim, outcome = late
+        self._publish_script(
+            keys=claim.keys,
+            args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
+                  claim.flight, outcome, self._outcome_ms],
+        )
 
     def _report(self, exc: BaseException) -> None:
         report = self.on_redis_error
