@@ -362,6 +362,18 @@ class ColdLimiter(LimiterFigures):
                 raise
         return self._wait_for_slot(waiter, cancel)
 
+    def occupy(self) -> Grant:
+        """A slot for a build admitted by another limiter (a shared limiter's grant running
+        in this process), taken at once, whatever the capacity, so that this limiter counts
+        it as running: its own admissions wait for it as for any build. It never waits, is
+        never refused and is not counted as acquired; its release is a grant's release (a
+        slot freed while more are held than ``active`` goes back to the pool, as after a
+        shrink). Used by ``reachlimit.redis``'s fallback, so that what a process admits
+        while Redis is away includes the shared builds it was running when Redis went."""
+        with self._lock:
+            self._active += 1
+            return _LocalGrant(self)
+
     def stats(self) -> LimiterStats:
         with self._lock:
             return LimiterStats(

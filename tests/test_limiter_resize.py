@@ -176,6 +176,34 @@ def test_shrinking_evicts_nobody_and_hands_slots_over_only_below_the_new_size(
     assert gate_size(lim) == 0
 
 
+def test_an_occupied_slot_counts_as_running_and_is_given_back_as_a_grant_is(
+    threads: ThreadRunner,
+) -> None:
+    # occupy(): a build admitted elsewhere (the Redis fallback's shared grants) - taken at
+    # once over the capacity, never counted as acquired, released like any slot.
+    lim = ColdLimiter(1, 2, clock=FakeClock())
+    own = lim.acquire()
+    elsewhere = lim.occupy()  # over the capacity: never refused, never waits
+    s = lim.stats()
+    assert (s.active, s.acquired, s.peak_active, s.queued) == (2, 1, 1, 0)
+    waiter, cancel = waiting(threads, lim, "waiter")
+    own.release()  # 2 held of 1: back to the pool, not to the waiter
+    assert (lim.stats().active, lim.stats().queued) == (1, 1)
+    assert not waiter.done.is_set()
+    elsewhere.release()  # 1 held of 1: handed over
+    waiter.wait_done()
+    assert waiter.grant is not None, waiter.error
+    with pytest.raises(RuntimeError, match="twice"):
+        elsewhere.release()
+    waiter.release()
+    cancel.set()
+    threads.join_all()
+    s = lim.stats()
+    assert (s.active, s.queued, s.acquired) == (0, 0, 2)
+    assert_exact_capacity(lim)
+    assert gate_size(lim) == 0
+
+
 def test_no_queue_keeps_the_waiters_queued_and_takes_none(threads: ThreadRunner) -> None:
     lim = ColdLimiter(1, 2, clock=FakeClock())
     holder = lim.acquire()

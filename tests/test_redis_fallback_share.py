@@ -226,6 +226,38 @@ def test_four_processes_each_admit_a_quarter_of_the_budget_while_redis_is_down(
     assert stacks[1].local.stats().acquired == 0  # the others' fallbacks saw nothing
 
 
+def test_a_shared_build_running_when_redis_goes_counts_in_its_process_share(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    # The outage's start: a process holding shared grants when Redis goes must not add its
+    # whole share on top of them (without that the service ran active + N shares at once).
+    stacks = [make_stack(server.url(), active=4, queue=8) for _ in range(2)]
+    every_stack_knows(stacks, 2)
+    holder, other = stacks
+    shared = [holder.limiter.acquire() for _ in range(2)]  # 2 of Redis's 4, both here
+    assert holder.local.stats().active == 2  # counted as running here (not as acquired)
+    assert holder.local.stats().acquired == 0
+    server.stop()
+    assert holder.limiter.stats().capacity_active == 2  # the share: ceil(4 / 2)
+    cancel = threading.Event()
+    waiting = start_call(runner, lambda: holder.limiter.acquire(cancel), name="fallback")
+    wait_until("the fallback's newcomer queued behind the shared builds",
+               lambda: holder.local.stats().queued == 1)
+    assert not waiting.done.is_set()
+    with other.limiter.acquire(), other.limiter.acquire():  # nothing runs there: its share
+        assert other.local.stats().active == 2
+    shared[0].release()  # Redis is away: logged; the slot here goes to the waiter
+    waiting.wait_done()
+    assert waiting.error is None and waiting.value.held
+    assert holder.local.stats().active == 2  # the fallback's grant and the other shared one
+    shared[1].release()
+    waiting.value.release()
+    assert holder.local.stats().active == 0
+    with pytest.raises(RuntimeError, match="twice"):
+        shared[1].release()  # a second release is still an error, and frees nothing
+    assert holder.local.stats().active == 0
+
+
 def test_one_process_alone_keeps_the_whole_budget(
     server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
 ) -> None:

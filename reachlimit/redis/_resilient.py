@@ -54,7 +54,17 @@ design:
     budget during an outage: the sum of their shares, ceil(active / N) each (with 4
     processes and active 2: 4 builds at once, where each admitting the whole budget made
     8), plus any process whose announce Redis never answered, which counts itself alone
-    (the whole budget). With ``fallback="refuse"`` nothing is announced: such a process
+    (the whole budget).
+
+    The outage's edges. Its start: every shared grant also occupies a slot of the local
+    limiter (``ColdLimiter.occupy``: over the capacity, never waiting, not counted as
+    acquired), given back with the grant, so a process's fallback admits its share less the
+    shared builds still running in it (a freed one hands its slot to a fallback waiter).
+    The worst case is one process holding all ``active`` shared slots when Redis goes:
+    active + (N - 1) x ceil(active / N) at once until those end (5 for 4 processes and
+    active 2). Its end: see "Redis back" above - the fallback's builds still running are
+    not known to Redis, which admits its whole ``active`` beside them until they end.
+    With ``fallback="refuse"`` nothing is announced: such a process
     admits nothing while Redis is away.
 
     ResilientCache   ``get``/``set`` of the Cache protocol (and ``lookup``/``put`` of a cache
@@ -131,11 +141,12 @@ class _SharedGrant(Grant):
     """A grant of the shared limiter whose release never raises a Redis error: a release
     that cannot reach Redis is logged and swallowed (the slot's lease frees it)."""
 
-    __slots__ = ("_inner", "_health")
+    __slots__ = ("_inner", "_health", "_here")
 
-    def __init__(self, inner: Grant, health: RedisHealth) -> None:
+    def __init__(self, inner: Grant, health: RedisHealth, here: Grant | None) -> None:
         self._inner = inner  # the slot is the inner grant's
         self._health = health
+        self._here = here  # the fallback's slot it occupies (ColdLimiter.occupy), if any
 
     @property
     def held(self) -> bool:
@@ -147,10 +158,15 @@ class _SharedGrant(Grant):
 
     def _give_back(self, strict: bool) -> None:
         try:
-            if strict:
-                self._inner.release()
-            else:
-                self._inner.__exit__(None, None, None)
+            try:
+                if strict:
+                    self._inner.release()
+                else:
+                    self._inner.__exit__(None, None, None)
+            finally:
+                here, self._here = self._here, None
+                if here is not None:
+                    here.release()  # the fallback's slot, given back whatever Redis said
         except FAILURES as exc:
             self._health.failed(exc)
             log.warning(
@@ -238,7 +254,10 @@ class ResilientLimiter(FiguresOf):
             health.failed(exc)
             return self._fall_back(cancel, started + self.remote.wait, client)
         health.succeeded(since)
-        return _SharedGrant(grant, health)
+        # The fallback counts this build as running here (module design: the outage's
+        # start), so what it admits if Redis goes now is the share less what runs here.
+        here = self.local.occupy() if self.fallback == "local" else None
+        return _SharedGrant(grant, health, here)
 
     def _fall_back(
         self, cancel: CancelToken | None, deadline: float | None, client: Hashable
