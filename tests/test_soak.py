@@ -37,13 +37,13 @@ CHECKS = (
 #: reported all the same, and each is an open item of the project, not a figure we accept):
 KNOWN = {
     "builds at once inside every window": (
-        "at an outage's edges Redis's own builds and the fallbacks' shares overlap: the shared "
-        "builds still running when Redis goes away, and the fallbacks' when it comes back, are "
-        "not counted by the other side (peaks 5-6 for a bound of 4; 4 while Redis is away)"),
+        "at an outage's end Redis does not count the fallbacks' builds still running and "
+        "admits its whole active beside them (peaks 5-6 seen for a bound of 4; 4 while Redis "
+        "is away; the start, where one process holds every shared slot, can reach 5)"),
     "every answer within": (
-        "a build that ends while Redis cannot be reached cannot publish its outcome, so its "
-        "claim stays in Redis until its lease ends and a follower of that key in another "
-        "process waits for it (5.5-6.2 s seen for a bound of 5.2 s)"),
+        "a build that ended while Redis could not be reached held its followers elsewhere "
+        "until its claim's lease ended (5.5-6.2 s seen for a bound of 5.2 s); the outcome is "
+        "now published once Redis answers, which long runs have yet to confirm"),
 }
 #: The short forms: the script's arguments for each.
 SHORT = {
