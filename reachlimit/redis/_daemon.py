@@ -37,6 +37,7 @@ class Daemon:
         self._cond = threading.Condition(self.lock)
         self._closed = False  # guarded by lock
         self._thread: threading.Thread | None = None  # guarded by lock
+        self._idle = False  # guarded by lock: a rounds thread waiting untimed for work
         reset_after_fork(self, Daemon._forked)
 
     @property
@@ -64,6 +65,28 @@ class Daemon:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def _wake_locked(self) -> None:
+        """New work for a rounds thread (``_next_round_locked``), under ``lock``: wake it if
+        it waits untimed."""
+        if self._idle:
+            self._idle = False
+            self._cond.notify()
+
+    def _next_round_locked(self, busy: bool, interval: float) -> bool:
+        """Pacing for a thread that works in rounds (the renewer, the republisher), under
+        ``lock``: with no work (``busy`` False) wait untimed until ``_wake_locked`` or
+        ``close``; then wait one whole ``interval`` (so work that comes and goes wakes the
+        thread at most once an interval). False once closed: the loop returns."""
+        if not self._closed and not busy:
+            self._idle = True
+            while not self._closed and self._idle:
+                self._cond.wait()
+            self._idle = False
+        if self._closed:
+            return False
+        self._cond.wait(interval)
+        return not self._closed
+
     def _run(self) -> None:
         raise NotImplementedError
 
@@ -76,4 +99,5 @@ class Daemon:
         self.lock = threading.Lock()
         self._cond = threading.Condition(self.lock)
         self._thread = None
+        self._idle = False
         self._after_fork()

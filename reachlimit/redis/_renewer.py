@@ -65,7 +65,6 @@ class LeaseRenewer(Daemon, Generic[T]):
         self._on_lost = on_lost
         self._on_error = on_error
         self._held: dict[str, T] = {}  # guarded by lock
-        self._idle = False  # guarded by lock
         #: Test hook: while set, renewals are skipped (as if the process were paused).
         self.paused = threading.Event()
 
@@ -76,9 +75,7 @@ class LeaseRenewer(Daemon, Generic[T]):
 
     def hold_locked(self, key: str, lease: T) -> None:
         """:meth:`hold`, for a caller that holds :attr:`lock` already."""
-        if self._idle:
-            self._idle = False
-            self._cond.notify()
+        self._wake_locked()
         self._held[key] = lease
         self._start_locked()
 
@@ -93,21 +90,12 @@ class LeaseRenewer(Daemon, Generic[T]):
 
     def _after_fork(self) -> None:
         self._held = {}  # the parent's holders' leases: the parent renews them
-        self._idle = False
 
     def _run(self) -> None:
         """The thread: every interval, renew every lease held in one call to ``renew``."""
         while True:
             with self.lock:
-                if not self._closed and not self._held:
-                    self._idle = True
-                    while not self._closed and self._idle:
-                        self._cond.wait()
-                    self._idle = False
-                if self._closed:
-                    return
-                self._cond.wait(self._interval)
-                if self._closed:
+                if not self._next_round_locked(bool(self._held), self._interval):
                     return
                 held = dict(self._held)
             if not held or self.paused.is_set():

@@ -63,7 +63,6 @@ class Republisher(Daemon, Generic[T]):
         self._keep = keep
         self._clock = clock
         self._held: list[tuple[float, T]] = []  # (give up at, item); guarded by lock
-        self._idle = False  # guarded by lock
         #: How many outcomes were published late, and how many were given up (racy reads).
         self.published = 0
         self.given_up = 0
@@ -79,27 +78,16 @@ class Republisher(Daemon, Generic[T]):
             if self._closed:
                 return
             self._held.append((self._clock() + self._keep, item))
-            if self._idle:
-                self._idle = False
-                self._cond.notify()
+            self._wake_locked()
             self._start_locked()
 
     def _after_fork(self) -> None:
         self._held = []  # the parent's outcomes: the parent publishes them
-        self._idle = False
 
     def _run(self) -> None:
         while True:
             with self.lock:
-                if not self._closed and not self._held:
-                    self._idle = True
-                    while not self._closed and self._idle:
-                        self._cond.wait()
-                    self._idle = False
-                if self._closed:
-                    return
-                self._cond.wait(self._interval)
-                if self._closed:
+                if not self._next_round_locked(bool(self._held), self._interval):
                     return
                 held, self._held = self._held, []
             kept = self._try(held)
