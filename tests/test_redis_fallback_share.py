@@ -14,7 +14,9 @@ design:
     the share   ``tests/support/redis_fallback.Stack`` objects (each a process's wiring, with
                 its own fallback and its own member): 4 of them with active 2 and queue 8,
                 Redis stopped: each fallback admits 1 build and 2 places, its figures say so;
-                one alone keeps the whole budget; an outage with fewer processes than the
+                the fallbacks' builds still running when Redis comes back are its holders
+                (so it admits nobody beside them), a fallback waiter granted after that
+                too; one alone keeps the whole budget; an outage with fewer processes than the
                 last one gives a larger share; ``fallback="refuse"`` announces nothing.
     gunicorn    the real claim: 2 servers x 2 workers (``tests.apps.share_app``, whose held
                 builds write to one build log), every worker knowing N = 4, Redis paused
@@ -52,7 +54,7 @@ from tests.support.redis_fallback import Stack
 from tests.support.redis_limiters import server_ms
 from tests.support.redis_sentinel import Gate, build_log_server, gate_fixture  # noqa: F401
 from tests.support.redis_server import RedisServer
-from tests.support.threads import ThreadRunner, start_call
+from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_fork import in_child
 
@@ -100,6 +102,22 @@ def test_n_counts_every_announcing_member(
     procs[1].close()  # leaves at once
     assert procs[0].announce() == 3
     assert procs[1].id not in ids_in_redis(client)
+
+
+def test_an_announce_that_works_tells_the_resilient_limiters_health(
+    server: RedisServer, make_stack: Callable[..., Stack], members: Callable[..., Members]
+) -> None:
+    # The members' thread calls on_answer after each announce that worked: a
+    # ResilientLimiter points it at its health's probe_soon (Redis back noticed within a
+    # period, not a backoff).
+    s = make_stack(server.url(), active=2, queue=8)
+    assert s.limiter.members is not None
+    assert s.limiter.members.on_answer == s.health.probe_soon
+    heard = threading.Event()
+    member = members(every=0.05)
+    member.on_answer = heard.set
+    member.start()
+    assert heard.wait(JOIN_TIMEOUT), "no on_answer after an announce that worked"
 
 
 def test_a_member_that_stops_announcing_drops_out_once_its_period_ended(
@@ -256,6 +274,61 @@ def test_a_shared_build_running_when_redis_goes_counts_in_its_process_share(
     with pytest.raises(RuntimeError, match="twice"):
         shared[1].release()  # a second release is still an error, and frees nothing
     assert holder.local.stats().active == 0
+
+
+def test_the_fallbacks_builds_still_running_when_redis_comes_back_count_there(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    # The outage's end: Redis, back (restarted empty), must not admit its whole budget
+    # beside the builds the fallbacks admitted that still run (without that the service ran
+    # active + N shares at once). Each process tells Redis about them before it marks
+    # Redis up, so once both are up Redis counts both builds and admits nobody beside them.
+    stacks = [make_stack(server.url(), active=2, queue=8) for _ in range(2)]
+    every_stack_knows(stacks, 2)
+    port = server.port
+    server.stop()
+    running = [s.limiter.acquire() for s in stacks]  # each fallback's share: 1 build
+    assert all(s.local.stats().active == 1 for s in stacks)
+    server.start(port=port, attempts=1)
+    wait_until("both processes back on Redis", lambda: all(s.health.up for s in stacks))
+    first, second = stacks
+    assert first.remote.stats().active == 2  # both builds are Redis's holders now
+    waiting = start_call(runner, lambda: first.limiter.acquire(), name="after-recovery")
+    wait_until("a newcomer queued in Redis behind them",
+               lambda: first.remote.stats().queued == 1)
+    running[1].release()  # the second process's build ends: its holder goes with it
+    waiting.wait_done()
+    assert waiting.error is None and waiting.value.held
+    assert first.remote.stats().active == 2  # the first's fallback build and the newcomer
+    assert second.local.stats().active == 0
+    running[0].release()
+    waiting.value.release()
+    stats = first.remote.stats()
+    assert (stats.active, stats.queued, stats.acquired) == (0, 0, 1)  # adopted: not acquired
+    assert first.local.stats().active == 0
+
+
+def test_a_fallback_waiter_admitted_after_redis_came_back_counts_there(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    # A waiter queued in the fallback when Redis came back keeps its place there; the grant
+    # it is handed then is told to Redis at once.
+    alone = make_stack(server.url(), active=1, queue=2)
+    every_stack_knows([alone], 1)
+    port = server.port
+    server.stop()
+    first = alone.limiter.acquire()
+    waiting = start_call(runner, lambda: alone.limiter.acquire(), name="fallback-waiter")
+    wait_until("a waiter queued in the fallback", lambda: alone.local.stats().queued == 1)
+    server.start(port=port, attempts=1)
+    wait_until("back on Redis", lambda: alone.health.up)
+    assert alone.remote.stats().active == 1  # the running build, told before Redis was up
+    first.release()  # the fallback hands its slot to its waiter
+    waiting.wait_done()
+    assert waiting.error is None and waiting.value.held
+    assert alone.remote.stats().active == 1  # the waiter's build, told as it was granted
+    waiting.value.release()
+    assert alone.remote.stats().active == 0
 
 
 def test_one_process_alone_keeps_the_whole_budget(

@@ -61,11 +61,15 @@ limiter_steps             the reap leaves dead waiters in the queue   a_dead_wai
                           (``REAP_KEEPS_DEAD_WAITERS``)               back
 limiter_release_owner     a dead owner's slot is counted freed and    release_owner_frees_a_dead_
                           kept (``RELEASE_OWNER_KEEPS_SLOT``)         owners_places
+limiter_adopt             a fallback's build, adopted as Redis comes  adopted_builds_hold_their_
+                          back, is counted and holds nothing          slots
+                          (``ADOPT_HOLDS_NOTHING``)
 ========================  ==========================================  ===========================
 
 The assembled scripts these reach: ``ACQUIRE`` and ``ACQUIRE_AFTER_REFUSAL`` (acquire_first,
 count, acquire, deadline, refusal_first), ``RELEASE`` (release, release_first, took,
-deadline), ``POLL``, ``RENEW``, ``STATS``, ``RECORD``, ``GIVE_UP``, ``RELEASE_OWNER``, and
+deadline), ``POLL``, ``RENEW``, ``STATS``, ``RECORD``, ``GIVE_UP``, ``RELEASE_OWNER``,
+``ADOPT``, and
 the shared pieces (keys, settings, clock, count, steps) in every one of them.
 
 The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
@@ -409,6 +413,28 @@ def check_a_renewed_grant_outlives_its_lease(
         grant.release()
 
 
+def check_adopted_builds_hold_their_slots(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """active=1: two builds a fallback admitted, adopted as Redis comes back, are two
+    holders (over the capacity), so a newcomer is not granted until both have ended; then
+    it is, and an adopted build is not counted as acquired."""
+    lim = make(active=1, queue=0)
+    adopted = lim.adopt(2)
+    s = lim.stats()
+    assert (s.active, s.acquired) == (2, 0), (
+        f"an adopted build holds no slot: {s.active} held, {s.acquired} acquired"
+    )
+    for grant in adopted:
+        extra = try_acquire_now(lim)
+        if extra is not None:
+            extra.release()
+        assert extra is None, "an adopted build holds no slot: a newcomer granted beside it"
+        grant.release()
+    with lim.acquire():
+        assert lim.stats().active == 1
+
+
 def check_a_dead_waiters_place_comes_back(
     make: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
@@ -513,6 +539,11 @@ RENEW_DOES_NOT_EXTEND = mutant(
                                   "redis.call('ZSCORE', holders, ARGV[i])")),
     ("_renew_script",),
 )
+ADOPT_HOLDS_NOTHING = mutant(
+    in_fragment("limiter_adopt", ("    redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
+                                  "")),
+    ("_adopt_script",),
+)
 REAP_KEEPS_DEAD_WAITERS = mutant(
     in_fragment("limiter_steps", (
         "    for _, token in ipairs(dead) do\n      forget_waiter(token)\n",
@@ -532,6 +563,7 @@ RELEASE_OWNER_KEEPS_SLOT = broken(
 )
 
 MORE_CHECKS = (
+    check_adopted_builds_hold_their_slots,
     check_no_more_grants_than_slots,
     check_a_full_queue_stays_full,
     check_a_taught_budget_refuses_a_late_leader,
@@ -581,6 +613,8 @@ NEWEST_START = check_every_process_follows_the_newest_start
                      "the figures are wrong", id="stats-swapped"),
         pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_grant_outlives_its_lease,
                      "a renewed grant lost its lease", id="renew-does-not-extend"),
+        pytest.param(ADOPT_HOLDS_NOTHING, check_adopted_builds_hold_their_slots,
+                     "an adopted build holds no slot", id="adopt-holds-nothing"),
         pytest.param(REAP_KEEPS_DEAD_WAITERS, check_a_dead_waiters_place_comes_back,
                      "a dead waiter kept its place", id="reap-keeps-dead-waiters"),
     ],

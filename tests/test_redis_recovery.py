@@ -210,6 +210,70 @@ def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
     health.close()
 
 
+def test_the_before_up_hooks_run_before_redis_is_marked_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What a process must tell Redis first (the fallback's builds still running) is told
+    # while every other caller still sees Redis down; a hook failing with a Redis error is
+    # a failed probe, any other error is logged and does not keep Redis down.
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
+    probe = FakeProbe(clock)
+    probe.fail = 0
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock, max_retry=0.5)
+    seen: list[tuple[str, bool]] = []
+    hook_fails = [redis.ConnectionError("refused (a hook)")]
+
+    def tells_redis() -> None:
+        seen.append(("tells", health.up))
+        if hook_fails:
+            raise hook_fails.pop()
+
+    def has_a_bug() -> None:
+        seen.append(("bug", health.up))
+        raise KeyError("a bug of the hook's own")
+
+    health.before_up(tells_redis)
+    health.before_up(has_a_bug)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        thread = health.thread
+        assert thread is not None
+        thread.join(JOIN_TIMEOUT)
+        assert not thread.is_alive() and health.up
+        # Two probes succeeded: the first one's hook failed (so did not mark Redis up, and
+        # the second hook was not run), the second's hooks ran, both while still down.
+        assert probe.calls() == 2
+        assert seen == [("tells", False), ("tells", False), ("bug", False)]
+        assert health.failures == 2  # the outage's failure and the hook's
+        assert any("a hook run as Redis" in r.getMessage() and r.exc_info
+                   for r in caplog.records)
+    finally:
+        health.close()
+
+
+def test_probe_soon_brings_the_next_probe_forward_to_now() -> None:
+    # A members' announce that works says Redis answers: the probe thread, waiting out a
+    # backoff of a minute, probes at once (and marks Redis up).
+    clock = FakeClock()  # stands still: the backoff never passes by itself
+    probe = FakeProbe(clock)
+    probe.fail = 0
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
+                         first_retry=60.0, max_retry=60.0)
+    try:
+        health.probe_soon()  # up: nothing to do, no thread
+        assert health.thread is None
+        health.failed(redis.ConnectionError("refused"))
+        thread = health.thread
+        assert thread is not None and thread.is_alive()
+        assert probe.calls() == 0 and not health.up  # a minute to go, on a clock that stands
+        health.probe_soon()
+        wait_until("Redis marked up by a probe at once", lambda: health.up)
+        assert probe.calls() == 1
+    finally:
+        health.close()
+
+
 def test_available_is_false_for_every_caller_while_down(threads: ThreadRunner) -> None:
     clock = FakeClock(step=10.0)  # the backoff has always passed: request probes would go
     probe = FakeProbe(clock, fail=1)

@@ -37,8 +37,10 @@ design:
                       ``probe=``: one daemon thread per health (``reachlimit-redis-probe``),
                       started by the failure that marks Redis down (never in a process
                       that has not used Redis), probes on the backoff and marks Redis up
-                      when a probe succeeds; it ends then, or at ``close``, and a process
-                      forked since starts its own at its next call. While down
+                      when a probe succeeds, once the ``before_up`` hooks have told Redis
+                      what they must (the fallback's builds still running; one failing
+                      with a Redis error fails the probe); it ends then, or at ``close``,
+                      and a process forked since starts its own at its next call. While down
                       ``available()`` is False for every caller, so no request pays a
                       probe's timeout, and a process that serves nothing still learns that
                       Redis is back: from then on every call goes to Redis.
@@ -48,6 +50,12 @@ design:
                       ended in an error that says nothing about Redis, or never touched
                       Redis) does not block the next one: once the backoff has passed
                       again, another call is let through.
+
+    Each process learns on its own backoff that Redis is back, and a process that has not
+    learned yet admits its fallback's share beside what Redis admits for the others; so
+    anything else that sees Redis answer off a request's path (the budget's members
+    announce every second: ``_members``) calls ``probe_soon``, which brings the next probe
+    forward to now. No process learns more than about a second after another.
 
     A PING can succeed where calls fail (a Redis out of memory, a cluster down): until a call
     works after a probe said up, a failure is the same outage going on (no new outage
@@ -263,6 +271,7 @@ class RedisHealth(Daemon):
         self._outages = 0  # guarded by lock
         self._failures = 0  # guarded by lock: failures of calls and probes so far (succeeded)
         self._last_error = ""  # guarded by lock
+        self._before_up: list[Callable[[], object]] = []  # guarded by lock (before_up)
 
     @property
     def up(self) -> bool:
@@ -274,6 +283,40 @@ class RedisHealth(Daemon):
         """How many failures were recorded so far: read it before a call to Redis and pass
         it to :meth:`succeeded` after the call worked."""
         return self._failures
+
+    def before_up(self, hook: Callable[[], object]) -> None:
+        """Have the probe thread call ``hook`` when a probe has succeeded, before it marks
+        Redis up: what this process must tell Redis before anything else of it goes there
+        (``ResilientLimiter.adopt``: the fallback's builds still running). A hook that fails
+        with a Redis error fails the probe (the next one after the backoff); any other error
+        is logged and does not keep Redis down."""
+        with self.lock:
+            self._before_up.append(hook)
+
+    def probe_soon(self) -> None:
+        """Something other than a probe saw Redis answer (a members' announce, off every
+        request's path): while down, the next probe goes now rather than at the backoff's
+        end (the probe thread is woken; without one, the next call is the probe). It is a
+        probe like any other (a PING, then the ``before_up`` hooks). Cheap when up."""
+        if not self._down:  # racy read: nothing to do in the common case
+            return
+        with self.lock:
+            if self._down:
+                self._retry_at = min(self._retry_at, self._clock())
+                self._cond.notify_all()
+
+    def _tell_redis(self) -> None:
+        """The ``before_up`` hooks, in the probe thread (outside the lock)."""
+        with self.lock:
+            hooks = list(self._before_up)
+        for hook in hooks:
+            try:
+                hook()
+            except FAILURES:
+                raise
+            except Exception:
+                log.exception("reachlimit: a hook run as Redis at %s came back raised",
+                              self.where)
 
     def available(self) -> bool:
         """Whether a call may go to Redis now: always when up. When down, with a probe
@@ -411,6 +454,11 @@ class RedisHealth(Daemon):
             try:
                 probe()
             except Exception as exc:  # whatever it raised, Redis did not answer the probe
+                self._probe_failed(exc)
+                continue
+            try:
+                self._tell_redis()
+            except FAILURES as exc:
                 self._probe_failed(exc)
             else:
                 self._mark_up(since, by_probe=True)

@@ -274,6 +274,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         # Tokens of calls whose replies were lost: given up before the next round trip.
         self._lost_tokens: set[str] = set()
         self._give_up_script = client.register_script(lua.GIVE_UP)
+        self._adopt_script = client.register_script(lua.ADOPT)
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._leases.paused
         self._cluster = is_cluster(client)  # a PING there would go to any node: nudge ours
@@ -369,6 +370,28 @@ class RedisColdLimiter(Leased, LimiterFigures):
         if answer.admitted is not None:
             self._refusing = answer.admitted == _FULL
         return answer
+
+    def adopt(self, count: int) -> list[RedisGrant]:
+        """``count`` builds this process's fallback admitted while Redis was away, still
+        running as Redis comes back, made holders of the budget (``lua/limiter_adopt.lua``:
+        over its capacity if need be), so that Redis gives no slot to anyone beside them
+        until enough of them have ended: their grants, renewed as any other's, each to be
+        released when its build ends. Not counted as acquired. One round trip; errors of
+        Redis propagate (what the script may have done is given up at the next one)."""
+        if count <= 0:
+            return []
+        if self._leases.closed:  # racy read, as in _attempt
+            raise RuntimeError("limiter closed")
+        if not self._checked:
+            self._check()
+        tokens = [owner_prefix() + secrets.token_hex(12) for _ in range(count)]
+        try:
+            self._adopt_script(keys=self._keys, args=[*self._common, *tokens])
+        except REDIS_ERRORS:
+            for token in tokens:
+                self._lose(token)
+            raise
+        return [self._granted(token) for token in tokens]
 
     def _attempt(self, client: Hashable) -> tuple[str, str]:
         """A new acquire's token and client id (TypeError for a client with no id), after

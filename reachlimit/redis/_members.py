@@ -22,6 +22,8 @@ design:
     parent goes on announcing its own), with no thread until its next :meth:`start`, and
     keeps the last N the parent knew (the same budget).
 
+    An announce that works calls :attr:`on_answer` (the health's ``probe_soon``: Redis is
+    answering, so a health that believes it down probes now, not at its backoff's end).
     A failed announce (Redis down, slow) changes nothing: :attr:`count` stays the last
     known, so while Redis is away a process goes on with the N Redis last told it. It is
     logged at debug level only (the health logs the outage) and tried again ``every``
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 
 from . import lua
 from ._common import REDIS_ERRORS, Client, ms, owner_prefix, positive
@@ -82,6 +85,9 @@ class Members(Daemon):
         self._script = client.register_script(lua.MEMBERS)
         self._id = self._new_id()  # guarded by lock
         self._count = 1  # racy read: the live members Redis counted last (at least 1)
+        #: Called (in the thread) after each announce that worked: a ``ResilientLimiter``
+        #: sets its health's ``probe_soon``, so that Redis back is noticed within a period.
+        self.on_answer: Callable[[], object] | None = None
 
     @property
     def count(self) -> int:
@@ -154,6 +160,9 @@ class Members(Daemon):
                     return
             try:
                 self.announce()
+                answered = self.on_answer
+                if answered is not None:
+                    answered()
             except REDIS_ERRORS as exc:
                 log.debug("reachlimit: could not announce %s (%s); N stays %d",
                           self._key, exc, self._count)

@@ -34,10 +34,8 @@ design:
                               none to the fallback (unless Redis fails again). What the
                               fallback admitted before goes on there: its builds run to
                               their end, and a waiter queued in it keeps its place and its
-                              wait (it is admitted there). So at recovery the service runs
-                              at most Redis's ``active`` plus, in each process, the
-                              fallback's builds still running (at most its share),
-                              until those end and its queue drains.
+                              wait (it is admitted there). Redis is told about those
+                              builds as it comes back (the outage's end, below).
 
     The share (``fallback="local"``). N is how many processes use the budget with a
     fallback of their own: each announces itself to Redis in the background (``members``,
@@ -62,10 +60,22 @@ design:
     shared builds still running in it (a freed one hands its slot to a fallback waiter).
     The worst case is one process holding all ``active`` shared slots when Redis goes:
     active + (N - 1) x ceil(active / N) at once until those end (5 for 4 processes and
-    active 2). Its end: see "Redis back" above - the fallback's builds still running are
-    not known to Redis, which admits its whole ``active`` beside them until they end.
-    With ``fallback="refuse"`` nothing is announced: such a process
-    admits nothing while Redis is away.
+    active 2). Its end: every fallback grant is kept (``_FallbackGrant``, in ``_running``)
+    until released, and ``adopt`` tells Redis about those it does not count yet, in one
+    script (``RedisColdLimiter.adopt``, ``lua/limiter_adopt.lua``) that makes each a holder
+    of the budget with a lease, over the capacity if need be, so that Redis gives no slot
+    to anyone beside them until enough have ended; the grant's release frees that holder
+    too (a Redis error there is swallowed: its lease ends it). ``adopt`` runs in the
+    health's probe thread before it marks Redis up (``RedisHealth.before_up``: a failure
+    fails the probe), before the first shared acquire after an outage (a health without a
+    probe thread), and for a fallback grant handed out while Redis is up (a waiter queued
+    in the fallback when Redis came back). What stays open: each process learns on its own
+    that Redis is back (its probe, brought forward by its members' next announce, every
+    second: ``RedisHealth.probe_soon``), so until the last has, Redis admits beside that
+    process's fallback, which still admits its share (for about a second at most); and a
+    holder lost meanwhile (Redis restarted empty again) is not told again.
+    With ``fallback="refuse"`` nothing is announced or told: such a process admits
+    nothing while Redis is away.
 
     ResilientCache   ``get``/``set`` of the Cache protocol (and ``lookup``/``put`` of a cache
                      with a stale window): Redis when up, the in-process cache when down. A
@@ -105,6 +115,7 @@ from .._attrs import shown
 from .._cache import forget_in, lookup_in, put_into
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError, Unavailable
+from .._fork import reset_after_fork
 from .._grant import FiguresOf
 from .._limiter import ColdLimiter, Grant, LimiterStats
 from ._health import FAILURES, RedisHealth
@@ -159,21 +170,69 @@ class _SharedGrant(Grant):
     def _give_back(self, strict: bool) -> None:
         try:
             try:
-                if strict:
-                    self._inner.release()
-                else:
-                    self._inner.__exit__(None, None, None)
+                _release_inner(self._inner, strict)
             finally:
                 here, self._here = self._here, None
                 if here is not None:
                     here.release()  # the fallback's slot, given back whatever Redis said
         except FAILURES as exc:
-            self._health.failed(exc)
-            log.warning(
-                "reachlimit: could not release a build slot in Redis at %s (%s); "
-                "its lease will free it",
-                self._health.where, self._health.describe(exc),
-            )
+            _release_failed(self._health, exc)
+
+
+def _release_inner(inner: Grant, strict: bool) -> None:
+    """Release the grant a wrapper holds as the wrapper itself is released: ``strict`` (a
+    second release raises) or as a ``with`` block ends (a second one does nothing)."""
+    if strict:
+        inner.release()
+    else:
+        inner.__exit__(None, None, None)
+
+
+def _release_failed(health: RedisHealth, exc: BaseException) -> None:
+    """A slot in Redis could not be released: Redis is down (logged; its lease frees it)."""
+    health.failed(exc)
+    log.warning(
+        "reachlimit: could not release a build slot in Redis at %s (%s); its lease will free it",
+        health.where, health.describe(exc),
+    )
+
+
+class _FallbackGrant(Grant):
+    """A grant of the fallback limiter, which Redis is told about if it comes back while the
+    build runs (``ResilientLimiter.adopt``): its release gives back the fallback's slot,
+    then the holder Redis made for it, if any (a Redis error there is logged and swallowed:
+    that holder's lease frees it)."""
+
+    __slots__ = ("_inner", "_owner", "adopted")
+
+    def __init__(self, inner: Grant, owner: ResilientLimiter) -> None:
+        self._inner = inner
+        self._owner = owner
+        #: The grant Redis made for this build (``_ADOPTING`` while it is being made), or
+        #: None; guarded by the owner's ``_running_lock``.
+        self.adopted: Grant | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._inner.held
+
+    def _give_back(self, strict: bool) -> None:
+        try:
+            _release_inner(self._inner, strict)
+        finally:
+            self._owner._ended(self)
+
+
+class _Adopting(Grant):
+    """The mark of a fallback grant whose adoption is under way (never released)."""
+
+    __slots__ = ()
+
+    def _give_back(self, strict: bool) -> None:  # pragma: no cover - never handed out
+        raise AssertionError("a mark, not a grant")
+
+
+_ADOPTING = _Adopting()
 
 
 class ResilientLimiter(FiguresOf):
@@ -207,12 +266,22 @@ class ResilientLimiter(FiguresOf):
         self.fallback = fallback
         if members is None and fallback == "local":
             members = remote.members()
+        if members is not None and members.on_answer is None:
+            members.on_answer = health.probe_soon  # Redis back noticed within a period
         self.members = members
         # The figures the share is taken of (read-only), and the N the local limiter is
         # sized for now (written under _share_lock with the resize, read racily first).
         self._budget = (local.capacity_active, local.capacity_queue)
         self._shared_by = 1
         self._share_lock = threading.Lock()
+        # The fallback's grants not released yet, and whether any of them may be unknown to
+        # Redis (read racily first): what adopt() tells Redis as it comes back.
+        self._running: set[_FallbackGrant] = set()  # guarded by _running_lock
+        self._to_adopt = False  # guarded by _running_lock (racy reads)
+        self._running_lock = threading.Lock()
+        if fallback == "local":
+            health.before_up(self.adopt)
+        reset_after_fork(self, ResilientLimiter._forked)
 
     @property
     def processes(self) -> int:
@@ -246,6 +315,8 @@ class ResilientLimiter(FiguresOf):
         started = time.monotonic()
         since = health.failures
         try:
+            if self._to_adopt:  # racy read: Redis is back and does not count them yet
+                self.adopt()
             grant = self.remote.acquire(cancel, client)
         except ReachLimitError:
             health.succeeded(since)  # Redis answered: a refusal or a cancellation is an answer
@@ -267,16 +338,93 @@ class ResilientLimiter(FiguresOf):
             raise Busy(Busy.UNAVAILABLE, self.remote.retry_after)
         local = self._sized()
         if deadline is None:
-            return local.acquire(cancel, client)
+            return self._track(local.acquire(cancel, client))
         if time.monotonic() >= deadline:
             raise Busy(Busy.TIMEOUT, self.remote.retry_after)
         try:
             # The local limiter counts a wait ended by this deadline as cancelled.
-            return local.acquire(_Deadline(cancel, deadline), client)
+            return self._track(local.acquire(_Deadline(cancel, deadline), client))
         except Cancelled:
             if cancel is not None and cancel.is_set():
                 raise
             raise Busy(Busy.TIMEOUT, self.remote.retry_after) from None
+
+    def _track(self, inner: Grant) -> Grant:
+        """A grant of the fallback, kept among the builds Redis is told about when it comes
+        back (module design: the outage's end); told at once if Redis is back already (a
+        waiter queued in the fallback when it came back)."""
+        grant = _FallbackGrant(inner, self)
+        with self._running_lock:
+            self._running.add(grant)
+            self._to_adopt = True
+        health = self.health
+        if health.up:
+            since = health.failures
+            try:
+                self.adopt()
+            except FAILURES as exc:
+                health.failed(exc)  # adopted when Redis is back again
+            else:
+                health.succeeded(since)
+        return grant
+
+    def adopt(self) -> int:
+        """Tell Redis about the fallback's builds still running here that it does not count
+        (module design: the outage's end), in one script that makes each a holder of the
+        budget, over its capacity if need be: Redis gives no slot to anyone beside them
+        until enough have ended. Run by the health's probe thread before it marks Redis up,
+        by the first shared acquire after an outage, and for a fallback grant handed out
+        while Redis is up. How many it told; errors of Redis propagate (those builds are
+        told next time)."""
+        with self._running_lock:
+            todo = [grant for grant in self._running if grant.adopted is None]
+            for grant in todo:
+                grant.adopted = _ADOPTING
+            self._to_adopt = False
+        if not todo:
+            return 0
+        try:
+            made = self.remote.adopt(len(todo))
+        except BaseException:
+            with self._running_lock:
+                for grant in todo:
+                    if grant.adopted is _ADOPTING:
+                        grant.adopted = None
+                        self._to_adopt = True
+            raise
+        ended = []
+        with self._running_lock:
+            for grant, shared in zip(todo, made, strict=True):
+                if grant in self._running:
+                    grant.adopted = shared
+                else:  # its build ended meanwhile
+                    ended.append(shared)
+        for shared in ended:
+            self._release_adopted(shared)
+        return len(todo)
+
+    def _ended(self, grant: _FallbackGrant) -> None:
+        """A fallback grant was released: forget it, and free its holder in Redis if it had
+        one (the adoption under way, if any, frees it as it ends)."""
+        with self._running_lock:
+            self._running.discard(grant)
+            shared, grant.adopted = grant.adopted, None
+        if shared is not None and shared is not _ADOPTING:
+            self._release_adopted(shared)
+
+    def _release_adopted(self, shared: Grant) -> None:
+        """Release a holder Redis made for a fallback build, never raising a Redis error."""
+        try:
+            shared.release()
+        except FAILURES as exc:
+            _release_failed(self.health, exc)
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's fallback builds are the parent's to tell."""
+        self._running = set()
+        self._to_adopt = False
+        self._running_lock = threading.Lock()
+        self._share_lock = threading.Lock()
 
     def _sized(self) -> ColdLimiter:
         """The local limiter, sized first for this process's share if N changed since it

@@ -38,6 +38,7 @@ LIMITER_SCRIPTS: dict[str, str | None] = {
     "_stats_script": None,
     "_record_script": None,
     "_give_up_script": None,
+    "_adopt_script": None,
 }
 
 #: Every ``.lua`` file a mutant was built of (by :func:`in_fragment`), in this process.

@@ -75,6 +75,7 @@ from importlib.resources import files
 
 __all__ = [
     "ACQUIRE",
+    "ADOPT",
     "ACQUIRE_AFTER_REFUSAL",
     "CACHE_CLEAR",
     "CACHE_DRAIN",
@@ -131,6 +132,9 @@ def _general(own: str, record: bool = True) -> str:
 
 POLL = _general(FRAGMENTS["limiter_poll"])
 RENEW = _general(FRAGMENTS["limiter_renew"])
+#: The builds an in-process fallback admitted while Redis was away, made holders as it comes
+#: back (``ResilientLimiter``): over the capacity if need be.
+ADOPT = _general(FRAGMENTS["limiter_adopt"])
 STATS = _general(FRAGMENTS["limiter_stats"])
 GIVE_UP = _general(FRAGMENTS["limiter_give_up"])
 #: Run by the parent of a process that died, which is no process of the budget: it uses the
