@@ -363,7 +363,9 @@ class ResilientLimiter(FiguresOf):
             try:
                 self.adopt()
             except FAILURES as exc:
-                health.failed(exc)  # adopted when Redis is back again
+                health.failed(exc)  # told when Redis is back again
+            except Exception:  # the build goes on, never without its grant (told later)
+                log.exception("reachlimit: could not tell Redis about a fallback build")
             else:
                 health.succeeded(since)
         return grant
