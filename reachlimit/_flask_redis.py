@@ -38,6 +38,7 @@ No Flask here (``reachlimit._budgets`` turns a ``SharedPath`` into a budget's st
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -54,6 +55,8 @@ __all__ = [
     "REDIS_LIMITER_NAME", "RedisLinks", "SharedPath", "redis_name", "shared_path",
     "release_worker",
 ]
+
+log = logging.getLogger("reachlimit")
 
 #: The name of the shared limiter under ``REACHLIMIT_REDIS_PREFIX``: every process with the
 #: same Redis URL and prefix shares one budget.
@@ -208,13 +211,15 @@ def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | Non
     REACHLIMIT_BUDGETS and every one whose limiter ever ran under the prefix (each lists its
     name in Redis, ``reachlimit.redis.registry_key``, at its first call): so budgets declared
     in code only are freed too. Each budget's ``active`` and lease are read from the
-    settings its processes recorded in Redis. Returns (slots freed, places removed) summed
+    settings its processes recorded in Redis. The worker's singleflight claims are dropped
+    too (``reachlimit.redis.release_claims``: their followers take the builds over at once
+    rather than when the claims' leases end). Returns (slots freed, places removed) summed
     over the budgets, or None without a Redis URL. Raises ValueError for bad settings and
     redis-py's errors when Redis cannot be reached."""
     settings = _read_settings(config, {})
     if not settings.redis_url:
         return None
-    from .redis import connect, owner_prefix, registry_key, release_owner
+    from .redis import connect, owner_prefix, registry_key, release_claims, release_owner
 
     names = {REDIS_LIMITER_NAME, *(redis_name(b) for b in read_budgets(config))}
     client = connect(settings.redis_url)
@@ -232,6 +237,10 @@ def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | Non
                 lease=settings.lease,
             )
             freed, dropped = freed + slots, dropped + places
+        claims = release_claims(client, owner_prefix(pid), prefix=settings.redis_prefix)
+        if claims:
+            log.info("reachlimit: dropped %d singleflight claim(s) of worker %d: their "
+                     "followers take them over", claims, pid)
         return freed, dropped
     finally:
         client.close()

@@ -45,8 +45,9 @@ design::
                  active builds of every budget), and when ``prepare`` was not called.
     child_exit   the master, for every worker that exited (SIGKILL and OOM included): frees
                  the worker's shared build slots and queue places on Redis, in every
-                 budget, at once (``reachlimit.flask.release_worker``; without it they come
-                 back when their leases end), then marks the worker dead for
+                 budget, at once, and drops its singleflight claims, so their followers
+                 take the builds over (``reachlimit.flask.release_worker``; without it they
+                 come back when their leases end), then marks the worker dead for
                  prometheus_client so its gauges (builds running, leaders waiting) leave the
                  sums while its counters stay.
                  Never raises: a failure is logged (the URL masked, secrets scrubbed).

@@ -7,7 +7,9 @@ declared in code included - and returns the sums.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +19,7 @@ import redis
 from flask import Flask
 
 from reachlimit.flask import ReachLimit, release_worker
-from reachlimit.redis import RedisColdLimiter, registry_key
+from reachlimit.redis import RedisColdLimiter, RedisSingleFlight, registry_key
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -100,3 +102,38 @@ def test_release_worker_frees_the_places_of_every_budget(
     for grant in held:
         grant.release()  # already freed: nothing of another's is touched
     assert release_worker({}, os.getpid()) is None  # no Redis URL: nothing to do
+
+
+def test_release_worker_drops_the_workers_singleflight_claims(
+    live_redis: RedisServer, make_client: Any, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # This process plays the dead worker: a flight it leads, under its own pid, whose claim
+    # would stand for its minute-long lease; another prefix's claim is not touched.
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    mine = RedisSingleFlight(make_client(), "reports", lease=60.0, prefix=prefix)
+    other = RedisSingleFlight(make_client(), "reports", lease=60.0, prefix=prefix + "-other")
+    started, finish = threading.Event(), threading.Event()
+
+    def build() -> str:
+        started.set()
+        assert finish.wait(10)
+        return "v"
+
+    leads = [threading.Thread(target=f.do, args=("k", build), daemon=True) for f in (mine, other)]
+    try:
+        for t in leads:
+            started.clear()
+            t.start()
+            assert started.wait(10)
+        client = make_client()
+        config = {"REACHLIMIT_REDIS_URL": live_redis.url(), "REACHLIMIT_REDIS_PREFIX": prefix}
+        assert release_worker(config, os.getpid()) == (0, 0)
+        assert not client.exists(mine.base_of("k") + "lead")  # dropped at once
+        assert client.exists(other.base_of("k") + "lead")  # another prefix's: kept
+        assert any("dropped 1 singleflight claim" in r.getMessage() for r in caplog.records)
+    finally:
+        finish.set()
+        for t in leads:
+            t.join(10)
+        mine.close()
+        other.close()

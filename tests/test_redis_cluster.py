@@ -34,6 +34,7 @@ from reachlimit.redis import (
     SharedPathCounters,
     connect,
     owner_prefix,
+    release_claims,
     release_owner,
 )
 from reachlimit.redis._cluster import ClusterClient
@@ -208,6 +209,33 @@ def test_release_owner_frees_a_dead_processes_places_on_a_cluster(
     assert lim.stats().active == 0
     grant.release()  # its slot was freed for it: nothing is freed twice
     assert lim.acquire() is not None and lim.stats().active == 1
+
+
+def test_release_claims_finds_a_dead_processes_claims_on_every_primary(
+    client: Any, threads: ThreadRunner
+) -> None:
+    # Claims of several keys spread over the cluster's slots, so over its primaries: one
+    # release_claims of their owner finds and drops them all (SCAN on every primary).
+    name = next(_names)
+    prefix = f"claims-{name}"  # no other test's claims under it
+    flight = RedisSingleFlight(client, name, lease=60.0, prefix=prefix)
+    go = threading.Event()
+    keys = [f"key-{i}" for i in range(8)]
+    leads = [start_call(threads, lambda k=k: flight.do(k, lambda: (go.wait(20), "v")[1]))
+             for k in keys]
+    claims = [flight.base_of(k) + "lead" for k in keys]
+    try:
+        wait_until("every claim taken", lambda: all(client.exists(c) for c in claims))
+        slots = {client.keyslot(c) for c in claims}
+        nodes = {client.get_node_from_key(c).name for c in claims}
+        assert len(nodes) > 1, (slots, nodes)  # the test means something only if they spread
+        assert release_claims(client, owner_prefix(), prefix=prefix) == len(keys)
+        assert not any(client.exists(c) for c in claims)
+    finally:
+        go.set()
+        for lead in leads:
+            lead.wait_done()
+        flight.close()
 
 
 # -- the cache, the flight and the counters --------------------------------------------------

@@ -23,6 +23,9 @@ flight_publish      the publish leaves the claim in place          a_call_after_
                     (``PUBLISH_KEEPS_CLAIM``)                      leads_anew
 flight_renew        a renewal pushes no lease end                  a_renewed_claim_outlives_its_
                     (``RENEW_DOES_NOT_EXTEND``)                    lease
+flight_drop_owner   a dead owner's claim is found and kept         a_dead_owners_claim_is_dropped
+                    (``DROP_KEEPS_CLAIM``: its followers wait for
+                    its lease)
 ==================  =============================================  ==============================
 
 ``FLIGHT_JOIN``, ``FLIGHT_CHECK``, ``FLIGHT_PUBLISH`` and ``FLIGHT_RENEW`` are
@@ -37,9 +40,9 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit.redis import RedisSingleFlight
+from reachlimit.redis import RedisSingleFlight, lua, owner_prefix, release_claims
 from tests import test_redis_flight
-from tests.support.redis_mutants import Change, in_fragment, install
+from tests.support.redis_mutants import Change, broken, in_fragment, install
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_redis_flight import KEY, Gate, waiters
@@ -134,6 +137,29 @@ def check_a_renewed_claim_outlives_its_lease(
     assert lead.value == ("v", False)
 
 
+def check_a_dead_owners_claim_is_dropped(
+    make: MakeFlight, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """A leader's claim (lease a minute) is dropped by ``release_claims`` of its owner, and
+    only of its owner: the claim of a live process stays."""
+    leader = make(lease=60.0)
+    gate = Gate(result="v")
+    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
+    lead_key = leader.base_of(KEY) + "lead"
+    try:
+        assert gate.started.wait(10)
+        assert release_claims(client, "elsewhere:b00t:1:") == 0
+        assert client.exists(lead_key), "a live owner's claim was dropped"
+        dropped = release_claims(client, owner_prefix())
+        assert dropped == 1 and not client.exists(lead_key), (
+            f"a dead owner's claim outlived release_claims ({dropped} dropped)"
+        )
+        assert release_claims(client, owner_prefix()) == 0  # nothing left to drop
+    finally:
+        gate.finish.set()
+        lead.wait_done()
+
+
 SCRIPTS = ("_join_script", "_check_script", "_publish_script", "_renew_script")
 
 JOIN_ALWAYS_CLAIMS = in_fragment("flight_join", ("if joined then return joined end\n", ""))
@@ -150,12 +176,14 @@ PUBLISH_KEEPS_CLAIM = in_fragment(
                        "redis.call('DEL', lead) end\n", "")
 )
 RENEW_DOES_NOT_EXTEND = in_fragment("flight_renew", ("  redis.call('PEXPIRE', lead, lease)\n", ""))
+DROP_KEEPS_CLAIM = in_fragment("flight_drop_owner", ("  redis.call('DEL', lead)\n", ""))
 
 CHECKS = (
     check_one_build_across_processes,
     check_a_claim_ends_with_its_lease,
     check_a_call_after_a_flight_ended_leads_anew,
     check_a_renewed_claim_outlives_its_lease,
+    check_a_dead_owners_claim_is_dropped,
 )
 
 
@@ -201,3 +229,13 @@ def test_a_flight_with_a_broken_script_fails_the_check_for_it(
 
     with pytest.raises(AssertionError, match=reason):
         check(make, client, threads)
+
+
+def test_a_release_claims_that_keeps_the_claim_fails_its_check(
+    make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # release_claims registers the script when called: the mutant is put in its place.
+    monkeypatch.setattr(lua, "FLIGHT_DROP_OWNER", broken(lua.FLIGHT_DROP_OWNER, DROP_KEEPS_CLAIM))
+    with pytest.raises(AssertionError, match="a dead owner's claim outlived release_claims"):
+        check_a_dead_owners_claim_is_dropped(make_flight, client, threads)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit.redis import RedisSingleFlight
+from reachlimit.redis import RedisSingleFlight, owner_prefix, release_claims
+from reachlimit.redis._common import BOOT_ID, BOOT_ID_VARIABLE
 from tests.support.processes import pid_alive
 from tests.support.redis_procs import LineProcess
 from tests.support.redis_server import RedisServer
@@ -165,6 +166,31 @@ def test_a_killed_leader_is_taken_over_and_the_key_built_exactly_twice(
     assert builds(client, "dead") == 2  # once lost, once finished; never more
     base = RedisSingleFlight(client, NAME).base_of("dead")
     assert int(client.get(base + "n") or 0) == 1  # the same flight, taken over
+
+
+def test_a_killed_leaders_claim_dropped_by_its_parent_is_taken_over_at_once(
+    client: redis.Redis, start_workers: Callable[..., list[Worker]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What gunicorn's child_exit does for a worker that died (release_worker): its claims
+    # are dropped, so a follower takes the flight over at its next check. The lease is a
+    # minute: a takeover within the test's deadline is the drop's doing, not the lease's.
+    # The workers share this process's boot id, as gunicorn's workers share their master's.
+    monkeypatch.setenv(BOOT_ID_VARIABLE, BOOT_ID)
+    leader, follower = start_workers(2, lease=60.0)
+    leader.send("get lead orphan")
+    wait_until("the leader builds", lambda: building([leader]) == [leader.pid], timeout=DEADLINE)
+    follower.send("get f orphan")
+    wait_until("the other process follows in Redis", lambda: followers(client, "orphan") == 1,
+               timeout=DEADLINE)
+    leader.kill()  # mid-build, SIGKILL: its claim stays until its lease ends
+    assert release_claims(client, owner_prefix(leader.pid)) == 1
+    wait_until("the follower took over", lambda: building([follower]) == [follower.pid],
+               timeout=DEADLINE)
+    client.rpush(f"{NAME}:go:orphan", 1)
+    wait_until("the follower answered", lambda: len(follower.results()) == 1, timeout=DEADLINE)
+    assert follower.results()[0]["value"] == {"key": "orphan", "by": follower.pid}
+    assert builds(client, "orphan") == 2  # once lost, once finished
 
 
 def test_a_storm_over_four_processes_builds_each_key_at_most_once(

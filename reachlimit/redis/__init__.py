@@ -22,7 +22,8 @@ cycle: each imports only those above it and the core)::
     _limiter     RedisColdLimiter                                      (_common, lua, _renewer,
                                                                         _wait, _grant, _stats,
                                                                         _lead, _members)
-    _owners      release_owner: a dead process's places, freed by its parent (_limiter)
+    _owners      release_owner, release_claims: a dead process's places  (_limiter, lua)
+                 and singleflight claims, freed by its parent
     _cache       RedisCache and its codecs                            (_common, lua, _lead)
     _flight      RedisSingleFlight, and its cold lead once fused      (_common, lua, _renewer,
                                                                         _cache's codec, _lead)
@@ -43,7 +44,7 @@ from ._counters import SharedPathCounters
 from ._flight import RedisSingleFlight
 from ._health import FAILURES, RedisHealth, connect
 from ._limiter import RedisColdLimiter, RedisGrant, RedisLimiterStats
-from ._owners import release_owner
+from ._owners import release_claims, release_owner
 from ._resilient import FALLBACKS, ResilientCache, ResilientFlight, ResilientLimiter
 
 __all__ = [
@@ -66,5 +67,6 @@ __all__ = [
     "mask_url",
     "owner_prefix",
     "registry_key",
+    "release_claims",
     "release_owner",
 ]

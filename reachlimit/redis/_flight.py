@@ -47,8 +47,10 @@ design:
     message). A value the codec cannot encode reaches remote followers as ``LeaderFailed``;
     the leader and its local followers still get the value itself.
 
-    Failure cases: a leader's process dies -> its claim is not renewed, ends after ``lease``,
-    and the next ``check`` of a follower takes the flight over (or a newcomer's ``join``
+    Failure cases: a leader's process dies -> its claim is not renewed, ends after ``lease``
+    (at once when its parent drops it: every token starts with its owner, and gunicorn's
+    ``child_exit`` runs ``release_claims``), and the next ``check`` of a follower takes the
+    flight over (or a newcomer's ``join``
     starts the next flight, which the followers of the lost one then follow): the key is built
     once more, never twice more. A Redis restarted empty loses the counter: a follower's
     ``check`` starts again past the number it knew. A leader paused past its lease may publish late:
@@ -89,6 +91,7 @@ from ._common import (
     is_cluster,
     key_digest,
     ms,
+    owner_prefix,
     positive,
     socket_timeout,
 )
@@ -305,7 +308,10 @@ class RedisSingleFlight(Leased):
         """The two keys and four arguments every script of ``key``'s flight starts with (the
         last: a fresh token of ours)."""
         base = self.base_of(key)
-        token = secrets.token_hex(12)
+        # Owned, as the limiter's tokens are: the parent of a process that died drops its
+        # claims at once (``release_claims``), so their followers take over without waiting
+        # for the lease.
+        token = owner_prefix() + secrets.token_hex(12)
         return [base + "lead", base + "n"], [base, token, self._lease_ms, self._keep_ms]
 
     def _joined(

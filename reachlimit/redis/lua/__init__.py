@@ -84,6 +84,7 @@ __all__ = [
     "COLD_LEAD",
     "COLD_LEAD_AFTER_REFUSAL",
     "FLIGHT_CHECK",
+    "FLIGHT_DROP_OWNER",
     "FLIGHT_JOIN",
     "FLIGHT_PUBLISH",
     "FLIGHT_RENEW",
@@ -185,6 +186,9 @@ FLIGHT_JOIN = _FLIGHT + FRAGMENTS["flight_join"]
 FLIGHT_CHECK = _FLIGHT + FRAGMENTS["flight_check"]
 FLIGHT_PUBLISH = _FLIGHT + FRAGMENTS["flight_publish"]
 FLIGHT_RENEW = _FLIGHT + FRAGMENTS["flight_renew"]
+#: A dead process's claim on one flight, dropped by its parent (``release_claims``).
+#: Self-contained.
+FLIGHT_DROP_OWNER = FRAGMENTS["flight_drop_owner"]
 
 
 def _cold_lead(refusal_first: bool) -> str:
