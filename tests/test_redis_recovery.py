@@ -156,13 +156,17 @@ def probes_on_schedule(health: RedisHealth, clock: FakeClock, probe: FakeProbe,
 def test_the_thread_probes_on_the_backoff_doubling_to_the_cap() -> None:
     clock = FakeClock(start=1000.0)
     probe = FakeProbe(clock)
-    # A scaled-down backoff (the real one doubles 0.25 s up to 5 s: the next test): the
-    # thread's pauses are real waits for whatever the clock still lacks.
+    # A scaled-down backoff (the real one is 0.25 s through an outage's first 5 s, then
+    # doubles up to 5 s: the next test): the thread's pauses are real waits for whatever the
+    # clock still lacks. Probes that fail at once (refused): the first pause through the
+    # outage's first max_retry, then doubled each time up to it (powers of two: the sums
+    # are exact).
+    first, cap = 1 / 128, 1 / 16
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
-                         first_retry=0.01, max_retry=0.08)
+                         first_retry=first, max_retry=cap)
     try:
         health.failed(redis.ConnectionError("refused"))
-        pauses = [0.01, 0.02, 0.04, 0.08, 0.08, 0.08]
+        pauses = [first] * 8 + [2 * first, 4 * first, cap, cap]
         times = probes_on_schedule(health, clock, probe, pauses)
         expected, at = [], 1000.0
         for pause in pauses:
@@ -175,15 +179,16 @@ def test_the_thread_probes_on_the_backoff_doubling_to_the_cap() -> None:
     assert ended(health)
 
 
-def test_the_default_backoff_is_a_quarter_second_doubled() -> None:
+def test_the_default_backoff_is_a_quarter_second_then_doubled_after_five() -> None:
     assert (RedisHealth.FIRST_RETRY, RedisHealth.MAX_RETRY) == (0.25, 5.0)
     clock = FakeClock(start=50.0)
     probe = FakeProbe(clock)
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
     try:
         health.failed(redis.ConnectionError("refused"))
-        times = probes_on_schedule(health, clock, probe, [0.25, 0.5])
-        assert times == pytest.approx([50.25, 50.75], abs=1e-9)
+        times = probes_on_schedule(health, clock, probe, [0.25] * 20 + [0.5, 1.0])
+        assert times[:2] == pytest.approx([50.25, 50.5], abs=1e-9)
+        assert times[-3:] == pytest.approx([55.0, 55.5, 56.5], abs=1e-9)
     finally:
         health.close()
 
@@ -248,6 +253,42 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
         assert health.failures == 2  # the outage's failure and the hook's
         assert any("a hook run as Redis" in r.getMessage() and r.exc_info
                    for r in caplog.records)
+    finally:
+        health.close()
+
+
+def test_a_probe_that_waited_out_its_timeout_is_followed_at_once() -> None:
+    # A Redis that hangs (paused, overloaded): each probe takes its whole timeout (here the
+    # fake clock moves 0.6 s during it, more than the 0.25 s pause before it), so the next
+    # goes at once and a probe is always waiting when Redis answers again; one that fails
+    # at once (refused) is still followed after the pause.
+    clock = FakeClock(start=0.0)
+    times: list[float] = []
+    hangs = [True, True, False, True]  # hang, hang, refused at once, hang (then answer)
+
+    def probe() -> None:
+        times.append(clock.now)
+        if len(times) > len(hangs):
+            return  # Redis answers
+        if hangs[len(times) - 1]:
+            clock.advance(0.6)
+            raise redis.TimeoutError("timed out (fake)")
+        raise redis.ConnectionError("refused (fake)")
+
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        clock.now = 0.25  # the first probe is due
+        wait_until("the refused probe", lambda: len(times) == 3)
+        assert times == pytest.approx([0.25, 0.85, 1.45])  # no pause after a hang
+        clock.now = 1.45 + 0.24  # after the refused one, the pause again
+        reads = clock.calls
+        wait_until("the thread reading the clock short of the pause",
+                   lambda: clock.calls >= reads + 2)
+        assert len(times) == 3
+        clock.now = 1.70
+        wait_until("Redis marked up", lambda: health.up)
+        assert times == pytest.approx([0.25, 0.85, 1.45, 1.70, 2.30])
     finally:
         health.close()
 

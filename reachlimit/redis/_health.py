@@ -30,8 +30,9 @@ design:
     that Redis is back. A success counts only if no failure was recorded since its call
     began, so a slow call that started before an outage cannot end it.
 
-    Who finds out that Redis is back (the probes, after a backoff: 0.25 s, doubled after
-    each failed try, at most 5 s):
+    Who finds out that Redis is back (the probes, after a backoff: 0.25 s through an
+    outage's first 5 s, then doubled after each try, at most 5 s; a probe that waited out
+    its timeout, on a Redis that hangs, is followed at once):
 
       probe thread    a health made with ``client=`` (a PING on that client, ``_ping``) or
                       ``probe=``: one daemon thread per health (``reachlimit-redis-probe``),
@@ -454,24 +455,34 @@ class RedisHealth(Daemon):
             try:
                 probe()
             except Exception as exc:  # whatever it raised, Redis did not answer the probe
-                self._probe_failed(exc)
+                self._probe_failed(exc, now)
                 continue
             try:
                 self._tell_redis()
             except FAILURES as exc:
-                self._probe_failed(exc)
+                self._probe_failed(exc, now)
             else:
                 self._mark_up(since, by_probe=True)
 
-    def _probe_failed(self, exc: BaseException) -> None:
-        """The probe thread's probe failed: the next one after a pause twice as long."""
+    def _probe_failed(self, exc: BaseException, began: float) -> None:
+        """The probe thread's probe (begun at ``began``) failed. One that took longer than
+        the pause before it (it waited out its timeout: Redis hangs, paused or overloaded)
+        is followed at once, so that a probe is always waiting on a Redis that hangs; one
+        that failed at once (refused: Redis is not there) after the same pause through the
+        outage's first ``max_retry`` seconds (a restart is noticed within a pause), then
+        after a pause twice as long each time, up to ``max_retry``. So every process learns
+        that Redis is back at about the same moment, not one backoff apart."""
         text = self.describe(exc)
         now = self._clock()
         with self.lock:
             if self._down:
                 self._last_error = text
                 self._failures += 1
-                self._backoff = min(self._backoff * 2, self._max)
+                if now - began >= self._backoff:
+                    self._retry_at = now
+                    return
+                if now - self._down_since >= self._max:  # a long outage: probe less often
+                    self._backoff = min(self._backoff * 2, self._max)
                 self._retry_at = now + self._backoff
                 log.debug("reachlimit: Redis at %s still unavailable (%s)", self.where, text)
                 return
