@@ -293,6 +293,29 @@ def test_a_probe_that_waited_out_its_timeout_is_followed_at_once() -> None:
         health.close()
 
 
+def test_a_call_that_timed_out_is_followed_by_a_probe_at_once() -> None:
+    # The failure that marks Redis down waited out its timeout: the first PING goes at once
+    # (the clock stands still), not after the first pause; a refusal waits the pause.
+    clock = FakeClock(start=0.0)
+    probe = FakeProbe(clock, fail=1)
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        health.failed(redis.TimeoutError("timed out"))
+        wait_until("the first probe", lambda: probe.calls() == 1)
+        assert probe.times_now() == [0.0]
+        wait_until("its failure recorded", lambda: health.failures == 2)
+        clock.now = 0.25  # it failed at once: the pause before the next
+        wait_until("Redis marked up", lambda: health.up)
+        assert probe.times_now() == [0.0, 0.25]
+    finally:
+        health.close()
+    request_probes = RedisHealth("redis://h:1/0", clock=clock)  # no thread: requests probe
+    request_probes.failed(redis.TimeoutError("timed out"))
+    assert not request_probes.available()  # a request does not pay that timeout again now
+    clock.now = 0.5
+    assert request_probes.available()
+
+
 def test_probe_soon_brings_the_next_probe_forward_to_now() -> None:
     # A members' announce that works says Redis answers: the probe thread, waiting out a
     # backoff of a minute, probes at once (and marks Redis up).

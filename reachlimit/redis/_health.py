@@ -108,6 +108,9 @@ __all__ = ["FAILURES", "RedisHealth", "connect"]
 
 log = logging.getLogger("reachlimit")
 
+#: What a call that waited out its socket timeout raises (Redis hangs rather than refuses).
+_TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
+
 #: What a call to Redis can fail with when Redis is unreachable, slow or broken (a
 #: cluster's client also raises ``RedisClusterException``, which is not a ``RedisError``).
 FAILURES: tuple[type[BaseException], ...] = (*REDIS_ERRORS, OSError)
@@ -392,8 +395,12 @@ class RedisHealth(Daemon):
                 self._down_since = now
                 self._outages += 1
                 self._backoff = self._first
-            self._retry_at = now + self._backoff
-            pause = self._backoff
+            # A call that waited out its timeout (a Redis that hangs) is followed by the
+            # probe thread's PING at once, as a probe that did (``_probe_failed``); a request
+            # probe (no thread) would pay that timeout itself: it waits the backoff.
+            hung = not relapse and self._probe is not None and isinstance(exc, _TIMEOUTS)
+            pause = 0.0 if hung else self._backoff
+            self._retry_at = now + pause
             self._watch_locked()
         if relapse:
             log.warning(
