@@ -524,6 +524,78 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     failing.close()
 
 
+class LostReply(CountingRedis):
+    """The next call of the script ``lost_sha`` loses its reply: it runs in Redis, then the
+    caller gets a timeout (``deferred`` False); or it is kept in ``late`` and raises without
+    running, for the test to send later, as a paused Redis runs what was sent to it once it
+    resumes (``deferred`` True)."""
+
+    lost_sha = ""
+    deferred = False
+    late: tuple[Any, ...] = ()
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA":
+            self.sent[f"EVALSHA {args[1]}"] += 1
+        if args[0] == "EVALSHA" and self.lost_sha and args[1] == self.lost_sha:
+            self.lost_sha = ""
+            if self.deferred:
+                self.late = args
+            else:
+                super().execute_command(*args, **options)
+            raise redis.exceptions.TimeoutError("reply lost")
+        return super().execute_command(*args, **options)
+
+
+def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
+    threads: ThreadRunner,
+    client: CountingRedis,
+    redis_server: RedisServer,
+    make_flight: Callable[..., RedisSingleFlight],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The join claimed the flight, but its caller never heard (it went on elsewhere: the
+    # fallback). With a lease far longer than the test's timeout, only the drop lets the
+    # next caller build.
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    lossy = LostReply(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    lost = make_flight(client=lossy, lease=120.0)
+    lossy.lost_sha = lost._join_script.sha
+    with pytest.raises(redis.exceptions.TimeoutError):
+        lost.do(KEY, never)
+    second = Gate(result="again")
+    second.finish.set()
+    other = make_flight(lease=120.0)
+    assert other.do(KEY, second) == ("again", False) and second.runs == 1
+    assert any("dropped a flight claim a lost reply left" in r.getMessage()
+               for r in caplog.records)
+    lossy.close()
+
+
+def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
+    client: CountingRedis,
+    redis_server: RedisServer,
+    make_flight: Callable[..., RedisSingleFlight],
+) -> None:
+    # Sent to a Redis that was paused, the join runs only later: the drop finds nothing
+    # until then, and is tried again until it finds the claim.
+    lossy = LostReply(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    lossy.deferred = True
+    lost = make_flight(client=lossy, lease=120.0)
+    lossy.lost_sha = lost._join_script.sha
+    with pytest.raises(redis.exceptions.TimeoutError):
+        lost.do(KEY, never)
+    lead_key = lost.base_of(KEY) + "lead"
+    drops = f"EVALSHA {lost._drop_script.sha}"
+    wait_until("the drop tried twice, finding nothing", lambda: lossy.sent[drops] >= 2)
+    assert lost._late.pending == 1 and client.get(lead_key) is None
+    client.execute_command(*lossy.late)  # the join runs now: its claim appears
+    assert client.get(lead_key) is not None
+    wait_until("the claim dropped", lambda: client.get(lead_key) is None)
+    wait_until("nothing left to drop", lambda: lost._late.pending == 0)
+    lossy.close()
+
+
 def test_an_outcome_is_given_up_after_the_lease_and_on_close(
     threads: ThreadRunner,
     client: CountingRedis,

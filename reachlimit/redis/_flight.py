@@ -63,7 +63,13 @@ design:
     ``lease``): so a build that ended while Redis was paused or failing over reaches its
     followers elsewhere within a quarter of a second of Redis coming back, instead of them
     waiting out the claim's lease and building the key again. Only when Redis stays away
-    for the whole lease do they take over, once the unrenewed claim ends.
+    for the whole lease do they take over, once the unrenewed claim ends. A script that may
+    claim the flight (the join, the cold lead, a follower's check) whose reply is lost (a
+    timeout: it ran, or will run once a paused Redis resumes, and its caller has gone on
+    with the fallback) may leave a claim of ours that nobody renews or publishes: the
+    republisher drops it (``lua/flight_drop_owner.lua``, by our token) as soon as it finds
+    it, tried every ``POLL_EVERY`` seconds for up to ``lease``, so that the followers who
+    joined it take the flight over at their next check.
 """
 
 from __future__ import annotations
@@ -187,11 +193,15 @@ class RedisSingleFlight(Leased):
         )
         #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
         self._renewal_paused = self._claims.paused
-        # The outcomes whose publish failed, published again once Redis answers.
-        self._late: Republisher[tuple[_Claim, bytes]] = Republisher(
+        # The outcomes whose publish failed, published again once Redis answers; and the
+        # claims a script whose reply was lost may have left (outcome None), dropped then.
+        self._late: Republisher[tuple[_Claim, bytes | None]] = Republisher(
             "reachlimit-flight-republisher", self._publish_once,
             interval=self.POLL_EVERY, keep=self._lease,
+            describe=lambda late: ("published a flight outcome" if late[1] is not None
+                                   else "dropped a flight claim a lost reply left"),
         )
+        self._drop_script = client.register_script(lua.FLIGHT_DROP_OWNER)
         #: Called with the error when publishing an outcome or renewing claims fails (both
         #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
         self.on_redis_error: Callable[[BaseException], None] | None = None
@@ -278,7 +288,21 @@ class RedisSingleFlight(Leased):
     ) -> tuple[Any, bool, bool]:
         """Run by the local leader: (value or _Outcome, shared, gave up waiting)."""
         keys, common = self._flight_keys(key)
-        return self._joined(self._join_script(keys=keys, args=common), keys, common, fn, cancel)
+        reply = self._claiming(keys, common, lambda: self._join_script(keys=keys, args=common))
+        return self._joined(reply, keys, common, fn, cancel)
+
+    def _claiming(self, keys: list[str], common: list[str | int], call: Callable[[], Any]) -> Any:
+        """``call()``: a script that may claim the flight for our token (the join, the cold
+        lead, a follower's check). If its reply is lost (a Redis error: it may have run, or
+        may still run, say on a Redis that was paused), the claim it may have left is
+        dropped once Redis answers (the republisher: tried for up to the lease), so that the
+        followers who joined it take the flight over at their next check instead of
+        waiting for its lease to end."""
+        try:
+            return call()
+        except REDIS_ERRORS:
+            self._late.add((_Claim(keys, str(common[0]), str(common[1]), 0), None))
+            raise
 
     def _shared_lead(
         self, key: Hashable, lead: Callable[[], Any], cancel: CancelToken | None,
@@ -288,7 +312,9 @@ class RedisSingleFlight(Leased):
         assert self._fused is not None
         cache, limiter = self._fused
         keys, common = self._flight_keys(key)
-        reply = limiter.lead(keys, common, cache.key_of(key), client)
+        reply = self._claiming(
+            keys, common, lambda: limiter.lead(keys, common, cache.key_of(key), client)
+        )
         if reply.status == HIT:
             value = cache.adopt(key, reply.data)
             if value is not None:
@@ -348,7 +374,9 @@ class RedisSingleFlight(Leased):
             rang = self._client.blpop([bell], timeout=block)
             if rang is None and time.monotonic() < next_check:
                 continue
-            reply = self._check_script(keys=keys, args=[*common, flight])
+            reply = self._claiming(
+                keys, common, lambda: self._check_script(keys=keys, args=[*common, flight])
+            )
             if int(reply[0]) != FOLLOW or int(reply[1]) != flight:
                 return reply
             next_check = time.monotonic() + self.POLL_EVERY
@@ -437,14 +465,19 @@ class RedisSingleFlight(Leased):
             self._late.add((claim, outcome))
             self._report(exc)
 
-    def _publish_once(self, late: tuple[_Claim, bytes]) -> None:
-        """One try of the publish script (Redis errors propagate)."""
+    def _publish_once(self, late: tuple[_Claim, bytes | None]) -> bool:
+        """One try of the publish script (Redis errors propagate); with no outcome, of
+        dropping the claim a lost reply may have left (``_claiming``): False while there is
+        none of ours (the script that was lost may yet run: tried again)."""
         claim, outcome = late
+        if outcome is None:
+            return bool(self._drop_script(keys=claim.keys[:1], args=[claim.token]))
         self._publish_script(
             keys=claim.keys,
             args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
                   claim.flight, outcome, self._outcome_ms],
         )
+        return True
 
     def _report(self, exc: BaseException) -> None:
         report = self.on_redis_error

@@ -16,6 +16,10 @@ design:
     lease: by then the claim has ended and a follower has taken the flight over), and when
     the flight closes.
 
+    The flight also hands it the claims a lost reply may have left (``_claiming``): a try
+    that finds no such claim yet answers False, and the item is tried again next time (the
+    lost script may run later), until it is found and dropped or ``keep`` has passed.
+
     Idle: with nothing held the thread waits untimed until an outcome is added (``add``
     notifies it) or ``close``. A try that fails with a Redis error keeps the outcome for the
     next interval; other errors are not expected (the script's arguments were fine the first
@@ -45,8 +49,10 @@ T = TypeVar("T")
 class Republisher(Daemon, Generic[T]):
     """Publishes the outcomes handed to :meth:`add` once Redis answers (module design).
 
-    ``publish(item)`` sends one outcome (raising a Redis error when Redis is still away);
-    ``interval`` is how often the thread tries, ``keep`` how long an outcome is tried for."""
+    ``publish(item)`` sends one outcome (raising a Redis error when Redis is still away;
+    returning False when Redis answered but the item is to be tried again next time);
+    ``interval`` is how often the thread tries, ``keep`` how long an outcome is tried for;
+    ``describe(item)`` says what a try that worked did, for the log."""
 
     def __init__(
         self,
@@ -56,9 +62,11 @@ class Republisher(Daemon, Generic[T]):
         interval: float,
         keep: float,
         clock: Callable[[], float] = time.monotonic,
+        describe: Callable[[T], str] = lambda item: "published a flight outcome",
     ) -> None:
         super().__init__(thread_name)
         self._publish = publish
+        self._describe = describe
         self._interval = interval
         self._keep = keep
         self._clock = clock
@@ -98,19 +106,23 @@ class Republisher(Daemon, Generic[T]):
         """Publish each of ``held`` once (in the thread, outside the lock); what to keep.
         They are in the order they were added, so those given up come first."""
         now = self._clock()
+        again: list[tuple[float, T]] = []
         for index, (until, item) in enumerate(held):
             if now >= until:
                 self.given_up += 1
                 log.debug("reachlimit: gave up publishing a flight outcome (Redis away)")
                 continue
             try:
-                self._publish(item)
+                done = self._publish(item)
             except REDIS_ERRORS:
                 # Redis is still away: the rest would fail the same way, so all are kept.
-                return held[index:]
+                return again + held[index:]
             except Exception:
                 log.exception("reachlimit: a flight outcome could not be published")
                 continue
+            if done is False:  # Redis answered; the item is for a later try
+                again.append((until, item))
+                continue
             self.published += 1
-            log.info("reachlimit: published a flight outcome late (Redis answers again)")
-        return []
+            log.info("reachlimit: %s late (Redis answers again)", self._describe(item))
+        return again
