@@ -316,6 +316,27 @@ def test_a_call_that_timed_out_is_followed_by_a_probe_at_once() -> None:
     assert request_probes.available()
 
 
+def test_a_call_that_began_before_redis_came_back_cannot_start_an_outage() -> None:
+    # A call sent into the outage (to a paused Redis) that times out just as Redis answers
+    # again says nothing about Redis now; one that began after does.
+    clock = FakeClock(step=1.0)  # every pause has passed at each read
+    probe = FakeProbe(clock)
+    probe.fail = 0
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        straggler = health.failures  # read as the call began, while Redis was up
+        health.failed(redis.ConnectionError("the outage begins"))
+        wait_until("marked up by the probe", lambda: health.up)
+        health.failed(redis.TimeoutError("the straggler times out"), straggler)
+        assert health.up and health.figures()["outages"] == 1
+        assert health.failures == 2  # recorded all the same
+        after = health.failures  # a call that began once Redis was up
+        health.failed(redis.TimeoutError("a new failure"), after)
+        assert not health.up
+    finally:
+        health.close()
+
+
 def test_probe_soon_brings_the_next_probe_forward_to_now() -> None:
     # A members' announce that works says Redis answers: the probe thread, waiting out a
     # backoff of a minute, probes at once (and marks Redis up).

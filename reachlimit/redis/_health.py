@@ -28,7 +28,9 @@ design:
     and logs ONE warning for the whole outage. While down, calls go straight to the fallback
     without touching Redis. The first call that succeeds marks it up again and logs once
     that Redis is back. A success counts only if no failure was recorded since its call
-    began, so a slow call that started before an outage cannot end it.
+    began, so a slow call that started before an outage cannot end it; and a failure counts
+    only if the call began after Redis was last marked up, so a call sent into the outage
+    that times out just as Redis answers again cannot start a new one.
 
     Who finds out that Redis is back (the probes, after a backoff: 0.25 s through an
     outage's first 5 s, then doubled after each try, at most 5 s; a probe that waited out
@@ -267,6 +269,7 @@ class RedisHealth(Daemon):
         # The lock and the condition the probe thread pauses on (notified by close).
         super().__init__(self.THREAD_NAME)
         self._down = False  # guarded by lock (read racily on the fast path)
+        self._up_after = 0  # guarded by lock: the failures recorded when last marked up
         self._retry_at = 0.0  # guarded by lock: when the next probe may go
         self._backoff = self._first  # guarded by lock: the pause after the next failed try
         self._probing = False  # guarded by lock: a request probe was let through, not ended
@@ -365,6 +368,7 @@ class RedisHealth(Daemon):
                     self._trial = False  # a call worked: the probe's word was good
                 return
             self._down = False
+            self._up_after = self._failures  # a call that read fewer began before this
             self._probing = False
             self._trial = by_probe
             if not by_probe:
@@ -375,15 +379,20 @@ class RedisHealth(Daemon):
             self.where, lasted,
         )
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, since: int | None = None) -> None:
         """A call to Redis failed with ``exc``: mark it down (the first failure of an
         outage is logged) and start the probe thread (when the health has one), or push
-        the next request probe back by the backoff."""
+        the next request probe back by the backoff. With ``since`` (the :attr:`failures`
+        read before the call), a call that began before Redis was last marked up says
+        nothing about Redis now (a straggler of the outage: sent to a paused Redis, it timed
+        out just as Redis resumed): recorded, and Redis stays up."""
         text = self.describe(exc)
         with self.lock:
             now = self._clock()
             self._last_error = text
             self._failures += 1
+            if not self._down and since is not None and since < self._up_after:
+                return
             if self._down:
                 self._failed_again_locked(now)
                 return

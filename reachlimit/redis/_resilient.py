@@ -322,7 +322,7 @@ class ResilientLimiter(FiguresOf):
             health.succeeded(since)  # Redis answered: a refusal or a cancellation is an answer
             raise
         except FAILURES as exc:
-            health.failed(exc)
+            health.failed(exc, since)
             return self._fall_back(cancel, started + self.remote.wait, client)
         health.succeeded(since)
         # The fallback counts this build as running here (module design: the outage's
@@ -363,7 +363,7 @@ class ResilientLimiter(FiguresOf):
             try:
                 self.adopt()
             except FAILURES as exc:
-                health.failed(exc)  # told when Redis is back again
+                health.failed(exc, since)  # told when Redis is back again
             except Exception:  # the build goes on, never without its grant (told later)
                 log.exception("reachlimit: could not tell Redis about a fallback build")
             else:
@@ -454,7 +454,7 @@ class ResilientLimiter(FiguresOf):
             try:
                 figures = self.remote.stats()
             except FAILURES as exc:
-                health.failed(exc)
+                health.failed(exc, since)
             else:
                 health.succeeded(since)
                 return figures
@@ -530,7 +530,7 @@ class ResilientCache:
             try:
                 value = fetch(key) if callable(fetch) else self.remote.get(key)
             except FAILURES as exc:
-                health.failed(exc)
+                health.failed(exc, since)
             else:
                 health.succeeded(since)
                 return value
@@ -559,7 +559,7 @@ class ResilientCache:
             try:
                 entry = fetch(key) if callable(fetch) else lookup_in(self.remote, key)
             except FAILURES as exc:
-                health.failed(exc)
+                health.failed(exc, since)
             else:
                 health.succeeded(since)
                 return entry
@@ -575,7 +575,7 @@ class ResilientCache:
             try:
                 put_into(self.remote, key, value, build_time)
             except FAILURES as exc:
-                health.failed(exc)
+                health.failed(exc, since)
             else:
                 health.succeeded(since)
                 return
@@ -609,7 +609,7 @@ class ResilientCache:
         try:
             result = call()
         except FAILURES as exc:
-            health.failed(exc)
+            health.failed(exc, since)
             raise Unavailable(health.where, health.describe(exc)) from None
         health.succeeded(since)
         return result
@@ -696,7 +696,7 @@ class ResilientFlight(Generic[T]):
                 # build ran under a claim taken in Redis, so Redis answered.
                 health.succeeded(since)
                 raise
-            health.failed(exc)
+            health.failed(exc, since)
             if ran:  # fn ran here; only the shared flight's bookkeeping failed
                 if len(outcome) == 2:
                     raise outcome[1] from None
