@@ -112,6 +112,16 @@ OURS = "reachlimit"
 #: follow one leader at a time); one is enough to rebuild a value that does not decode.
 SHARED_ROUNDS = 1
 
+# Names whose spelling is no behaviour (so not mutated): header names are found in any case,
+# codec names are read in any case, the own key is unique by its uuid, and a URL built for a
+# path is bound to some host only because werkzeug's adapter needs one (its path is read).
+_CONNECTION = "Connection"  # pragma: no mutate (getlist finds the name in any case)
+_SET_COOKIE = "Set-Cookie"  # pragma: no mutate (headers are found by name in any case)
+_LATIN_1 = "latin-1"  # pragma: no mutate (a codec's name: any case)
+_UTF_8 = "utf-8"  # pragma: no mutate (a codec's name: any case)
+_OWN = "reachlimit:own"  # pragma: no mutate (the own key is unique by its uuid, whatever the words)
+_HOST = "localhost"  # pragma: no mutate (only the path of what the adapter builds is read)
+
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 5.6.2)
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # never in a header value or status
 _STATUS_200 = re.compile(r"200(?: [^\x00-\x1f\x7f]*)?")
@@ -162,7 +172,8 @@ class _Spec(NamedTuple):
 
 def view_name(view: Callable[..., Any]) -> str:
     # Every object has a __module__ (its class's, at least): the '?' is never read.
-    return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', repr(view))}"
+    module = getattr(view, "__module__", "?")  # pragma: no mutate (the '?' is never read)
+    return f"{module}.{getattr(view, '__qualname__', repr(view))}"
 
 
 def bare_or_called(
@@ -263,7 +274,7 @@ def _replay_of(response: Any) -> bytes | None:
     # The names a Connection header lists are hop-by-hop too (RFC 9110 7.6.1).
     listed = {
         # getlist finds the name in any case.
-        token.strip().lower() for value in headers.getlist("Connection")
+        token.strip().lower() for value in headers.getlist(_CONNECTION)
         for token in value.split(",")
     }
     kept: list[list[str]] = []
@@ -276,9 +287,10 @@ def _replay_of(response: Any) -> bytes | None:
             if not value:
                 continue
         kept.append([name, value])
-    # A head with spaces (or "ASCII" spelt so) reads back the same: only its size differs,
-    # and the head has no ":" (lists only).
-    head = json.dumps([response.status, kept], separators=(",", ":")).encode("ascii")
+    # A head with spaces reads back the same, but MAX_HEAD measures this compact one (the
+    # key separator is never written: the head has lists only, no ":").
+    text = json.dumps([response.status, kept], separators=(",", ":"))
+    head = text.encode("ascii")  # pragma: no mutate (a codec's name: any case)
     if len(head) > MAX_HEAD:
         return None
     # "big" is also what to_bytes and from_bytes take when given no byte order.
@@ -312,7 +324,7 @@ def _run_view(
         if response is NOT_FOUND:
             return NOT_FOUND
     # Headers are found by name in any case.
-    if not share or response.status_code != 200 or "Set-Cookie" in response.headers:
+    if not share or response.status_code != 200 or _SET_COOKIE in response.headers:
         return None  # never cached (the path caches no None) and never shared
     return _replay_of(response)
 
@@ -342,7 +354,9 @@ def _parse_head(head: bytes) -> tuple[Any, tuple[tuple[str, str], ...]] | None:
             return None
         headers.append((name, value))
     # 200 and "200 OK" make the same status line: the int only spares the response a parse.
-    return (200 if status == "200 OK" else status), tuple(headers)
+    if status == "200 OK":  # pragma: no mutate (either makes the same status line)
+        status = 200
+    return status, tuple(headers)
 
 
 def _replayed(app: Any, data: bytes) -> Any:
@@ -438,7 +452,7 @@ def cached_view(
             app.aborter(404)
         # A key no other request has: this request leads, through the limiter; its build
         # answers None, so nothing is stored under it.
-        own = ("reachlimit:own", uuid.uuid4().hex)  # unique by its uuid, whatever the words
+        own = (_OWN, uuid.uuid4().hex)  # unique by its uuid, whatever the words
         box: list[Any] = []
         # Built in this request, never refreshed: asking and the key (only named in messages)
         # go unread, and share is tested for truth.
@@ -504,9 +518,9 @@ def _query_text(query: str | bytes | Mapping[str, Any] | None) -> str:
     if query is None:
         return ""
     if isinstance(query, bytes):
-        return query.decode("latin-1").removeprefix("?")  # a codec's name: any case
+        return query.decode(_LATIN_1).removeprefix("?")
     if isinstance(query, str):
-        return query.removeprefix("?").encode("utf-8").decode("latin-1")  # names: any case
+        return query.removeprefix("?").encode(_UTF_8).decode(_LATIN_1)
     if isinstance(query, Mapping):
         many: Any = query  # a MultiDict's items(multi=True): every value of a name
         items = many.items(multi=True) if hasattr(query, "getlist") else query.items()
@@ -523,9 +537,10 @@ def _default_keys(
     the endpoint's URL rule builds from them (as request.path has it: unquoted, without
     the app's root), and the query's pairs, sorted by name."""
     pairs = _pairs(_query_text(query))
-    adapter = app.url_map.bind("localhost")  # only the path of what it builds is read
+    adapter = app.url_map.bind(_HOST)  # only the path of what it builds is read
     keys: list[Hashable] = []
-    failure: Exception | None = None  # set by every failure, before it is raised
+    # set by every failure, before it is raised (so never read as None, nor as anything else)
+    failure: Exception | None = None  # pragma: no mutate (set before every read)
     for endpoint in endpoints:
         try:
             url = adapter.build(endpoint, view_args)
@@ -540,8 +555,8 @@ def _default_keys(
                 f"{endpoint!r}; a query goes first, as forget('a=1&b=2', ...) or "
                 "forget({'a': '1'}, ...)"  # pragma: no mutate (a message's words)
             )
-        # "replace" is unquote's default, and a built URL holds no bad escape to replace.
-        keys.append((endpoint, unquote(parts.path, errors="replace"), pairs))
+        # unquote's errors="replace" (its default): a built URL holds no bad escape anyway.
+        keys.append((endpoint, unquote(parts.path), pairs))
     if not keys:
         assert failure is not None
         raise failure

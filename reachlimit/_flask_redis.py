@@ -160,9 +160,10 @@ def shared_path(
     else:
         path = ColdPath(limiter, cache, flight)
     counters = module.SharedPathCounters(client, path, name, prefix=settings.redis_prefix)
-    # Counters first: their last flush needs the client, which closes last. (cast() only
-    # speaks to the type checker: it returns flight whatever its first argument.)
-    closers = [counters.close, limiter.close, cast(Any, flight).close]
+    # cast() only speaks to the type checker: it returns flight whatever its first argument.
+    close_flight = cast(Any, flight).close  # pragma: no mutate (cast's first argument: equivalent)
+    # Counters first: their last flush needs the client, which closes last.
+    closers = [counters.close, limiter.close, close_flight]
     if own:
         closers += [health.close, client.close]
     return SharedPath(path, metrics, health, counters, closers)

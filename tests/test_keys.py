@@ -24,6 +24,7 @@ import pytest
 import redis
 from flask import Flask, jsonify
 
+from reachlimit import _keys
 from reachlimit._keys import check_key, checked_client, checked_key, shareable
 from reachlimit.flask import ReachLimit
 from tests.support.redis_server import RedisServer
@@ -64,6 +65,24 @@ def test_the_messages_name_what_broke_the_rule() -> None:
     with pytest.raises(TypeError, match=r"client: '.*user' returned a UUID; it must return"):
         checked_client(uuid.uuid4(), user)
     assert checked_client(None, user) is None  # the one anonymous client
+
+
+def test_a_str_key_is_taken_without_the_full_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut the callers rely on for the common key (a warm hit pays for the check):
+    a str is taken on its type alone, the full rule is asked only about other keys."""
+    asked: list[object] = []
+
+    def recording(key: object) -> bool:
+        asked.append(key)
+        return True
+
+    monkeypatch.setattr(_keys, "shareable", recording)
+    assert check_key("k", "cold()") == "k"
+    assert checked_key("k", "key=") == "k"
+    assert checked_client("user-1", print) == "user-1"
+    assert asked == []
+    assert check_key(1, "cold()") == 1  # the control: any other key is asked about
+    assert asked == [1]
 
 
 # -- the extension, in process and on Redis --------------------------------------------------

@@ -12,6 +12,7 @@ against a real redis-server is ``tests/test_flask_redis.py`` and ``tests/test_re
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -172,13 +173,18 @@ def test_redis_without_redis_py_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
 
 class Released:
     """Stand-ins of the Redis calls release_worker makes: the client ``connect`` gives (its
-    registry of limiter names), and ``release_owner`` (each call recorded, answering
-    ``(slots, places)`` by name)."""
+    registry of limiter names), ``release_owner`` (each call recorded, answering
+    ``(slots, places)`` by name) and ``release_claims`` (each call recorded, answering
+    ``claims``)."""
 
-    def __init__(self, listed: set[Any], freed: dict[str, tuple[int, int]]) -> None:
+    def __init__(
+        self, listed: set[Any], freed: dict[str, tuple[int, int]], claims: int = 0
+    ) -> None:
         self.listed = listed
         self.freed = freed
+        self.claims = claims
         self.calls: list[dict[str, Any]] = []
+        self.claim_calls: list[dict[str, Any]] = []
         self.closed = False
         self.url: str | None = None
 
@@ -198,14 +204,22 @@ class Released:
         self.calls.append({"owner": owner, **options})
         return self.freed.get(options["name"], (0, 0))
 
+    def release_claims(self, client: Any, owner: str, **options: Any) -> int:
+        assert client is self and not self.closed
+        self.claim_calls.append({"owner": owner, **options})
+        return self.claims
+
+    def patch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in ("connect", "release_owner", "release_claims"):
+            monkeypatch.setattr(reachlimit.redis, name, getattr(self, name))
+
 
 def test_release_worker_frees_every_budget_and_adds_up(monkeypatch: pytest.MonkeyPatch) -> None:
     released = Released(
         listed={b"reports", "exports", b"cold"},
         freed={"cold": (1, 2), "reports": (2, 3), "exports": (0, 1), "configured": (4, 0)},
     )
-    monkeypatch.setattr(reachlimit.redis, "connect", released.connect)
-    monkeypatch.setattr(reachlimit.redis, "release_owner", released.release_owner)
+    released.patch(monkeypatch)
     config = {
         "REACHLIMIT_REDIS_URL": URL, "REACHLIMIT_REDIS_PREFIX": "pfx",
         "REACHLIMIT_ACTIVE": "3", "REACHLIMIT_LEASE": "7",
@@ -218,6 +232,7 @@ def test_release_worker_frees_every_budget_and_adds_up(monkeypatch: pytest.Monke
     for call in released.calls:
         assert call == {"owner": owner, "name": call["name"], "prefix": "pfx", "active": 3,
                         "lease": 7.0}
+    assert released.claim_calls == [{"owner": owner, "prefix": "pfx"}]  # once, every budget
 
 
 def test_release_worker_without_a_redis_url_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,3 +264,21 @@ def test_a_refusal_because_redis_is_down_is_a_503_whatever_the_status_setting(
     reply = app.test_client().get("/r")
     assert reply.status_code == 503, reply.get_data()
     assert reply.headers["Retry-After"] == "4" and reply.get_json()["retryAfter"] == 4
+
+
+def test_release_worker_logs_the_claims_it_dropped_and_only_then(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"REACHLIMIT_REDIS_URL": URL, "REACHLIMIT_REDIS_PREFIX": "pfx"}
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    Released(set(), {}, claims=0).patch(monkeypatch)
+    assert release_worker(config, 4242) == (0, 0)
+    assert caplog.records == []
+    released = Released({b"reports"}, {"reports": (1, 0)}, claims=2)
+    released.patch(monkeypatch)
+    assert release_worker(config, 4242) == (1, 0) and released.closed
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("reachlimit", logging.INFO,
+         "reachlimit: dropped 2 singleflight claim(s) of worker 4242: their followers take "
+         "them over"),
+    ]

@@ -43,6 +43,27 @@ pytestmark = pytest.mark.timeout(30)
         ("redis://host/0?password=pw&client_name=", "redis://host/0?password=***&client_name="),
         # no scheme before '://': its user-info is masked all the same
         ("://u:pw@host", "://u:***@host"),
+        # no user-info, a port: nothing to hide, the port's ':' is no password
+        ("redis://host:6379/0", "redis://host:6379/0"),
+        ("redis://[::1]:6379/0", "redis://[::1]:6379/0"),
+        # a password without a user, IPv6 hosts, a port after the user-info
+        ("rediss://:pw@host:6380/1", "rediss://:***@host:6380/1"),
+        ("redis://u:pw@[::1]:6379/0", "redis://u:***@[::1]:6379/0"),
+        # percent-encoding in the password: hidden whole, as written
+        ("redis://u:p%40ss@h/0", "redis://u:***@h/0"),
+        # an '@' in the scheme's place is no user-info
+        ("re@dis://host:6379/0", "re@dis://host:6379/0"),
+        # several sentinels or nodes: one user-info, masked once, every host shown
+        (
+            "redis+sentinel://u:pw@a:26379,[::1]:26380/svc/2",
+            "redis+sentinel://u:***@a:26379,[::1]:26380/svc/2",
+        ),
+        ("redis+cluster://:p@w@a:7000,b:7001", "redis+cluster://:***@a:7000,b:7001"),
+        # every secret query argument, whatever the case of its name
+        (
+            "redis://h/0?PASSWORD=a&sentinel_password=b&ssl_password=c&ssl_keyfile=k",
+            "redis://h/0?PASSWORD=***&sentinel_password=***&ssl_password=***&ssl_keyfile=k",
+        ),
     ],
 )
 def test_mask_url_hides_the_password_and_keeps_the_rest(url: str, masked: str) -> None:
@@ -66,6 +87,12 @@ def test_a_percent_encoded_password_is_a_secret_as_written_and_decoded() -> None
 def test_a_password_with_an_unencoded_question_mark_is_one_secret() -> None:
     """The rest of the password is no query: masked first, the URL has none."""
     assert url_secrets("redis://u:a?password=zz@h/0") == ["a?password=zz"]
+
+
+def test_the_query_of_a_masked_password_is_no_secret() -> None:
+    """The password is read before the query, then masked in place: what follows it is
+    read as the URL's query again."""
+    assert url_secrets("redis://u:pw@h/0?sentinel_password=sp&db=1") == ["pw", "sp"]
 
 
 def test_blank_secrets_are_none() -> None:
