@@ -293,6 +293,35 @@ def test_a_probe_that_waited_out_its_timeout_is_followed_at_once() -> None:
         health.close()
 
 
+def test_a_long_outage_of_a_redis_that_hangs_is_probed_on_the_backoff() -> None:
+    # Past the outage's first max_retry seconds, a probe that hung is followed after the
+    # doubled pause, not at once: a Redis that hangs for minutes is not probed without rest.
+    clock = FakeClock(start=0.0)
+    times: list[float] = []
+
+    def probe() -> None:
+        times.append(clock.now)
+        if len(times) < 3:
+            clock.advance(0.6)
+            raise redis.TimeoutError("timed out (fake)")
+
+    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        clock.now = 5.0  # the outage's first 5 s have passed: this probe is due
+        wait_until("the first probe failed", lambda: health.failures == 2)
+        clock.now = 5.6 + 0.49  # it hung 0.6 s: the next after a pause of 0.5 s, not now
+        reads = clock.calls
+        wait_until("the thread reading the clock short of the pause",
+                   lambda: clock.calls >= reads + 2)
+        assert times == [5.0]
+        clock.now = 6.1
+        wait_until("the second probe", lambda: len(times) == 2)
+        assert times == pytest.approx([5.0, 6.1])
+    finally:
+        health.close()
+
+
 def test_a_call_that_timed_out_is_followed_by_a_probe_at_once() -> None:
     # The failure that marks Redis down waited out its timeout: the first PING goes at once
     # (the clock stands still), not after the first pause; a refusal waits the pause.

@@ -33,8 +33,8 @@ design:
     that times out just as Redis answers again cannot start a new one.
 
     Who finds out that Redis is back (the probes, after a backoff: 0.25 s through an
-    outage's first 5 s, then doubled after each try, at most 5 s; a probe that waited out
-    its timeout, on a Redis that hangs, is followed at once):
+    outage's first 5 s, in which a probe that waited out its timeout, on a Redis that
+    hangs, is followed at once; then doubled after each try, at most 5 s):
 
       probe thread    a health made with ``client=`` (a PING on that client, ``_ping``) or
                       ``probe=``: one daemon thread per health (``reachlimit-redis-probe``),
@@ -481,24 +481,25 @@ class RedisHealth(Daemon):
                 self._mark_up(since, by_probe=True)
 
     def _probe_failed(self, exc: BaseException, began: float) -> None:
-        """The probe thread's probe (begun at ``began``) failed. One that took longer than
-        the pause before it (it waited out its timeout: Redis hangs, paused or overloaded)
-        is followed at once, so that a probe is always waiting on a Redis that hangs; one
-        that failed at once (refused: Redis is not there) after the same pause through the
-        outage's first ``max_retry`` seconds (a restart is noticed within a pause), then
-        after a pause twice as long each time, up to ``max_retry``. So every process learns
-        that Redis is back at about the same moment, not one backoff apart."""
+        """The probe thread's probe (begun at ``began``) failed. Through the outage's first
+        ``max_retry`` seconds, one that took longer than the pause before it (it waited out
+        its timeout: Redis hangs, paused or overloaded) is followed at once, so that a probe
+        is always waiting on a Redis that hangs, and one that failed at once (refused: Redis
+        is not there) after the same pause (a restart is noticed within a pause); after
+        that, each after a pause twice as long as the last, up to ``max_retry`` (a long
+        outage is not probed without a rest). So every process learns that a short outage
+        has ended at about the same moment, not one backoff apart."""
         text = self.describe(exc)
         now = self._clock()
         with self.lock:
             if self._down:
                 self._last_error = text
                 self._failures += 1
-                if now - began >= self._backoff:
-                    self._retry_at = now
-                    return
                 if now - self._down_since >= self._max:  # a long outage: probe less often
                     self._backoff = min(self._backoff * 2, self._max)
+                elif now - began >= self._backoff:  # it hung that long: the next goes now
+                    self._retry_at = now
+                    return
                 self._retry_at = now + self._backoff
                 log.debug("reachlimit: Redis at %s still unavailable (%s)", self.where, text)
                 return
