@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -445,20 +445,43 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 # -- Redis failing ----------------------------------------------------------------------------
 
 
-class FailingPublish(CountingRedis):
-    """Its publish script fails as if Redis had gone away, once ``fail_sha`` is set: every
-    time, or while ``away`` is set when the test gives it one (Redis back once cleared)."""
+class ScriptTrap(CountingRedis):
+    """A client whose calls of one script (``trap``: its SHA, once set) go to ``trapped``,
+    which a subclass makes fail as Redis would; every EVALSHA is counted by its SHA too."""
 
-    fail_sha = ""
+    trap = ""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA":
+            self.sent[f"EVALSHA {args[1]}"] += 1
+            if self.trap and args[1] == self.trap:
+                return self.trapped(args, options)
+        return super().execute_command(*args, **options)
+
+    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        return super().execute_command(*args, **options)
+
+
+Trap = TypeVar("Trap", bound=ScriptTrap)
+
+
+def trap_client(cls: type[Trap], redis_server: RedisServer) -> Trap:
+    """A ``ScriptTrap`` subclass's client of the test's Redis, with short timeouts."""
+    return cls(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+
+
+class FailingPublish(ScriptTrap):
+    """Its publish script (``trap``) fails as if Redis had gone away: every time, or while
+    ``away`` is set when the test gives it one (Redis back once cleared)."""
+
     away: threading.Event | None = None
     tries = 0
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        if args[0] == "EVALSHA" and self.fail_sha and args[1] == self.fail_sha:
-            self.tries += 1
-            if self.away is None or self.away.is_set():
-                raise redis.exceptions.ConnectionError("publish lost")
-        return super().execute_command(*args, **options)
+    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        self.tries += 1
+        if self.away is None or self.away.is_set():
+            raise redis.exceptions.ConnectionError("publish lost")
+        return super().trapped(args, options)
 
 
 def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
@@ -468,9 +491,9 @@ def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
     make_flight: Callable[..., RedisSingleFlight],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    failing = trap_client(FailingPublish, redis_server)
     leader = make_flight(client=failing, lease=0.3)
-    failing.fail_sha = leader._publish_script.sha
+    failing.trap = leader._publish_script.sha
     follower = make_flight(lease=0.3)
     gate = Gate(result="lost")
     lead = start_call(threads, lambda: leader.do(KEY, gate))
@@ -498,11 +521,11 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     # the flight over (after the lease) could not finish in time, so "shared" proves the
     # late publish reached it.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    failing = trap_client(FailingPublish, redis_server)
     failing.away = threading.Event()
     failing.away.set()
     leader = make_flight(client=failing, lease=120.0)
-    failing.fail_sha = leader._publish_script.sha
+    failing.trap = leader._publish_script.sha
     follower = make_flight(lease=120.0)
     gate = Gate(result="built while away")
     lead = start_call(threads, lambda: leader.do(KEY, gate))
@@ -524,27 +547,22 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     failing.close()
 
 
-class LostReply(CountingRedis):
-    """The next call of the script ``lost_sha`` loses its reply: it runs in Redis, then the
+class LostReply(ScriptTrap):
+    """The next call of the script ``trap`` loses its reply: it runs in Redis, then the
     caller gets a timeout (``deferred`` False); or it is kept in ``late`` and raises without
     running, for the test to send later, as a paused Redis runs what was sent to it once it
     resumes (``deferred`` True)."""
 
-    lost_sha = ""
     deferred = False
     late: tuple[Any, ...] = ()
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        if args[0] == "EVALSHA":
-            self.sent[f"EVALSHA {args[1]}"] += 1
-        if args[0] == "EVALSHA" and self.lost_sha and args[1] == self.lost_sha:
-            self.lost_sha = ""
-            if self.deferred:
-                self.late = args
-            else:
-                super().execute_command(*args, **options)
-            raise redis.exceptions.TimeoutError("reply lost")
-        return super().execute_command(*args, **options)
+    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        self.trap = ""
+        if self.deferred:
+            self.late = args
+        else:
+            super().trapped(args, options)
+        raise redis.exceptions.TimeoutError("reply lost")
 
 
 def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
@@ -558,9 +576,9 @@ def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
     # fallback). With a lease far longer than the test's timeout, only the drop lets the
     # next caller build.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    lossy = LostReply(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    lossy = trap_client(LostReply, redis_server)
     lost = make_flight(client=lossy, lease=120.0)
-    lossy.lost_sha = lost._join_script.sha
+    lossy.trap = lost._join_script.sha
     with pytest.raises(redis.exceptions.TimeoutError):
         lost.do(KEY, never)
     second = Gate(result="again")
@@ -579,10 +597,10 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
 ) -> None:
     # Sent to a Redis that was paused, the join runs only later: the drop finds nothing
     # until then, and is tried again until it finds the claim.
-    lossy = LostReply(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    lossy = trap_client(LostReply, redis_server)
     lossy.deferred = True
     lost = make_flight(client=lossy, lease=120.0)
-    lossy.lost_sha = lost._join_script.sha
+    lossy.trap = lost._join_script.sha
     with pytest.raises(redis.exceptions.TimeoutError):
         lost.do(KEY, never)
     lead_key = lost.base_of(KEY) + "lead"
@@ -602,9 +620,9 @@ def test_an_outcome_is_given_up_after_the_lease_and_on_close(
     redis_server: RedisServer,
     make_flight: Callable[..., RedisSingleFlight],
 ) -> None:
-    failing = FailingPublish(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+    failing = trap_client(FailingPublish, redis_server)
     leader = make_flight(client=failing, lease=0.3)
-    failing.fail_sha = leader._publish_script.sha
+    failing.trap = leader._publish_script.sha
     assert leader.do(KEY, lambda: "once") == ("once", False)
     wait_until("given up after the lease", lambda: leader._late.given_up == 1)
     assert leader._late.pending == 0 and leader._late.published == 0
