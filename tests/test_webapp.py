@@ -21,6 +21,7 @@ from tests.support.reach_app import (
     NOT_FOUND,
     UNKNOWN,
     Factory,
+    dump,
     health,
     query,
 )
@@ -465,14 +466,6 @@ def test_the_default_demo_database_is_written_on_first_use(
 
 
 # -- the demo database command ---------------------------------------------------------------
-
-
-def dump(path: Path) -> list[str]:
-    conn = sqlite3.connect(path)
-    try:
-        return list(conn.iterdump())
-    finally:
-        conn.close()
 
 
 def test_demo_db_command_is_deterministic(reach_app: Any, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .demodb import DEFAULT_NODES, DEFAULT_OBSERVATIONS, DEFAULT_SEED, write_demo_db
+from .demowriter import DEFAULT_NODES, DEFAULT_OBSERVATIONS, DEFAULT_SEED, write_demo_db
 
 __all__ = ["demo_db_command"]
 

@@ -1,7 +1,8 @@
-"""Helpers of the reach service's HTTP tests (``tests/test_webapp.py`` and
-``tests/test_webapp_review.py``): the ``busy_repeater`` fixture (a repeater of the demo database
-whose 30-day report has links and direct observers), ``query`` (rows from a database file),
-``health`` (the reach part of ``/api/health``) and the bodies the service answers with."""
+"""Helpers of the reach service's tests (``tests/test_webapp.py``,
+``tests/test_webapp_review.py``, ``tests/test_demodb.py``): the ``busy_repeater`` fixture (a
+repeater of the demo database whose 30-day report has links and direct observers), ``query``
+(rows from a database file), ``dump`` (a database file as SQL text), ``health`` (the reach part
+of ``/api/health``) and the bodies the service answers with."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def query(db: Path, sql: str, *args: Any) -> list[Any]:
     conn = sqlite3.connect(db)
     try:
         return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def dump(db: Path) -> list[str]:
+    """The SQL text of every table and row of a database file (``iterdump``)."""
+    conn = sqlite3.connect(db)
+    try:
+        return list(conn.iterdump())
     finally:
         conn.close()
 
