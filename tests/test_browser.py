@@ -327,6 +327,50 @@ def test_error_message_comes_from_the_body(
     assert len(live_server.reach_requests()) == 1
 
 
+#: What a reverse proxy sends when the service behind it is down: its own HTML page.
+PROXY_502 = (b"<html><head><title>502 Bad Gateway</title></head><body><center>"
+             b"<h1>502 Bad Gateway</h1></center><hr><center>nginx</center></body></html>")
+
+
+def test_a_proxys_html_502_reads_as_a_server_error(
+    page: Any, live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy in front of the service answers the API with a 502 and an HTML page, over real
+    HTTP: the search and the report both say the server answered 502 (the report with its
+    "Retry now"), never that the server could not be reached; once the proxy passes requests
+    on again, "Retry now" shows the report."""
+    app = live_server.app
+    service = app.wsgi_app
+
+    def proxy_down(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if not environ.get("PATH_INFO", "").startswith("/api/"):
+            return list(service(environ, start_response))
+        start_response("502 Bad Gateway", [("Content-Type", "text/html"),
+                                           ("Content-Length", str(len(PROXY_502)))])
+        return [PROXY_502]
+
+    monkeypatch.setattr(app, "wsgi_app", proxy_down)
+    page.goto(live_server.url + "/")
+    page.get_by_label("Node", exact=True).fill("alp")
+    info = page.locator("#search-info")
+    info.filter(has_text="Search failed").wait_for()
+    assert info.inner_text() == "Search failed: the server answered 502 Bad Gateway."
+    assert page.locator("#node-results").is_hidden()
+
+    page.goto(f"{live_server.url}/?node={ALPHA}&days=7")
+    wait_for_status(page, r"^The server answered 502 Bad Gateway\.$")
+    assert page.locator("#status-box").get_attribute("data-state") == "error"
+    assert page.locator("#report").is_hidden()
+    retry = page.get_by_role("button", name="Retry now")
+    assert retry.is_visible()
+    assert live_server.reach_requests() == []  # the proxy answered; the service saw nothing
+
+    monkeypatch.setattr(app, "wsgi_app", service)  # the proxy passes requests on again
+    retry.click()
+    wait_for_report(page, ALPHA, 7)
+    assert live_server.reach_requests(ALPHA) == [("days=7", 200)]
+
+
 def test_retry_after_parsing(page: Any, live_server: LiveServer) -> None:
     """Retry-After: whole seconds honoured, capped at 30; missing or invalid means 2 s."""
     page.goto(live_server.url + "/")

@@ -182,12 +182,26 @@ def open_map(tab: Any, server: LiveServer, pubkey: str) -> None:
 
 
 def line_of(tab: Any, pubkey: str) -> dict[str, Any]:
+    """A neighbour's line: its classes, width, arrow and the points of its path."""
     line = tab.locator(f'figure.reach-map path.map-line[data-for="{pubkey}"]')
     assert line.count() == 1, f"{pubkey} has {line.count()} lines"
-    return dict(line.evaluate(
+    found = dict(line.evaluate(
         """el => ({classes: [...el.classList], width: Number(el.getAttribute('stroke-width')),
-                   arrow: el.getAttribute('marker-mid')})"""
+                   arrow: el.getAttribute('marker-mid'), d: el.getAttribute('d')})"""
     ))
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", found.pop("d"))]
+    found["points"] = list(zip(numbers[::2], numbers[1::2], strict=True))
+    return found
+
+
+def centre_of(tab: Any, selector: str) -> tuple[float, float]:
+    """Where the map drew a marker, in the SVG's own units (its data-x and data-y)."""
+    x, y = tab.locator(selector).evaluate("el => [Number(el.dataset.x), Number(el.dataset.y)]")
+    return float(x), float(y)
+
+
+def near(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return math.dist(a, b) < 0.1  # the path's coordinates are written to one decimal
 
 
 def assert_map_matches(tab: Any, report: Report) -> None:
@@ -209,16 +223,23 @@ def assert_map_matches(tab: Any, report: Report) -> None:
     assert ("unplaced" in (self_mark.get_attribute("class") or "")) == (not placed(node))
 
     links = {link["pubkey"]: link for link in report["links"]}
+    node_at = centre_of(tab, "svg.map .map-self")
     for pubkey in set(keys) - {node["pubkey"]}:
         mark = figure.locator(f'svg a[data-pubkey="{pubkey}"]')
         assert mark.get_attribute("href") == f"?node={pubkey}&days={DAYS}"
-        kinds = line_of(tab, pubkey)["classes"]
+        line = line_of(tab, pubkey)
         link = links.get(pubkey)
         if link is None:
-            assert "observer" in kinds
+            assert "observer" in line["classes"]
         else:
-            assert ("two-way" in kinds) == link["bidir"]
-            assert ("one-way" in kinds) == (not link["bidir"])
+            assert ("two-way" in line["classes"]) == link["bidir"]
+            assert ("one-way" in line["classes"]) == (not link["bidir"])
+        if link is not None and not link["bidir"]:
+            # The line runs from the node that is heard to the node that hears it; its arrow,
+            # half-way and turned along the line (orient="auto"), points at the hearer.
+            other_at = centre_of(tab, f'svg.map a[data-pubkey="{pubkey}"]')
+            heard, hearer = (other_at, node_at) if link["we_hear"] else (node_at, other_at)
+            assert near(line["points"][0], heard) and near(line["points"][-1], hearer), line
 
     # The links left off the map are counted in words.
     note = figure.locator(".map-note").inner_text()
@@ -321,6 +342,58 @@ def test_pointing_names_a_node_and_activating_opens_its_report(
     page.keyboard.press("Space")
     wait_for_report(page, third["pubkey"], DAYS)
     assert query_of(page) == {"node": third["pubkey"], "days": str(DAYS)}
+
+
+def test_the_node_is_named_when_pointed_at_and_is_no_tab_stop(
+    page: Any, live_server: LiveServer
+) -> None:
+    """The node's own marker names it when pointed at, like the others, and is a named
+    graphic for assistive technology; it is no tab stop, since its report is the one on the
+    page: tabbing through the map visits every neighbour's marker and never the node's."""
+    report = richest(relay_reports(live_server), node_placed=True)
+    node = report["node"]
+    open_map(page, live_server, node["pubkey"])
+    figure = page.locator("figure.reach-map")
+    mark = figure.locator(f'svg .map-self[data-pubkey="{node["pubkey"]}"]')
+    figure.scroll_into_view_if_needed()
+    mark.locator(".map-self-dot").hover()
+    tip = figure.locator(".map-tip")
+    tip.wait_for(state="visible")
+    assert node["name"] in tip.inner_text() and "the node of this report" in tip.inner_text()
+    assert figure.get_by_role("img", name=re.compile(re.escape(node["name"]))).count() == 1
+    assert mark.get_attribute("tabindex") is None
+
+    neighbours = expected_keys(report) - {node["pubkey"]}
+    figure.locator("svg.map a[data-pubkey]").first.focus()
+    visited: list[str] = []
+    for _ in range(len(neighbours) + 1):  # one Tab more than there are neighbours
+        focused = page.evaluate("() => document.activeElement.closest('svg.map')"
+                                " ? document.activeElement.dataset.pubkey : null")
+        if focused is None:
+            break
+        visited.append(focused)
+        page.keyboard.press("Tab")
+    assert focused is None, "the focus never left the map"
+    assert sorted(visited) == sorted(neighbours)
+
+
+@pytest.mark.parametrize("hearer", ["node", "neighbour"])
+def test_a_one_way_arrow_points_at_the_node_that_hears(
+    page: Any, live_server: LiveServer, hearer: str
+) -> None:
+    """A one-way link the node hears (we_hear) and one that hears the node (they_hear): each
+    line runs towards, and its arrow points at, the one that hears (``assert_map_matches``
+    checks every one-way line of a map this way)."""
+    def hears(link: dict[str, Any]) -> bool:
+        return not link["bidir"] and bool(link["we_hear" if hearer == "node" else "they_hear"])
+
+    reports = [r for r in relay_reports(live_server) if any(map(hears, positioned_links(r)))]
+    assert reports, f"the demo database has no positioned one-way link heard by the {hearer}"
+    report = reports[0]
+    open_map(page, live_server, report["node"]["pubkey"])
+    assert_map_matches(page, report)
+    arrow = page.locator("figure.reach-map svg.map marker#reach-map-arrow")
+    assert arrow.get_attribute("orient") == "auto"
 
 
 def marker_centres(tab: Any) -> dict[str, tuple[float, float]]:

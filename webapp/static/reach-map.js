@@ -19,14 +19,16 @@
 //             on the link's line. A node without a position of its own is drawn, dashed, at the
 //             middle of its neighbours so its lines still show who hears whom.
 //   reading   no permanent labels except the node's own name (dozens of links stay legible):
-//             pointing at or focusing a marker names it in a tooltip, and its <title> and
-//             aria-label carry the same words. Enter or Space on a focused marker opens it.
+//             pointing at any marker, or focusing a neighbour's, names it in a tooltip, and its
+//             <title> and aria-label carry the same words. Enter or Space on a focused marker
+//             opens it. The node's own marker is not a tab stop: its report is already open.
+//   arrows    a one-way line runs from the node that is heard to the node that hears it, with
+//             an arrow half-way pointing at the hearer (see lineTo).
 //   layers    scale bar, then lines (weakest first), then markers (weakest first), then the
 //             node on top.
 "use strict";
 
 (() => {
-  const SVG = "http://www.w3.org/2000/svg";
   const KM_PER_DEGREE = (6371.0 * Math.PI) / 180; // one degree of latitude, haversine's R
   const MIN_SPAN_DEG = 0.02; // about 2 km: a lone point or a tight cluster is not blown up
   const PAD_PX = 30; // room for a marker, its focus ring and the spread ring at the edges
@@ -43,7 +45,7 @@
   const LINE_FULL_BOTTLENECK = 1000;
   const SCALE_BAR_MAX_PX = 120;
 
-  const { fmtInt, fmtKm, fmtSnr, label: nameOf, plural } = window.reachFormat;
+  const { fmtInt, fmtKm, fmtSnr, label: nameOf, plural, svgEl } = window.reachCommon;
 
   /** The server's rule: lat and lon both numbers, finite, and not both 0. */
   function hasPosition(item) {
@@ -51,19 +53,6 @@
     if (typeof lat !== "number" || typeof lon !== "number") return false;
     if (!Number.isFinite(lat) || !Number.isFinite(lon)) return false;
     return !(lat === 0 && lon === 0);
-  }
-
-  function svgEl(tag, attrs = {}, ...children) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [key, value] of Object.entries(attrs)) {
-      if (key === "className") node.setAttribute("class", value);
-      else if (key === "dataset") Object.assign(node.dataset, value);
-      else node.setAttribute(key, String(value));
-    }
-    for (const child of children) {
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
   }
 
   // -- what to draw --------------------------------------------------------------------------
@@ -237,14 +226,18 @@
     return LINE_MIN_PX + LINE_RANGE_PX * Math.min(1, share);
   }
 
-  /** The line between the node and a neighbour, drawn from the hearer's side of a one-way link
-   * towards the one that hears, with an arrow half-way. */
-  function lineTo(neighbour, from, to) {
+  /**
+   * The line between the node (at `nodeXY`) and a neighbour (at `neighbourXY`), with an arrow
+   * half-way on a one-way link. The path runs with the packets, from the node that is heard to
+   * the node that hears it, and the arrow follows the path: it points at the hearer. A one-way
+   * link the node hears (we_hear > 0) runs from the neighbour to the node; every other line
+   * from the node to the neighbour.
+   */
+  function lineTo(neighbour, nodeXY, neighbourXY) {
     const kind = kindOf(neighbour);
     const link = neighbour.link;
-    // For a one-way link the arrow runs with the packets: from the sender to the hearer.
     const towardsNode = link && !link.bidir && link.we_hear > 0;
-    const [a, b] = towardsNode ? [to, from] : [from, to];
+    const [a, b] = towardsNode ? [neighbourXY, nodeXY] : [nodeXY, neighbourXY];
     const mid = [(a[0] + b[0]) / 2, (a[1] + b[1]) / 2];
     const attrs = {
       className: `map-line ${kind}`,
@@ -281,11 +274,12 @@
   function nodeMarker(node, [x, y], placed, width, words) {
     // Right of the marker when the name fits there (about 8.5 px a character), else left.
     const right = x + 15 + nameOf(node).length * 8.5 < width || x < width / 2;
+    // Named when pointed at, like the others, but not a tab stop: its report is the one on
+    // the page, so there is nothing to open. A graphic with a name for assistive technology.
     return svgEl(
       "g",
       {
         className: `map-self${placed ? "" : " unplaced"}`,
-        tabindex: "0",
         role: "img",
         "aria-label": words.join("; "),
         dataset: { pubkey: node.pubkey, x, y },
@@ -534,5 +528,5 @@
     draw();
   }
 
-  window.reachMap = Object.freeze({ render, hasPosition });
+  window.reachMap = Object.freeze({ render });
 })();

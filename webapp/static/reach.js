@@ -10,15 +10,17 @@
 //                               N from Retry-After (whole seconds or an HTTP date; missing or
 //                               invalid -> 2 s; at least 1 s, at most 30 s); after 5 refused
 //                               retries: a final message and a "Retry now" button
-//             other ........... the message in the JSON body's "error"
+//             other ........... the message in the JSON body's "error", or the status when
+//                               the body is not JSON (a proxy's HTML error page, say)
 //
 // Every report request carries a sequence number (report.seq). cancelReport() bumps it, aborts
 // the in-flight fetch (AbortController) and clears the pending retry and its countdown, so a
 // stale response or timer finds its number out of date and does nothing: a newer choice is
 // never overwritten by an older one.
 //
-// The map of the report is drawn by reach-map.js (window.reachMap), and numbers and names are
-// written by reach-format.js (window.reachFormat); both are loaded before this file.
+// The map of the report is drawn by reach-map.js (window.reachMap); numbers and names are
+// written, elements made and pubkeys recognised by reach-common.js (window.reachCommon); both
+// are loaded before this file.
 //
 // The URL mirrors the choice (?node=<pubkey>&days=N): a report can be linked and reloaded, and
 // the browser's back and forward buttons move between reports.
@@ -66,7 +68,7 @@
     map: $("reach-map"),
   };
 
-  const { fmtInt, fmtKm, fmtSnr, shortKey, label, plural } = window.reachFormat;
+  const { fmtInt, fmtKm, fmtSnr, shortKey, label, plural, isPubkey, el } = window.reachCommon;
 
   // -- Retry-After ------------------------------------------------------------------------
 
@@ -94,6 +96,35 @@
     if (Number.isNaN(n)) return DEFAULT_DAYS; // the server's rule: a non-number means 7
     return Math.min(30, Math.max(1, n));
   }
+
+  // -- answers ----------------------------------------------------------------------------
+
+  /**
+   * The JSON body of `response`, or null when it has none: the status line and Content-Type
+   * are read before the body, so a proxy's HTML error page is never parsed as JSON. An abort
+   * while the body is read is thrown on.
+   */
+  async function jsonOf(response) {
+    if (!/^application\/(?:[\w.+-]+\+)?json\b/i.test(response.headers.get("Content-Type") || "")) {
+      return null;
+    }
+    try {
+      return await response.json();
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      return null; // says JSON, is not: reported by its status
+    }
+  }
+
+  /** The sentence of a JSON error body ({"error": "..."}), or "" when it has none. */
+  const errorOf = (body) => (body && typeof body.error === "string" ? body.error : "");
+
+  /** "answered 502 Bad Gateway": what an answer whose body says nothing did. */
+  const answerOf = (response) =>
+    `answered ${response.status} ${response.statusText}`.trim() +
+    (response.ok ? " but not with JSON" : "");
+
+  const sentence = (text) => (text.endsWith(".") ? text : `${text}.`);
 
   // -- status line ------------------------------------------------------------------------
 
@@ -192,12 +223,7 @@
         cache: "no-store",
         headers: { Accept: "application/json" },
       });
-      try {
-        body = await response.json();
-      } catch (err) {
-        if (err.name === "AbortError") throw err;
-        body = null; // not JSON (a proxy's error page, say): reported by status below
-      }
+      body = await jsonOf(response);
     } catch (err) {
       if (seq !== report.seq) return; // cancelled or superseded
       report.controller = null;
@@ -230,11 +256,7 @@
       return;
     }
     hideReport();
-    const message =
-      body && typeof body.error === "string" && body.error
-        ? body.error
-        : `The server answered ${response.status} ${response.statusText}`.trim();
-    setStatus("error", message.endsWith(".") ? message : `${message}.`, {
+    setStatus("error", sentence(errorOf(body) || `The server ${answerOf(response)}`), {
       retryButton: response.status >= 500,
     });
   }
@@ -270,25 +292,12 @@
 
   // -- rendering --------------------------------------------------------------------------
 
-  function el(tag, props = {}, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props)) {
-      if (key === "className") node.className = value;
-      else if (key === "dataset") Object.assign(node.dataset, value);
-      else node.setAttribute(key, value);
-    }
-    for (const child of children) {
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
-
   const keyCode = (pubkey) => el("code", { className: "key" }, shortKey(pubkey));
 
   function nodeLink(item, days) {
     const name = item.name || "(unnamed)";
     // An observer that is not a node has no report of its own: no link.
-    if (item.role === "observer" || !/^[0-9a-f]{64}$/.test(item.pubkey || "")) {
+    if (item.role === "observer" || !isPubkey(item.pubkey)) {
       return el("span", {}, name);
     }
     const href = `?node=${item.pubkey}&days=${days}`;
@@ -523,22 +532,26 @@
     const controller = new AbortController();
     search.controller = controller;
     const params = new URLSearchParams({ q: query, limit: String(SEARCH_LIMIT) });
+    let response;
+    let body;
     try {
-      const response = await fetch(`/api/nodes?${params}`, {
+      response = await fetch(`/api/nodes?${params}`, {
         signal: controller.signal,
         headers: { Accept: "application/json" },
       });
-      const body = await response.json();
-      if (seq !== search.seq) return;
-      if (!response.ok) {
-        els.searchInfo.textContent = `Search failed: ${body.error || response.status}`;
-        return;
-      }
-      renderResults(body.nodes || [], body.total || 0);
+      body = await jsonOf(response);
     } catch (err) {
-      if (seq !== search.seq) return;
+      if (seq !== search.seq) return; // cancelled or superseded
       els.searchInfo.textContent = "Search failed: could not reach the server.";
+      return;
     }
+    if (seq !== search.seq) return;
+    if (!response.ok || !body) {
+      const why = errorOf(body) || `the server ${answerOf(response)}`;
+      els.searchInfo.textContent = `Search failed: ${sentence(why)}`;
+      return;
+    }
+    renderResults(body.nodes || [], body.total || 0);
   }
 
   function pick(index) {
@@ -579,7 +592,7 @@
         const query = els.search.value.trim().toLowerCase();
         if (!els.results.hidden && search.active >= 0) pick(search.active);
         else if (search.items.length === 1) pick(0);
-        else if (/^[0-9a-f]{64}$/.test(query)) {
+        else if (isPubkey(query)) {
           closeResults();
           choose(query, parseDays(els.days.value));
         }
@@ -617,10 +630,6 @@
     startReport(start.node, start.days);
   }
 
-  // For tests and the curious: the pure parts, and the state of the current request.
-  window.reachPage = Object.freeze({
-    retryDelaySeconds,
-    parseDays,
-    state: () => ({ node: report.node, days: report.days, seq: report.seq }),
-  });
+  // For tests and the curious: how a Retry-After header is read.
+  window.reachPage = Object.freeze({ retryDelaySeconds });
 })();
