@@ -38,6 +38,7 @@ from reachlimit.redis import (
     release_owner,
 )
 from reachlimit.redis._cluster import ClusterClient
+from reachlimit.redis._common import is_cluster
 from tests.apps.slow_app import create_app
 from tests.support.bench_scripts import run_json
 from tests.support.fairness import RULES
@@ -84,7 +85,7 @@ def keys_on(cluster: RedisCluster, pattern: str) -> dict[int, list[bytes]]:
 def test_a_cluster_url_makes_a_redis_cluster_that_connects_only_when_used() -> None:
     port = free_port()  # nothing listens there
     client = connect(f"redis+cluster://u:{SECRET}@127.0.0.1:{port},127.0.0.1:{port}/0")
-    assert isinstance(client, RedisPyCluster) and isinstance(client, ClusterClient)
+    assert isinstance(client, ClusterClient) and is_cluster(client)
     assert not client.started  # no connection opened, no error: the cluster is down
     limiter = RedisColdLimiter(client, next(_names))  # objects are made without a call
     with pytest.raises(FAILURES) as info:  # the first command finds no node
@@ -95,6 +96,18 @@ def test_a_cluster_url_makes_a_redis_cluster_that_connects_only_when_used() -> N
     assert health.figures()["url"].startswith("redis+cluster://u:***@")
     limiter.close()
     client.close()
+
+
+def test_the_client_makes_redis_pys_cluster_client_at_its_first_command(client: Any) -> None:
+    assert not client.started
+    assert client.ping(target_nodes=RedisPyCluster.PRIMARIES) is True  # every primary answers
+    made = client.cluster()
+    assert client.started and isinstance(made, RedisPyCluster)
+    # A failed command is not retried, on every supported redis-py:
+    if redis.VERSION < (6,):  # 5 retries as its own setting says, whatever its Retry
+        assert made.cluster_error_retry_attempts == 0
+    else:
+        assert made.retry.get_retries() == 0
 
 
 @pytest.mark.parametrize(
@@ -169,7 +182,7 @@ def test_every_key_of_a_limiter_lives_in_its_tags_one_slot(
 def test_the_limiters_key_properties_hold_on_a_cluster(
     factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
 ) -> None:
-    assert isinstance(factory(RedisColdLimiter)()._client, RedisPyCluster)
+    assert isinstance(factory(RedisColdLimiter)()._client, ClusterClient)
     for check in ALL_CHECKS:
         check(factory(RedisColdLimiter), threads)
 

@@ -8,14 +8,15 @@ design:
     node, and redis-py's own connection options in the query, read as ``redis.Redis.from_url``
     reads them. A cluster has one database: a path or ``db=`` other than 0 is refused.
 
-    The client (:class:`ClusterClient`) is a ``redis.cluster.RedisCluster`` with the bounds
-    of every client of this package: connect and read timeouts of ``timeout`` seconds and no
-    retry (``Retry(NoBackoff(), 0)``: redis-py's cluster client would otherwise retry a
-    failed command on a fresh map of the cluster, three times by default). Redirects are not
-    retries: a ``MOVED`` (a slot now served elsewhere) or ``ASK`` (a slot migrating) is
+    The client (:class:`ClusterClient`) makes a ``redis.cluster.RedisCluster`` with the
+    bounds of every client of this package: connect and read timeouts of ``timeout`` seconds
+    and no retry (``Retry(NoBackoff(), 0)``, and on redis-py 5 ``cluster_error_retry_attempts``
+    0: redis-py's cluster client would otherwise retry a failed command on a fresh map of the
+    cluster, three times by default). Redirects are
+    not retries: a ``MOVED`` (a slot now served elsewhere) or ``ASK`` (a slot migrating) is
     followed by redis-py at once, at most 16 times per command, and a ``TRYAGAIN`` (a
-    multi-key command while a slot's keys are split between two nodes) is sent again after
-    a 50 ms pause from the ninth attempt on. A call that fails on a node (refused, timed out)
+    multi-key command while a slot's keys are split between two nodes) is sent again after a
+    50 ms pause from the ninth attempt on. A call that fails on a node (refused, timed out)
     is not retried, but redis-py first reads the cluster's map again from the other nodes
     (so that it finds a replica promoted meanwhile): with every node hung rather than down,
     such a call can last one timeout per node before it fails.
@@ -26,7 +27,10 @@ design:
                  at construction), so an app starts while its cluster is down, and a
                  preloading master forks no cluster connection; a first command that finds
                  no node raises redis-py's error (``RedisClusterException``), and the next
-                 one tries again.
+                 one tries again. So the client holds the ``RedisCluster`` it makes then,
+                 through redis-py's public constructor, and calls its methods on it (a
+                 method looked up earlier makes it when called); what a script needs
+                 before (the text's encoding) and the nodes' options are its own.
       scripts    a script Redis does not know (a node restarted, or new since a migration)
                  is sent once with ``EVAL``, to the node of its keys, which also caches it
                  there (redis-py's ``Script`` would ``SCRIPT LOAD`` it on every primary, so
@@ -63,11 +67,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import redis
 import redis.cluster
 import redis.connection
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
+from redis.connection import ConnectionPool
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
@@ -76,9 +82,15 @@ from .._urls import CLUSTER_PORT, CLUSTER_SCHEME, cluster_problem, split_hosts
 # redis-py leaves these untyped.
 _parse_url: Callable[[str], dict[str, Any]] = redis.connection.parse_url
 _node: Callable[[str, int], Any] = redis.cluster.ClusterNode
-_encoder: Callable[[str, str, bool], Any] = cast(Any, redis.connection).Encoder
 
 __all__ = ["CLUSTER_SCHEME", "ClusterClient", "cluster_client", "cluster_nodes"]
+
+#: What else turns the cluster client's retries off: redis-py 5's retries a failed command
+#: ``cluster_error_retry_attempts`` times (3 by default) whatever its ``retry``; 6 and newer
+#: retry as ``retry`` says (and warn that the older setting is deprecated).
+NO_CLUSTER_RETRY: dict[str, int] = (
+    {"cluster_error_retry_attempts": 0} if redis.VERSION < (6,) else {}
+)
 
 
 def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
@@ -111,6 +123,7 @@ def cluster_client(url: str, *, timeout: float, health_check_interval: int) -> C
     # server (given twice, the constructor would raise a TypeError at start-up).
     settings: dict[str, Any] = {
         "retry": Retry(NoBackoff(), 0),
+        **NO_CLUSTER_RETRY,
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
         "health_check_interval": health_check_interval,
@@ -138,81 +151,79 @@ class _ClusterScript(Script):
             return client.eval(self.script, count, *sent)
 
 
-class ClusterClient(RedisCluster):
-    """``redis.cluster.RedisCluster`` that reads the cluster's map at its first command,
-    not at construction, and sends a script a node does not know with ``EVAL`` (module
-    design). Takes ``RedisCluster``'s arguments."""
+class ClusterClient:
+    """A ``redis.cluster.RedisCluster`` made at its first command, not here (module design).
+    Takes ``RedisCluster``'s arguments; every public method of ``RedisCluster`` is called on
+    the one :meth:`cluster` makes, and its constants are read from the class
+    (``client.PRIMARIES``)."""
 
-    def __init__(self, **options: Any) -> None:  # RedisCluster.__init__ runs at first use
+    def __init__(self, **options: Any) -> None:
         self._options = options
-        self._ready = False
-        self._starter = 0  # the thread running RedisCluster's construction, while it runs
-        self._start_lock = threading.RLock()
-        # What a script needs before the first command: the encoding of its text.
-        self.encoder = _encoder(
-            options.get("encoding", "utf-8"),
-            options.get("encoding_errors", "strict"),
-            options.get("decode_responses", False),
-        )
+        self._cluster: RedisCluster | None = None
+        self._lock = threading.Lock()  # one map read at a time: another thread waits for it
+        # What a script needs before the first command: its text encoded as the cluster's
+        # connections encode (redis-py's pool reads the same three options).
+        self._encoder = ConnectionPool(
+            encoding=options.get("encoding", "utf-8"),
+            encoding_errors=options.get("encoding_errors", "strict"),
+            decode_responses=options.get("decode_responses", False),
+        ).get_encoder()
 
-    def _start(self) -> None:
-        """Read the cluster's map (redis-py's construction), once; raises redis-py's
-        errors when no node answers (the next call tries again). Another thread's first
-        command waits here until the map is read."""
-        with self._start_lock:
-            if self._ready:
-                return
-            self._starter = threading.get_ident()
-            try:
-                RedisCluster.__init__(self, **self._options)
-            finally:
-                self._starter = 0
-            self._ready = True
-
-    def _starting(self) -> bool:
-        """Whether this thread is running the construction (which sends commands itself)."""
-        return self._starter == threading.get_ident()
+    def cluster(self) -> RedisCluster:
+        """The ``RedisCluster``, made (the cluster's map read) at the first call; raises
+        redis-py's errors when no node answers, and the next call tries again. Another
+        thread's first call waits for this one's."""
+        made = self._cluster
+        if made is None:
+            with self._lock:
+                made = self._cluster
+                if made is None:
+                    made = self._cluster = RedisCluster(**self._options)
+        return made
 
     def __getattr__(self, name: str) -> Any:
-        # Only for what RedisCluster's construction sets (the nodes' map, the parsers):
-        # asked for before the first command, it is made then.
-        state = self.__dict__
-        if name.startswith("__") or "_options" not in state or state.get("_ready"):
+        # Only what this class does not define: RedisCluster's public names. A method looked
+        # up before the first command (an object made at start-up keeps ``execute_command``,
+        # say) makes the RedisCluster when it is called, not when it is looked up.
+        if name.startswith("_"):
             raise AttributeError(name)
-        if state.get("_starter") == threading.get_ident():
-            raise AttributeError(name)
-        self._start()
-        return getattr(self, name)
+        found = getattr(RedisCluster, name)  # AttributeError for a name it does not have
+        if self._cluster is not None or isinstance(found, property):
+            return getattr(self.cluster(), name)
+        if not callable(found):
+            return found  # a constant of the class
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(self.cluster(), name)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        return call
 
     @property
     def started(self) -> bool:
         """Whether the cluster's map was read (a first command was sent)."""
-        return self._ready
+        return self._cluster is not None
+
+    def get_encoder(self) -> Any:
+        """The encoder of the cluster's connections (known before the first command too)."""
+        return self._encoder
 
     def get_connection_kwargs(self) -> dict[str, Any]:
         """The nodes' connection options (known before the first command too)."""
-        if not self._ready:
+        if self._cluster is None:
             return dict(self._options)
-        kwargs: dict[str, Any] = cast(Any, super()).get_connection_kwargs()
+        kwargs: dict[str, Any] = cast(Any, self._cluster).get_connection_kwargs()
         return kwargs
 
-    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._ready and not self._starting():  # (the construction sends commands)
-            self._start()
-        return cast(Any, super()).execute_command(*args, **kwargs)
-
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        if not self._ready and not self._starting():
-            self._start()
-        return cast(Any, super()).pipeline(transaction, shard_hint)
-
     def register_script(self, script: Any) -> Script:
-        return _ClusterScript(self, script)
+        # (redis-py types a script's client as its own classes; a Script reads only the
+        # encoder of this one before the first command.)
+        return _ClusterScript(cast(Any, self), script)
 
     def close(self) -> None:
-        if self._ready:
-            super().close()
+        if self._cluster is not None:
+            self._cluster.close()
 
     def __repr__(self) -> str:
         nodes = ",".join(f"{n.host}:{n.port}" for n in self._options.get("startup_nodes", ()))
-        return f"<ClusterClient {nodes} {'started' if self._ready else 'not started'}>"
+        return f"<ClusterClient {nodes} {'started' if self.started else 'not started'}>"

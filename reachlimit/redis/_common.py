@@ -40,6 +40,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from .._attrs import shown
 from . import lua
+from ._cluster import ClusterClient
 
 __all__ = [
     "Leased", "Named",
@@ -56,8 +57,9 @@ log = logging.getLogger("reachlimit")
 #: which it does not derive from ``RedisError``.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 
-#: What every object of this package takes: one Redis, or a Redis Cluster.
-Client: TypeAlias = "Redis | RedisCluster"
+#: What every object of this package takes: one Redis, or a Redis Cluster (redis-py's client,
+#: or the one ``connect`` makes for a ``redis+cluster://`` URL).
+Client: TypeAlias = "Redis | RedisCluster | ClusterClient"
 
 _HOSTNAME = socket.gethostname()
 
@@ -160,9 +162,10 @@ def check_names(name: str, prefix: str) -> None:
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` talks to a Redis Cluster (a ``redis.cluster.RedisCluster``): its
-    keys then live on the nodes of their slots, and a script may touch one slot only."""
-    return isinstance(client, RedisCluster)
+    """Whether ``client`` talks to a Redis Cluster (a ``redis.cluster.RedisCluster``, or the
+    :class:`~reachlimit.redis._cluster.ClusterClient` that makes one at its first command):
+    its keys then live on the nodes of their slots, and a script may touch one slot only."""
+    return isinstance(client, (RedisCluster, ClusterClient))
 
 
 def _connection_kwargs(client: Any) -> dict[str, Any]:

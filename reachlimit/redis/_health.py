@@ -18,9 +18,9 @@ design:
     ``rediss://`` keeps redis-py's TLS parameters (``ssl_ca_certs``, ``ssl_cert_reqs``,
     ``ssl_certfile``, ``ssl_keyfile``...) as redis-py reads them.
 
-    ``redis+cluster://`` (``_cluster``): a ``redis.cluster.RedisCluster`` over the URL's
-    nodes, with the same bounds and no retry (redirects are followed, not retried), which
-    reads the cluster's map at its first command, not here.
+    ``redis+cluster://`` (``_cluster``): a ``ClusterClient``, which makes a
+    ``redis.cluster.RedisCluster`` over the URL's nodes, with the same bounds and no retry
+    (redirects are followed, not retried), at its first command, not here.
 
     RedisHealth is one per Redis (URL), shared by every wrapper of ``_resilient``. Up: every
     call goes to Redis. A call that fails with a connection problem (any ``redis.RedisError``
@@ -132,8 +132,9 @@ def _cluster_client(url: str, timeout: float, health_check_interval: int) -> Cli
 def connect(url: str, *, timeout: float = 0.5, health_check_interval: int = 15) -> Client:
     """A ``redis.Redis`` for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``, or
     ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]`` for the primary a Sentinel
-    names), or a ``redis.cluster.RedisCluster`` for ``redis+cluster://[user:password@]host:
-    port[,host:port...]`` (``_cluster``: its map of the cluster read at its first command),
+    names), or a ``ClusterClient`` for ``redis+cluster://[user:password@]host:
+    port[,host:port...]`` (``_cluster``: a ``redis.cluster.RedisCluster`` made, and the map of
+    the cluster read, at its first command),
     whose every call is bounded: connect and read time out after ``timeout`` seconds,
     a failed call is not retried, and a connection idle for ``health_check_interval``
     seconds is checked with a PING before use. No connection is opened here.
