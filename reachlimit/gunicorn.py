@@ -32,9 +32,11 @@ design::
                    missing and emptied of its *.db files (they belong to the processes of an
                    earlier run); else a fresh temporary directory, ``on_exit`` removes it. It
                    is set here, before the preloaded app imports prometheus_client, which
-                   reads the variable once, at import. A master started by another one
-                   (gunicorn's USR2 upgrade) inherits its parent's temporary directory and
-                   makes its own instead: the two masters exit at different times.
+                   reads the variable once, at import: when prometheus_client came first
+                   (imported without it), it is left unset, with a warning. A master
+                   started by another one (gunicorn's USR2 upgrade) inherits its parent's
+                   temporary directory and makes its own instead: the two masters exit at
+                   different times.
                  - the boot id, REACHLIMIT_BOOT_ID: one random value for this master and the
                    workers it forks. Shared build slots and queue places on Redis are owned
                    by "<hostname>:<boot id>:<pid>", so ``child_exit`` frees the places of a
@@ -123,20 +125,24 @@ def _prepare_metrics_dir() -> None:
         for stale in glob.glob(os.path.join(given, "*.db")):
             os.remove(stale)
         return
+    if "prometheus_client" in sys.modules and METRICS_DIR_VARIABLE not in os.environ:
+        # Imported without the variable, so in its one-process mode for good, in this master
+        # and every worker it forks: the variable stays unset, so that reachlimit.prometheus
+        # (which reads it) counts in that mode too.
+        # no mutate: the words of a log line (no behaviour); the variable it names is tested.
+        log.warning(
+            "reachlimit: prometheus_client was imported before "  # pragma: no mutate
+            "reachlimit.gunicorn.prepare() could set %s, so each "  # pragma: no mutate
+            "process counts its metrics on its own; call prepare() first in "  # pragma: no mutate
+            "the gunicorn config file",  # pragma: no mutate
+            METRICS_DIR_VARIABLE,
+        )
+        return
     # Not given, or the temporary directory of the master that started this one (USR2): a
     # fresh one of our own.
     made = tempfile.mkdtemp(prefix=TEMPORARY_PREFIX)
     os.environ[METRICS_DIR_VARIABLE] = made
     os.environ[TEMPORARY_VARIABLE] = made
-    if "prometheus_client" in sys.modules and not given:
-        # no mutate: the words of a log line (no behaviour); the variable it names is tested.
-        log.warning(
-            "reachlimit: prometheus_client was imported before "  # pragma: no mutate
-            "reachlimit.gunicorn.prepare() set %s, so this process counts its "  # pragma: no mutate
-            "metrics on its own; call prepare() first in the gunicorn config "  # pragma: no mutate
-            "file",  # pragma: no mutate
-            METRICS_DIR_VARIABLE,
-        )
 
 
 def when_ready(server: Any) -> None:

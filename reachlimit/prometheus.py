@@ -72,7 +72,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import values as _values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -119,11 +118,18 @@ _HELP = {
 }
 
 
+#: The environment variables that put prometheus_client in its multiprocess mode, as it reads
+#: them (the second is its older name, still read).
+MULTIPROC_VARIABLES = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
 def multiprocess_mode() -> bool:
-    """True when prometheus_client writes to ``PROMETHEUS_MULTIPROC_DIR`` (decided when it
-    was first imported: setting the variable later changes nothing)."""
-    # Both of prometheus_client's value classes set _multiprocess: the default is never read.
-    return bool(getattr(_values.ValueClass, "_multiprocess", False))
+    """True when prometheus_client writes to ``PROMETHEUS_MULTIPROC_DIR``: the variable (or
+    its older lower-case name) is set, the signal prometheus_client documents and reads
+    itself. It decides when first imported, so the variable is set before that, as its
+    documentation asks (in the server's environment, or by ``reachlimit.gunicorn.prepare``
+    first in the gunicorn config file, which leaves it unset when it comes too late)."""
+    return any(name in os.environ for name in MULTIPROC_VARIABLES)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,14 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+@pytest.fixture
+def unimported(env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """``env``, in a process that has not imported prometheus_client yet (as a master
+    reading its config file; another test may have imported it here)."""
+    env.delitem(sys.modules, "prometheus_client", raising=False)
+    return env
+
+
 def test_the_names_it_sets_are_never_taken_for_settings() -> None:
     from reachlimit.redis._common import BOOT_ID_VARIABLE
 
@@ -85,7 +93,7 @@ def test_the_names_it_sets_are_never_taken_for_settings() -> None:
 
 
 def test_without_a_directory_prepare_makes_one_once_and_on_exit_removes_it(
-    env: pytest.MonkeyPatch,
+    unimported: pytest.MonkeyPatch,
 ) -> None:
     hooks.prepare()
     made = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
@@ -383,7 +391,8 @@ def test_prepare_warns_only_when_prometheus_client_came_first_without_a_director
 ) -> None:
     """prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, at its import: imported
     before prepare() made a directory, this process counts alone (warned, naming the
-    variable); with the operator's directory already set when it was imported, it is right."""
+    variable, which stays unset so that reachlimit.prometheus, reading it, counts alone
+    too); with the operator's directory already set when it was imported, it is right."""
     if imported:
         import prometheus_client
 
@@ -395,6 +404,7 @@ def test_prepare_warns_only_when_prometheus_client_came_first_without_a_director
     caplog.set_level("WARNING", logger="reachlimit")
     try:
         hooks.prepare()
+        assert ("PROMETHEUS_MULTIPROC_DIR" in os.environ) is not warned
     finally:
         hooks.on_exit(Server())
     said = warnings_of(caplog)
@@ -430,7 +440,9 @@ def test_on_exit_removes_only_its_own_directory_while_it_is_the_metrics_one(
     assert made.is_dir() and other.is_dir()
 
 
-def test_on_exit_never_raises_when_its_directory_is_gone_already(env: pytest.MonkeyPatch) -> None:
+def test_on_exit_never_raises_when_its_directory_is_gone_already(
+    unimported: pytest.MonkeyPatch,
+) -> None:
     hooks.prepare()
     made = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     made.rmdir()  # removed under the master (a tmp cleaner, say)

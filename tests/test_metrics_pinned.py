@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest, values
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import reachlimit.prometheus as metrics_module
@@ -45,14 +45,18 @@ def families(body: bytes) -> dict[str, tuple[str, str]]:
 # -- the mode -----------------------------------------------------------------------------------
 
 
-def test_a_value_class_that_does_not_say_is_the_one_process_mode(
+def test_the_mode_is_either_name_of_the_variable_set_even_empty(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    class Plain:
-        """A value class without prometheus_client's ``_multiprocess`` flag."""
-
-    monkeypatch.setattr(values, "ValueClass", Plain)
+    """As prometheus_client reads them: a variable that is there, whatever its value."""
+    for name in metrics_module.MULTIPROC_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     assert multiprocess_mode() is False
+    monkeypatch.setenv("prometheus_multiproc_dir", "/nowhere")
+    assert multiprocess_mode() is True
+    monkeypatch.delenv("prometheus_multiproc_dir")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    assert multiprocess_mode() is True
 
 
 def test_in_the_several_process_mode_the_apps_registry_holds_nothing(

@@ -21,9 +21,12 @@ design:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import struct
+import subprocess
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -36,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import reachlimit.prometheus as metrics_module
 from reachlimit import Busy, Cancelled, ColdLimiter
-from reachlimit.prometheus import MetricsGroup, ReachMetrics, multiprocess_mode
+from reachlimit.prometheus import MetricsGroup, ReachMetrics
 from reachlimit.redis._stats import RedisLimiterStats
 from tests.support.fair_app import App
 from tests.support.threads import ThreadRunner, start_call
@@ -152,10 +155,44 @@ class SharedLimiter(ColdLimiter):
 # -- the mode ---------------------------------------------------------------------------------
 
 
-def test_the_mode_is_the_one_prometheus_client_writes_in(per_process: PerProcess) -> None:
-    assert multiprocess_mode() is True
-    per_process.monkeypatch.setattr(values, "ValueClass", values.MutexValue)
-    assert multiprocess_mode() is False
+#: Run in a fresh interpreter: the mode reachlimit reads, then what a counter of
+#: prometheus_client (imported after the environment was set, as in a worker) left in the
+#: directory, as a scrape of another process reads it.
+MODE_PROBE = """
+import json, os, sys
+from reachlimit.prometheus import multiprocess_mode
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+Counter("probe", "a probe", registry=None).inc()
+directory = sys.argv[1]
+read = CollectorRegistry()
+MultiProcessCollector(read, path=directory)
+print(json.dumps({"mode": multiprocess_mode(), "files": sorted(os.listdir(directory)),
+                  "read": b"probe_total 1.0" in generate_latest(read)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("variable", "files"),
+    [("PROMETHEUS_MULTIPROC_DIR", True), ("prometheus_multiproc_dir", True), (None, False)],
+    ids=["set", "older-name", "unset"],
+)
+def test_the_mode_is_the_one_prometheus_client_writes_in(
+    tmp_path: Path, variable: str | None, files: bool
+) -> None:
+    """What reachlimit reads (the variable, or its older name) is what the installed
+    prometheus_client decides at its import: values in files there, or in memory only."""
+    env = {k: v for k, v in os.environ.items() if k not in metrics_module.MULTIPROC_VARIABLES}
+    if variable is not None:
+        env[variable] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", MODE_PROBE, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["mode"] is files
+    assert bool(said["files"]) is files and said["read"] is files, said
 
 
 # -- one worker -------------------------------------------------------------------------------
