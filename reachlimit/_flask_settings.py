@@ -15,8 +15,8 @@ each ``REACHLIMIT_*`` environment variable that is no config key, with the neare
 adds up every enabled budget's active + queue. ``enabled`` (REACHLIMIT_ENABLED) False turns a
 budget's machinery off: the extension then runs each build directly (``reachlimit.flask``).
 
-``gunicorn_threads`` finds the ``threads`` setting of the gunicorn worker loading the app (for
-the warning that the worker has too few threads). The client option's meaning (``_client_of``)
+``warn_threads`` takes the gunicorn worker's ``threads`` setting from ``reachlimit.gunicorn``'s
+hooks (for the warning that it is too few). The client option's meaning (``_client_of``)
 is here too: None for "remote_addr" (read inline by the extension), ``_nobody`` for "none",
 the app's callable otherwise, its value checked by the key rule (``reachlimit._keys``).
 
@@ -31,10 +31,8 @@ import difflib
 import logging
 import math
 import re
-import sys
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, fields
-from types import FrameType
 from typing import Any, cast
 
 from ._keys import checked_client
@@ -409,25 +407,3 @@ def warn_threads(threads: int | None, budgets: list[tuple[int, int]]) -> None:
             "start gunicorn with --threads %d or more",
             threads, SPARE_THREADS, needed, len(budgets), needed,
         )
-
-
-def gunicorn_threads() -> int | None:
-    """The ``threads`` setting of the gunicorn worker (or preloading master) that is loading
-    the app right now, found on the call stack; None when not loaded by gunicorn."""
-    workers = sys.modules.get("gunicorn.workers.base")
-    apps = sys.modules.get("gunicorn.app.base")
-    kinds = tuple(
-        cls
-        for cls in (getattr(workers, "Worker", None), getattr(apps, "BaseApplication", None))
-        if isinstance(cls, type)
-    )
-    if not kinds:
-        return None
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, kinds):
-            threads = getattr(getattr(owner, "cfg", None), "threads", None)
-            return threads if isinstance(threads, int) else None
-        frame = frame.f_back
-    return None

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Any, cast, overload
@@ -100,7 +101,6 @@ from ._flask_settings import (
     CONFIG_KEYS,
     Settings,
     _read_settings,
-    gunicorn_threads,
     warn_threads,
     warn_unknown_keys,
 )
@@ -113,7 +113,7 @@ from ._values import run_ruled
 
 __all__ = [
     "ReachLimit", "Budget", "ColdRefused", "ClientGone", "Settings", "CONFIG_KEYS",
-    "release_worker", "AutoRetryAfter",
+    "release_worker", "check_threads", "AutoRetryAfter",
 ]
 
 log = logging.getLogger("reachlimit")
@@ -200,6 +200,25 @@ def _in_app_context(app: Flask, build: Callable[[], Any]) -> Callable[[], Any]:
             return build()
 
     return run
+
+
+#: The apps whose ReachLimit was set up in this process (init_app), for check_threads.
+_set_up: weakref.WeakSet[Flask] = weakref.WeakSet()
+
+
+def check_threads(threads: int) -> None:
+    """Warn (on the ``reachlimit`` logger) for each app set up in this process whose enabled
+    budgets need more handler threads than ``threads``: ``active + queue`` of every budget,
+    plus ``SPARE_THREADS`` (4). ``reachlimit.gunicorn``'s hooks
+    call it with the worker's ``threads`` setting (once the worker, or the preloading master,
+    has loaded the app); another threaded server's operator may call it with its own."""
+    if not isinstance(threads, int):
+        return  # not a number: nothing to compare
+    for app in list(_set_up):
+        state = app.extensions.get("reachlimit")
+        if isinstance(state, BudgetState) and state.budgets is not None:
+            warn_threads(threads, [(s.settings.active, s.settings.queue)
+                                   for s in state.budgets.states.values() if s.enabled])
 
 
 def _current() -> tuple[Flask, Request]:
@@ -304,10 +323,7 @@ class ReachLimit:
             if answered not in spec.get(answered.code, {}):  # an app's own handler stays
                 app.register_error_handler(answered, _send_finished)
         app.after_request(_write_cache_status)
-        warn_threads(
-            gunicorn_threads(), [(s.settings.active, s.settings.queue) for s in
-                                 budgets.states.values() if s.enabled],
-        )
+        _set_up.add(app)  # for check_threads, once a gunicorn hook knows the worker's threads
 
     def _build(self, app: Flask, budgets: AppBudgets, name: str) -> BudgetState:
         """Budget ``name`` of ``app``, built and added to ``budgets``."""

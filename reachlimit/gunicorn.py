@@ -3,7 +3,7 @@
 A config file (``gunicorn -c gunicorn.conf.py app:app``) that gets every worker-related
 detail right::
 
-    from reachlimit.gunicorn import child_exit, on_exit, prepare, when_ready  # noqa: F401
+    from reachlimit.gunicorn import child_exit, on_exit, post_worker_init, prepare, when_ready
 
     prepare()  # at load, before the app (or prometheus_client) is imported
 
@@ -44,7 +44,14 @@ design::
                    given the same hostname) runs workers with the same PIDs.
     when_ready   the master, once it listens: warns when several workers run without
                  REACHLIMIT_REDIS_URL (each has its own limiters: W workers run up to W x
-                 active builds of every budget), and when ``prepare`` was not called.
+                 active builds of every budget), and when ``prepare`` was not called. With
+                 ``preload_app`` the app was loaded here: the threads check below, once.
+    post_worker_init
+                 each worker, once it has loaded the app (not preloaded): warns when the
+                 worker's ``threads`` setting is fewer than the app's budgets need
+                 (``reachlimit.flask.check_threads``: active + queue of every budget, + 4).
+                 gunicorn gives no public way for the app to read that setting itself, so
+                 the hook hands it over; without the hooks nothing is checked.
     child_exit   the master, for every worker that exited (SIGKILL and OOM included): frees
                  the worker's shared build slots and queue places on Redis, in every
                  budget, at once, and drops its singleflight claims, so their followers
@@ -82,7 +89,7 @@ from typing import Any
 from ._urls import mask_url, scrub, url_secrets
 
 __all__ = [
-    "prepare", "when_ready", "child_exit", "on_exit",
+    "prepare", "when_ready", "post_worker_init", "child_exit", "on_exit",
     "METRICS_DIR_VARIABLE", "BOOT_ID_VARIABLE", "MASTER_VARIABLE", "TEMPORARY_VARIABLE",
     "VARIABLES", "TEMPORARY_PREFIX",
 ]
@@ -147,7 +154,8 @@ def _prepare_metrics_dir() -> None:
 
 def when_ready(server: Any) -> None:
     """In the master, once it listens: warn when per-worker limits multiply, and when
-    :func:`prepare` was not called."""
+    :func:`prepare` was not called; with ``preload_app``, when the workers will have too
+    few threads for the app loaded here."""
     count = server.cfg.workers
     if count > 1 and not _redis_url():
         # no mutate: the words of a log line (no behaviour); the figures and the variable
@@ -167,6 +175,23 @@ def when_ready(server: Any) -> None:
             "(stale files are not cleared) and no boot id shared by its "  # pragma: no mutate
             "workers",  # pragma: no mutate
         )
+    if server.cfg.preload_app:
+        _check_threads(server.cfg.threads)
+
+
+def post_worker_init(worker: Any) -> None:
+    """In each worker, once it has loaded the app: warn when the worker has too few threads
+    for it (a preloaded app was checked once, by :func:`when_ready`)."""
+    if not worker.cfg.preload_app:
+        _check_threads(worker.cfg.threads)
+
+
+def _check_threads(threads: int) -> None:
+    """``reachlimit.flask.check_threads`` for the apps this process set up, if any: not
+    imported, no app here uses the extension (and Flask is not imported for nothing)."""
+    extension = sys.modules.get("reachlimit.flask")
+    if extension is not None:
+        extension.check_threads(threads)
 
 
 def child_exit(server: Any, worker: Any) -> None:

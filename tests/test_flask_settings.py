@@ -116,36 +116,6 @@ def test_too_few_threads_are_warned_about_with_the_figures(
     assert line.endswith(f"; start gunicorn with --threads {needed} or more")
 
 
-def test_the_threads_of_the_gunicorn_worker_loading_the_app_are_found() -> None:
-    """What init_app's warning reads: the ``threads`` setting of the gunicorn worker (or
-    application) whose method is loading the app, found on the call stack."""
-    import types
-
-    from gunicorn.app.base import BaseApplication
-    from gunicorn.workers.base import Worker
-
-    from reachlimit._flask_settings import gunicorn_threads
-
-    class LoadingWorker(Worker):
-        def __init__(self, threads: object) -> None:  # gunicorn's needs a whole server
-            self.cfg = types.SimpleNamespace(threads=threads)
-
-        def load_wsgi(self) -> int | None:
-            return gunicorn_threads()
-
-    class LoadingApplication(BaseApplication):
-        def __init__(self) -> None:
-            self.cfg = types.SimpleNamespace(threads=6)
-
-        def load(self) -> int | None:
-            return gunicorn_threads()
-
-    assert LoadingWorker(16).load_wsgi() == 16
-    assert LoadingWorker("16").load_wsgi() is None  # not a number: nothing to compare
-    assert LoadingApplication().load() == 6
-    assert gunicorn_threads() is None  # no gunicorn object loading anything here
-
-
 def test_retry_after_takes_a_whole_number_from_one_or_auto() -> None:
     from reachlimit._flask_settings import RETRY_AFTER_AUTO, _read_settings
 

@@ -40,7 +40,7 @@ import pytest
 import urllib3
 from urllib3.util.retry import Retry
 
-from tests.support import HOST
+from tests.support import HOST, ROOT
 from tests.support.clients import (
     CLIENT_TIMEOUT,
     Herd,
@@ -61,8 +61,10 @@ THREADS = 16
 #: Threads of the herd server: a 30-request herd holds 30 threads while its build is held,
 #: and the test still needs spare threads to read /health meanwhile.
 HERD_THREADS = 40
-#: The warning ReachLimit.init_app logs when gunicorn gives a worker too few threads.
+#: The warning reachlimit.gunicorn's hooks log when gunicorn gives a worker too few threads.
 THREAD_WARNING = "thread(s) per worker, fewer than active + queue"
+#: A config with only those hooks.
+THREADS_CONFIG = ROOT / "tests" / "apps" / "threads_gunicorn.conf.py"
 
 
 # -- the server -----------------------------------------------------------------------------
@@ -71,11 +73,15 @@ THREAD_WARNING = "thread(s) per worker, fewer than active + queue"
 class Gunicorn(GunicornServer):
     """One gunicorn master (and its one gthread worker) serving the slow app."""
 
-    def __init__(self, log_dir: Path, threads: int, name: str, extra: tuple[str, ...]) -> None:
+    def __init__(
+        self, log_dir: Path, threads: int, name: str, extra: tuple[str, ...],
+        config: Path | None = None,
+    ) -> None:
         super().__init__(
             APP,
             log_dir,
             name,
+            config=config,
             env={
                 # No queued request may time out while a test holds the gate (see the design).
                 "REACHLIMIT_WAIT": "30",
@@ -127,9 +133,10 @@ class Gunicorn(GunicornServer):
 
 @contextlib.contextmanager
 def running(
-    tmp_path_factory: pytest.TempPathFactory, threads: int, name: str, extra: tuple[str, ...] = ()
+    tmp_path_factory: pytest.TempPathFactory, threads: int, name: str, extra: tuple[str, ...] = (),
+    config: Path | None = None,
 ) -> Iterator[Gunicorn]:
-    server = Gunicorn(tmp_path_factory.mktemp(name), threads, name, extra)
+    server = Gunicorn(tmp_path_factory.mktemp(name), threads, name, extra, config)
     with serving(server):
         yield server
 
@@ -437,17 +444,24 @@ def test_retrying_client_gets_through_a_saturated_server(server: Gunicorn) -> No
 
 
 @pytest.mark.parametrize(
-    ("threads", "preload", "warns"),
-    [(4, False, True), (13, False, True), (14, False, False), (4, True, True)],
-    ids=["4", "13", "14", "4-preload"],
+    ("threads", "preload", "hooks", "warns"),
+    [(4, False, True, True), (13, False, True, True), (14, False, True, False),
+     (4, True, True, True), (4, False, False, False)],
+    ids=["4", "13", "14", "4-preload", "4-without-the-hooks"],
 )
 def test_thread_sizing_warning(
-    tmp_path_factory: pytest.TempPathFactory, threads: int, preload: bool, warns: bool
+    tmp_path_factory: pytest.TempPathFactory, threads: int, preload: bool, hooks: bool,
+    warns: bool,
 ) -> None:
+    """Logged once, by the process that loaded the app (the preloading master, or the
+    worker), through the hooks of the config; without them nothing reads the setting."""
     extra = ("--preload",) if preload else ()
-    with running(tmp_path_factory, threads, f"threads{threads}", extra) as srv:
+    config = THREADS_CONFIG if hooks else None
+    name = f"threads{threads}{'-preload' if preload else ''}{'' if hooks else '-bare'}"
+    with running(tmp_path_factory, threads, name, extra, config) as srv:
         stderr = srv.stderr()  # the app was loaded before /health answered
     if warns:
+        assert stderr.count(THREAD_WARNING) == 1, stderr
         assert (
             f"gunicorn runs {threads} thread(s) per worker, fewer than "
             "active + queue + 4 = 14" in stderr

@@ -2,13 +2,14 @@
 
 In this process, on the environment (every variable the module reads or sets is put under
 monkeypatch first): ``prepare`` makes or clears the metrics directory and draws the boot id
-once per master PID; ``when_ready`` warns when workers multiply the limits; ``child_exit``
-frees a dead worker's places through ``reachlimit.flask.release_worker`` (a real Redis, a
-stand-in that records the call, and one that fails: logged with the URL masked, never
-raised) and marks it dead for prometheus_client; ``on_exit`` removes only a directory of its
-own. Under real gunicorn: a config of the app's own composes its ``child_exit`` with ours
-and a SIGKILLed worker's gauges leave the directory; a SIGHUP keeps the boot id and the
-directory."""
+once per master PID; ``when_ready`` warns when workers multiply the limits; ``when_ready``
+(preloaded) or ``post_worker_init`` warns once when the workers' threads are too few for the
+apps set up in the process that loaded them; ``child_exit`` frees a dead worker's places
+through ``reachlimit.flask.release_worker`` (a real Redis, a stand-in that records the call,
+and one that fails: logged with the URL masked, never raised) and marks it dead for
+prometheus_client; ``on_exit`` removes only a directory of its own. Under real gunicorn: a
+config of the app's own composes its ``child_exit`` with ours and a SIGKILLed worker's
+gauges leave the directory; a SIGHUP keeps the boot id and the directory."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 
 import reachlimit.flask
 from reachlimit import gunicorn as hooks
@@ -50,19 +54,24 @@ class Log:
 
 
 class Cfg:
-    def __init__(self, workers: int) -> None:
+    """gunicorn's ``cfg``, as far as the hooks read it."""
+
+    def __init__(self, workers: int, threads: int = 16, preload_app: bool = False) -> None:
         self.workers = workers
+        self.threads = threads
+        self.preload_app = preload_app
 
 
 class Server:
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, cfg: Cfg | None = None) -> None:
         self.log = Log()
-        self.cfg = Cfg(workers)
+        self.cfg = cfg or Cfg(workers)
 
 
 class Worker:
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, cfg: Cfg | None = None) -> None:
         self.pid = pid
+        self.cfg = cfg or Cfg(1)
 
 
 @pytest.fixture
@@ -177,6 +186,67 @@ def test_when_ready_says_when_prepare_was_not_called(env: pytest.MonkeyPatch) ->
     assert "reachlimit.gunicorn.prepare() was not called" in server.log.text()
 
 
+# -- the threads check -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def set_up(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Flask]]:
+    """``set_up(**config)``: a Flask app with a ReachLimit set up in this process; the apps
+    of other tests are left out of the extension's record for this one."""
+    monkeypatch.setattr(reachlimit.flask, "_set_up", weakref.WeakSet())
+    made: list[Flask] = []
+
+    def make(**config: Any) -> Flask:
+        app = Flask(f"app{len(made)}")
+        app.config.update(config)
+        reachlimit.flask.ReachLimit(app)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        reachlimit.flask.ReachLimit().close(app)
+
+
+def thread_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [line for line in warnings_of(caplog) if "thread(s) per worker" in line]
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preloaded", "loaded-by-the-worker"])
+def test_too_few_threads_are_warned_about_once_by_the_process_that_loaded_the_app(
+    env: pytest.MonkeyPatch, set_up: Callable[..., Flask], caplog: pytest.LogCaptureFixture,
+    preload: bool,
+) -> None:
+    """Preloaded, the master loaded the app: ``when_ready`` warns, the workers do not
+    again; else each worker's ``post_worker_init`` does, and the master (which loaded
+    nothing) says nothing."""
+    env.setenv(hooks.MASTER_VARIABLE, str(os.getpid()))  # prepared
+    set_up(REACHLIMIT_ACTIVE=2, REACHLIMIT_QUEUE=8)  # needs 2 + 8 + 4 = 14
+    caplog.set_level("WARNING", logger="reachlimit")
+    cfg = Cfg(1, threads=13, preload_app=preload)
+    hooks.when_ready(Server(cfg=cfg))
+    by_master = thread_warnings(caplog)
+    hooks.post_worker_init(Worker(7, cfg))
+    said = thread_warnings(caplog)
+    assert len(said) == 1 and len(by_master) == (1 if preload else 0), said
+    assert said[0].startswith("gunicorn runs 13 thread(s) per worker, fewer than active + "
+                              "queue + 4 = 14 (over the app's 1 budget(s)): ")
+
+
+def test_enough_threads_or_no_number_say_nothing_and_each_app_is_checked(
+    env: pytest.MonkeyPatch, set_up: Callable[..., Flask], caplog: pytest.LogCaptureFixture,
+) -> None:
+    set_up(REACHLIMIT_ACTIVE=2, REACHLIMIT_QUEUE=8)
+    caplog.set_level("WARNING", logger="reachlimit")
+    hooks.post_worker_init(Worker(7, Cfg(1, threads=14)))
+    hooks.post_worker_init(Worker(7, Cfg(1, threads="13")))  # type: ignore[arg-type]
+    assert thread_warnings(caplog) == []
+    set_up(REACHLIMIT_ACTIVE=1, REACHLIMIT_QUEUE=20)  # a second app here needs 25
+    hooks.post_worker_init(Worker(7, Cfg(1, threads=14)))
+    [line] = thread_warnings(caplog)
+    assert "fewer than active + queue + 4 = 25" in line
+
+
 class ReleaseCalls:
     """A stand-in for reachlimit.flask.release_worker: records its calls, answers ``answer``
     (or raises it)."""
@@ -281,8 +351,11 @@ def test_a_failure_to_mark_a_worker_dead_is_logged_instead_of_raised(prepared: P
 
 
 def test_the_module_imports_only_the_standard_library() -> None:
+    """Nor do the threads hooks import Flask where no app uses the extension."""
     code = (
-        "import sys, reachlimit.gunicorn\n"
+        "import sys, types, reachlimit.gunicorn as hooks\n"
+        "cfg = types.SimpleNamespace(threads=1, preload_app=False)\n"
+        "hooks.post_worker_init(types.SimpleNamespace(cfg=cfg))\n"
         "bad = [m for m in ('flask', 'redis', 'prometheus_client', 'gunicorn', "
         "'reachlimit.flask', 'reachlimit.redis') if m in sys.modules]\n"
         "print(bad)\n"

@@ -51,7 +51,7 @@ from typing import Any
 
 from gunicorn.glogging import Logger  # type: ignore[import-untyped]
 
-from reachlimit.gunicorn import child_exit, on_exit, prepare, when_ready  # noqa: F401
+from reachlimit.gunicorn import child_exit, on_exit, post_worker_init, prepare, when_ready  # noqa: F401
 
 
 def _count(name: str, default: str) -> int:

@@ -5,7 +5,7 @@ gives the master and its workers one boot id (and a metrics directory of their o
 
 import os
 
-from reachlimit.gunicorn import child_exit, on_exit, prepare, when_ready  # noqa: F401
+from reachlimit.gunicorn import child_exit, on_exit, post_worker_init, prepare, when_ready  # noqa: F401
 
 prepare()  # at load, before the app (or prometheus_client) is imported
 
