@@ -129,7 +129,9 @@ _STATUS_KEY = "reachlimit.cache_status"
 _RETRY_KEY = "reachlimit.retry_after"
 
 # Flask types its context proxies as the objects they stand for; these names say what they
-# are, so the hot path can ask each for its object once (see ReachLimit._state).
+# are, so the hot path can ask each for its object once (see ReachLimit._state), with
+# Werkzeug's ``LocalProxy._get_current_object()``: public despite its underscore (the way
+# Flask's and Werkzeug's documentation give to reach the object behind a proxy).
 _app_proxy = cast("LocalProxy[Flask]", current_app)
 _request_proxy = cast("LocalProxy[Request]", request)
 
