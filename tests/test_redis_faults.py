@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import assert_exact_capacity, start_acquire
+from tests.support.redis_clients import RETRIED_ERRORS
 from tests.support.redis_limiters import server_ms
 from tests.support.redis_procs import (
     DEADLINE,
@@ -426,7 +427,8 @@ class LosesOneReply(redis.Redis):
     def retrying(cls, server: RedisServer) -> LosesOneReply:
         """A client of ``server`` with the library's socket timeout and one retry."""
         return cls(
-            host="127.0.0.1", port=server.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1)
+            host="127.0.0.1", port=server.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1),
+            retry_on_error=RETRIED_ERRORS,
         )
 
 

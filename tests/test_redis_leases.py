@@ -39,7 +39,7 @@ from tests.support.limiter import (
     assert_exact_capacity,
     start_acquire,
 )
-from tests.support.redis_clients import CountingRedis
+from tests.support.redis_clients import RETRIED_ERRORS, CountingRedis
 from tests.support.redis_limiters import (
     FULL,
     GRANTED,
@@ -334,7 +334,8 @@ def test_redis_restarted_empty_recovers(
 ) -> None:
     # The waiter's client retries through the restart (what a client with retries does; the
     # count and backoff are set here so that redis-py's defaults of the day do not matter).
-    patient = make_client(retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 50))
+    patient = make_client(retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 50),
+                          retry_on_error=RETRIED_ERRORS)
     lim = make_limiter(active=2, queue=1, wait=60.0)  # the same settings as the waiter's
     before = lim.acquire()
     lim.acquire().release()

@@ -20,6 +20,11 @@ import redis
 from tests.support import HOST
 from tests.support.redis_server import RedisServer
 
+#: What a test client that must retry passes as ``retry_on_error`` beside its ``retry``:
+#: redis-py 5 retries only the errors named there (6 and newer: every error its ``Retry``
+#: supports, these included), so such a client retries on every supported redis-py.
+RETRIED_ERRORS = [redis.ConnectionError, redis.TimeoutError]
+
 
 class CountingRedis(redis.Redis):
     """A client that counts the commands it sends (by name), to prove a round-trip count.

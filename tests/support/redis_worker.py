@@ -74,6 +74,8 @@ def main() -> None:
     options: dict[str, Any] = {}
     if "patient" in sys.argv[7:]:
         options["retry"] = Retry(ExponentialBackoff(cap=0.2, base=0.01), 50)
+        # (redis-py 5 retries only the errors named here: redis_clients.RETRIED_ERRORS.)
+        options["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
     elif "impatient" in sys.argv[7:]:
         options["retry"] = Retry(NoBackoff(), 0)
     client = redis.Redis(
