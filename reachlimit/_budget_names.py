@@ -27,7 +27,7 @@ from collections.abc import Mapping, Set
 from dataclasses import fields, replace
 from typing import Any
 
-from ._flask_settings import _OPTION_NAMES, BUDGETS_KEY, Settings
+from ._flask_settings import BUDGETS_KEY, OPTION_NAMES, Settings
 
 __all__ = [
     "DEFAULT_BUDGET", "APP_WIDE", "RESERVED_BUDGETS", "check_budget_name",
@@ -59,11 +59,11 @@ def check_budget_name(name: Any) -> str:
 def check_budget_options(where: str, options: Mapping[str, Any], error: type[Exception]) -> None:
     """A budget's options: known option names (``error`` naming the unknown ones), none of
     them app-wide (ValueError)."""
-    unknown = sorted(set(options) - _OPTION_NAMES)
+    unknown = sorted(set(options) - OPTION_NAMES)
     if unknown:
         raise error(
             f"{where}: unknown option(s) {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(_OPTION_NAMES - APP_WIDE))}"
+            f"known: {', '.join(sorted(OPTION_NAMES - APP_WIDE))}"
         )
     shared = sorted(set(options) & APP_WIDE)
     if shared:
@@ -124,18 +124,16 @@ def budget_settings(
     return replace(base, **values)
 
 
-
-
 def declare(
-    declared: dict[str, dict[str, Any]], name: str, options: Mapping[str, Any],
+    name: str, options: Mapping[str, Any], before: Mapping[str, Any] | None,
     from_config: Set[str] = frozenset(),
 ) -> bool:
-    """``rl.budget(name, **options)``'s checks, and its record in ``declared``: True when
-    ``name`` is new. "default" takes no options (its options are ReachLimit's); a name
-    declared again with other options is a ValueError, and so are options for a name in
-    ``from_config`` (built by an init_app from REACHLIMIT_BUDGETS alone: they could not
-    reach it); each value is checked at once."""
-    if options and name in from_config and name not in declared:
+    """``rl.budget(name, **options)``'s checks: True when ``name`` is new (``before``, the
+    options it was declared with, is None). "default" takes no options (its options are
+    ReachLimit's); a name declared again with other options is a ValueError, and so are
+    options for a name in ``from_config`` (built by an init_app from REACHLIMIT_BUDGETS
+    alone: they could not reach it); each value is checked at once."""
+    if options and name in from_config and before is None:
         # The message's last words are no behaviour (no mutate); what it names is tested.
         raise ValueError(
             f"budget {name!r} was built at init_app from REACHLIMIT_BUDGETS alone, so "
@@ -155,9 +153,8 @@ def declare(
     check_budget_name(name)
     check_budget_options(f"rl.budget({name!r})", options, TypeError)
     budget_settings(Settings(), name, {}, options)  # each value checked now
-    before = declared.get(name)
-    if before is not None and options and dict(options) != before:
-        raise ValueError(f"budget {name!r} is declared already, with other options ({before})")
-    if before is None:
-        declared[name] = dict(options)
+    if before is not None and options and dict(options) != dict(before):
+        raise ValueError(
+            f"budget {name!r} is declared already, with other options ({dict(before)})"
+        )
     return before is None

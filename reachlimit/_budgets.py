@@ -14,7 +14,8 @@ design:
                                           /metrics for every budget, labelled by budget
         .links                            the app's Redis clients, one per URL (RedisLinks)
 
-    build_state(name, settings, budgets) -> BudgetState
+    AppBudgets.build(name, options) -> BudgetState
+      settings     budget_settings: the options, then REACHLIMIT_BUDGETS, then the app's
       in process   ColdLimiter + TTLCache (+ stale) -> ColdPath, or the metered path
       on Redis     reachlimit._flask_redis.shared_path: its own keys, slots and settings
                    record ({<prefix>:<name>}; the default keeps {<prefix>:cold})
@@ -22,14 +23,20 @@ design:
                    path whatever the Redis URL, never used: the extension runs each build
                    directly, so the budget's figures stay at zero. No Redis object is made
                    for it (an app whose every budget is disabled never imports redis-py)
+      the path's build_wrapper (run around every build it runs, a refresh's too): the value
+      rule (reachlimit._values), the "auto" Retry-After's timing, and with a stale window
+      the app context a refresh needs off the request's thread
 
-    Budget.forget(key) / clear_cache()    the extension's _forget / the cache's clear: on
-                                          Redis ResilientCache raises reachlimit.Unavailable
-                                          when Redis cannot be reached (never silent)
+    BudgetState.stats() / forget(key) / clear_cache()
+                                          the budget's figures (on Redis the service's) and
+                                          its warm cache: on Redis ResilientCache raises
+                                          reachlimit.Unavailable when Redis cannot be reached
+                                          (never silent)
 
 Each budget has its own limiter, cache, singleflight, fair queue, refresher, figures and
 refusal texts; nothing is shared between two budgets but the app's Redis connection and
-metric families. Standard library only (the extension, ``reachlimit.flask``, adds Flask).
+metric families. Standard library only (the extension, ``reachlimit.flask``, adds Flask and
+the per-request work).
 """
 
 from __future__ import annotations
@@ -38,27 +45,39 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import Busy, ColdLimiter, ColdPath, ColdPathStats, TTLCache
-from ._answers import render_refusal
-from ._budget_names import DEFAULT_BUDGET
-from ._cached import CachedView, bare_or_called
+from ._answers import refused_status, render_refusal
+from ._budget_names import DEFAULT_BUDGET, budget_settings
+from ._cache import forget_in
 from ._flask_redis import RedisLinks, shared_path
-from ._flask_settings import RETRY_AFTER_AUTO, ClientFunc, Settings, _client_of
-from ._keys import check_key, checked_key
+from ._flask_settings import RETRY_AFTER_AUTO, ClientFunc, Settings, client_of
+from ._keys import check_key
 from ._retry_after import AutoRetryAfter
+from ._values import run_ruled
 
 if TYPE_CHECKING:
     from .prometheus import MetricsGroup, ReachMetrics
     from .redis import RedisHealth, SharedPathCounters
 
-__all__ = [
-    "Budget", "BudgetState", "AppBudgets", "build_state", "service_stats", "check_key",
-    "checked_key",
-]
+__all__ = ["BudgetState", "AppBudgets", "Refusal", "Wrapper", "metrics_group"]
 
 log = logging.getLogger("reachlimit")
+
+#: What a build is run in: the refresh's app context, given by the Flask layer.
+Wrapper = Callable[[Callable[[], Any]], Callable[[], Any]]
+
+
+class Refusal(NamedTuple):
+    """A budget's answer to one kind of refusal: its HTTP ``status``, JSON ``body`` and
+    ``headers``, its ``retry_after`` (the header's text) and its ``cache_status``."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]]
+    retry_after: str
+    cache_status: str
 
 
 class BudgetState:
@@ -90,7 +109,7 @@ class BudgetState:
         self.closers: list[Callable[[], None]] = []
         #: None: the client is the request's remote_addr (the default, read inline); else
         #: what gives it from the request ("none": always None).
-        self.client_of: ClientFunc | None = _client_of(settings.client)
+        self.client_of: ClientFunc | None = client_of(settings.client)
         #: REACHLIMIT_RETRY_AFTER="auto": the build times and the formula; else None.
         self.retry_auto = (
             AutoRetryAfter(settings.active, settings.queue)
@@ -99,9 +118,9 @@ class BudgetState:
         )
         #: The app's budgets, this one included (set when the app's set is made).
         self.budgets: AppBudgets | None = None
-        # (reason, retry_after) -> the refusal's body and headers, rendered once. No lock, on
-        # purpose: two threads may render the same refusal at once, and either copy is right.
-        self._refusals: dict[tuple[str, int], tuple[bytes, list[tuple[str, str]]]] = {}
+        # (reason, retry_after) -> the refusal's answer, rendered once. No lock, on purpose:
+        # two threads may render the same refusal at once, and either copy is right.
+        self._refusals: dict[tuple[str, int], Refusal] = {}
 
     def auto_busy(self, busy: Busy) -> Busy:
         """``busy`` with its Retry-After worked out now (``retry_auto`` is set)."""
@@ -117,23 +136,58 @@ class BudgetState:
             queued = auto.queue
         return Busy(busy.reason, auto.seconds(queued))
 
-    def refusal(self, busy: Busy) -> tuple[int, bytes, list[tuple[str, str]]]:
-        """The status, body and headers of the answer to ``busy``: body and headers are
-        rendered on the first refusal of each kind and reused."""
-        # (A miss here only renders the same answer again.)
-        rendered = self._refusals.get((busy.reason, busy.retry_after))
-        if rendered is None:
-            rendered = self._refusals[(busy.reason, busy.retry_after)] = render_refusal(
-                busy, self.name, self.settings.refusal_message
+    def refusal(self, busy: Busy) -> Refusal:
+        """The answer to ``busy``, rendered on the first refusal of each kind and reused."""
+        kind = (busy.reason, busy.retry_after)
+        rendered = self._refusals.get(kind)
+        if rendered is None:  # (a miss only renders the same answer again)
+            body, headers = render_refusal(busy, self.name, self.settings.refusal_message)
+            # "unavailable" (Redis down, fallback "refuse") is the service's failure, not
+            # the client's: 503 whatever REACHLIMIT_STATUS says.
+            status = 503 if busy.reason == Busy.UNAVAILABLE else self.settings.status
+            retry_after = str(max(1, int(busy.retry_after)))
+            rendered = self._refusals[kind] = Refusal(
+                status, body, headers, retry_after, refused_status(status)
             )
-        # "unavailable" (Redis down, fallback "refuse") is the service's failure, not the
-        # client's: 503 whatever REACHLIMIT_STATUS says.
-        status = 503 if busy.reason == Busy.UNAVAILABLE else self.settings.status
-        return status, *rendered
+        return rendered
+
+    def stats(self) -> ColdPathStats:
+        """The budget's figures; on Redis the whole service's (the path's counters as added
+        up in Redis), or this process's while Redis is unavailable."""
+        stats = self.path.stats()
+        counters = self.counters
+        if counters is None or stats.degraded:
+            return stats
+        try:
+            return counters.apply(stats)
+        except Exception as exc:  # Redis failed between the two reads: this process's figures
+            # pragma below: a DEBUG line's words and argument are no behaviour
+            log.debug(
+                "reachlimit: the service's counters could not be read (%s)",  # pragma: no mutate
+                type(exc),  # pragma: no mutate
+            )
+            return stats
+
+    def forget(self, key: Hashable) -> bool:
+        """Drop ``key`` (a ``cold()`` key: ``TypeError`` for another) from every level of
+        the budget's warm cache; True if it was there."""
+        if type(key) is not str:  # (a str passes the check: skipping it only saves time)
+            check_key(key, "forget()")
+        return forget_in(self.path.cache, key)
+
+    def clear_cache(self) -> None:
+        """Empty the budget's warm cache, when it can be emptied: in process at once; on
+        Redis every entry of the service and this process's first level (another process's
+        first level within its ``local_ttl``), and ``reachlimit.Unavailable`` when Redis
+        cannot be reached (the fallback cache is emptied all the same)."""
+        clear = getattr(self.path.cache, "clear", None)
+        if callable(clear):
+            clear()
 
 
 class AppBudgets:
-    """Every budget of one app (see the module's design note)."""
+    """Every budget of one app (see the module's design note). ``in_app_context`` is what a
+    refresh of a budget with a stale window runs its build in (the Flask layer's)."""
 
     def __init__(
         self,
@@ -141,6 +195,7 @@ class AppBudgets:
         base: Settings,
         configured: Mapping[str, Mapping[str, Any]],
         group: MetricsGroup | None,
+        in_app_context: Wrapper | None = None,
     ) -> None:
         self.owner = owner
         self.base = base
@@ -148,21 +203,35 @@ class AppBudgets:
         self.group = group
         self.links = RedisLinks()
         self.states: dict[str, BudgetState] = {}
+        self._in_app_context = in_app_context
         #: Taken to add a budget declared after init_app (on its first use in this app).
         self.lock = threading.Lock()
 
-    def ensure(self, name: str, build: Callable[[], BudgetState]) -> BudgetState:
-        """Budget ``name``, made by ``build`` (once, under the lock) if it is not there yet:
-        a budget declared after the app's init_app, on its first use in the app."""
+    def build(self, name: str, options: Mapping[str, Any]) -> BudgetState:
+        """Budget ``name`` with its declared ``options`` (see the module's design note),
+        built and added. No connection is opened."""
+        # (The default has no options of its own to add: budget_settings would give base.)
+        settings = self.base if name == DEFAULT_BUDGET else budget_settings(
+            self.base, name, self.configured.get(name, {}), options
+        )
+        state = _new_state(name, settings, self)
+        # Set before the state is added, where other request threads can find it.
+        state.path.build_wrapper = partial(
+            _wrapped_build, state.retry_auto,
+            self._in_app_context if settings.stale > 0 else None,
+        )
+        state.budgets = self
+        self.states[name] = state
+        return state
+
+    def ensure(self, name: str, options: Mapping[str, Any]) -> BudgetState:
+        """Budget ``name``, built (once, under the lock) if it is not there yet: a budget
+        declared after the app's init_app, on its first use in the app."""
         with self.lock:
             # Its caller found no state just before: building again here instead would
             # only differ for a second thread that lost that race.
             state = self.states.get(name)
-            return state if state is not None else build()
-
-    def add(self, state: BudgetState) -> None:
-        state.budgets = self
-        self.states[state.name] = state
+            return state if state is not None else self.build(name, options)
 
     def close(self) -> None:
         """Every budget's background work, then the app's Redis connections."""
@@ -173,79 +242,16 @@ class AppBudgets:
         self.links.close()
 
 
-class Extension(Protocol):
-    """What a :class:`Budget` asks of its ``ReachLimit``."""
-
-    def _cold(
-        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str | None
-    ) -> Any: ...
-
-    def _cached(
-        self, name: str, key: Callable[..., Hashable] | None, mimetype: str | None
-    ) -> Callable[[Callable[..., Any]], CachedView]: ...
-
-    def _budget_state(self, name: str) -> BudgetState: ...
-
-    def _forget(self, state: BudgetState, key: Hashable) -> bool: ...
-
-
-class Budget:
-    """One budget of the apps a :class:`ReachLimit` serves: ``rl.budget(name, **options)``.
-
-    Its ``cold``, ``cached``, ``forget``, ``stats``, ``clear_cache``, ``settings`` and
-    ``path`` are the current app's, like the extension's own (which are the ``"default"``
-    budget's). The object holds no app: it finds its state in
-    ``app.extensions["reachlimit"]`` on every call. ``rl.budget(name, enabled=False)``
-    turns this budget's machinery off (see ``ReachLimit``)."""
-
-    def __init__(self, rl: Extension, name: str) -> None:
-        self.rl = rl
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<reachlimit Budget {self.name!r}>"
-
-    def cold(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """:meth:`ReachLimit.cold` in this budget."""
-        return self.rl._cold(self._state(), key, build, "")
-
-    @overload
-    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
-
-    @overload
-    def cached(
-        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
-        mimetype: str | None = None,
-    ) -> Callable[[Callable[..., Any]], CachedView]: ...
-
-    def cached(
-        self, view: Callable[..., Any] | None = None, /, *,
-        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
-    ) -> Any:
-        """:meth:`ReachLimit.cached` in this budget: ``@budget.cached`` or
-        ``@budget.cached(key=..., mimetype=...)``."""
-        return bare_or_called(self.rl._cached(self.name, key, mimetype), view)
-
-    def stats(self) -> ColdPathStats:
-        return service_stats(self._state())
-
-    def forget(self, key: Hashable) -> bool:
-        """:meth:`ReachLimit.forget` in this budget."""
-        return self.rl._forget(self._state(), key)
-
-    def clear_cache(self) -> None:
-        """:meth:`ReachLimit.clear_cache` in this budget."""
-        clear_cache(self._state())
-
-    def settings(self) -> Settings:
-        return self._state().settings
-
-    @property
-    def path(self) -> ColdPath:
-        return self._state().path
-
-    def _state(self) -> BudgetState:
-        return self.rl._budget_state(self.name)
+def _wrapped_build(
+    retry_auto: AutoRetryAfter | None, in_app_context: Wrapper | None,
+    key: Hashable, build: Callable[[], Any],
+) -> Callable[[], Any]:
+    """A budget's ``build`` as its path runs it: its value through the value rule, timed for
+    the "auto" Retry-After, in an app context off the request's thread (a refresh)."""
+    run: Callable[[], Any] = partial(run_ruled, build, key, "")
+    if retry_auto is not None:
+        run = retry_auto.timed(run)
+    return run if in_app_context is None else in_app_context(run)
 
 
 def _metrics_class() -> type[ReachMetrics]:
@@ -270,13 +276,8 @@ def metrics_group(settings: Settings) -> MetricsGroup | None:
     return MetricsGroup()
 
 
-def build_state(
-    name: str, settings: Settings, budgets: AppBudgets,
-    refresh_wrapper: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None,
-) -> BudgetState:
-    """Budget ``name``'s state (see the module's design note), its path's
-    ``refresh_wrapper`` set before the state is added where other threads can find it. No
-    connection is opened."""
+def _new_state(name: str, settings: Settings, budgets: AppBudgets) -> BudgetState:
+    """Budget ``name``'s state with its limiter, cache and path (module design)."""
     group = budgets.group
     meter = (
         None if group is None else partial(_metrics_class(), budget=name, group=group)
@@ -306,32 +307,4 @@ def build_state(
             state = BudgetState(settings, ColdPath(limiter, cache), name=name)
     # The refresher's threads stop first: a refresh running may still need the rest.
     state.closers.insert(0, state.path.close)
-    state.path.refresh_wrapper = refresh_wrapper
-    budgets.add(state)
     return state
-
-
-def service_stats(state: BudgetState) -> ColdPathStats:
-    """The budget's figures; on Redis the whole service's (the path's counters as added up
-    in Redis), or this process's while Redis is unavailable."""
-    stats = state.path.stats()
-    counters = state.counters
-    if counters is None or stats.degraded:
-        return stats
-    try:
-        return counters.apply(stats)
-    except Exception as exc:  # Redis failed between the two reads: this process's figures
-        # pragma below: a DEBUG line's words and argument are no behaviour
-        log.debug("reachlimit: the service's counters could not be read (%s)",  # pragma: no mutate
-                  type(exc))  # pragma: no mutate
-        return stats
-
-
-def clear_cache(state: BudgetState) -> None:
-    """Empty budget ``state``'s warm cache, when it can be emptied: in process at once; on
-    Redis every entry of the service and this process's first level (another process's
-    first level within its ``local_ttl``), and ``reachlimit.Unavailable`` when Redis cannot
-    be reached (the fallback cache is emptied all the same)."""
-    clear = getattr(state.path.cache, "clear", None)
-    if callable(clear):
-        clear()

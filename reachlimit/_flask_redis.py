@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from . import ColdLimiter, ColdPath, SingleFlight, TTLCache
 from ._budget_names import DEFAULT_BUDGET, read_budgets
-from ._flask_settings import Settings, _read_settings
+from ._flask_settings import Settings, read_settings
 from ._path import Cache, Flight
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def release_worker(config: Mapping[str, Any], pid: int) -> tuple[int, int] | Non
     rather than when the claims' leases end). Returns (slots freed, places removed) summed
     over the budgets, or None without a Redis URL. Raises ValueError for bad settings and
     redis-py's errors when Redis cannot be reached."""
-    settings = _read_settings(config, {})
+    settings = read_settings(config, {})
     if not settings.redis_url:
         return None
     from .redis import connect, owner_prefix, registry_key, release_claims, release_owner

@@ -3,7 +3,7 @@
 design:
 
     ReachLimit(**overrides) / init_app(app) / release_worker(config, pid)
-      _read_settings(config, overrides) -> Settings (frozen)
+      read_settings(config, overrides) -> Settings (frozen)
         each field of Settings is an option: REACHLIMIT_<NAME> is its config key, <name>
         its ReachLimit argument, its metadata["check"] turns the raw value (a string from
         the environment, say) into the setting or raises ValueError naming the key
@@ -16,7 +16,7 @@ adds up every enabled budget's active + queue. ``enabled`` (REACHLIMIT_ENABLED) 
 budget's machinery off: the extension then runs each build directly (``reachlimit.flask``).
 
 ``warn_threads`` takes the gunicorn worker's ``threads`` setting from ``reachlimit.gunicorn``'s
-hooks (for the warning that it is too few). The client option's meaning (``_client_of``)
+hooks (for the warning that it is too few). The client option's meaning (``client_of``)
 is here too: None for "remote_addr" (read inline by the extension), ``_nobody`` for "none",
 the app's callable otherwise, its value checked by the key rule (``reachlimit._keys``).
 
@@ -37,6 +37,7 @@ from typing import Any, cast
 
 from ._keys import checked_client
 from ._urls import REDIS_SCHEMES, SCHEMES_TEXT, mask_url, redis_url_problem
+from .gunicorn import BOOT_ID_VARIABLE
 
 __all__ = ["Settings", "CONFIG_KEYS", "ClientFunc", "SPARE_THREADS", "RETRY_AFTER_AUTO",
            "CLIENT_REMOTE_ADDR", "CLIENT_NONE", "BUDGETS_KEY", "warn_unknown_keys"]
@@ -278,18 +279,9 @@ class Settings:
         the default 2 (the extension works out each refusal's own figure instead)."""
         return self.retry_after if isinstance(self.retry_after, int) else 2
 
-    @property
-    def threads_needed(self) -> int:
-        return self.active + self.queue + SPARE_THREADS
-
-    @property
-    def redis_where(self) -> str | None:
-        """The Redis URL with its password masked (None without Redis): for logs and errors."""
-        return mask_url(self.redis_url) if self.redis_url else None
-
 
 _CONFIG_PREFIX = "REACHLIMIT_"
-_OPTION_NAMES = frozenset(f.name for f in fields(Settings))
+OPTION_NAMES = frozenset(f.name for f in fields(Settings))
 
 #: The config key of the named budgets: ``{"<name>": {"<option>": value, ...}, ...}`` (or
 #: that as a JSON text, from the environment).
@@ -298,13 +290,10 @@ BUDGETS_KEY = "REACHLIMIT_BUDGETS"
 #: Every config key the extension reads, e.g. for an app that takes them from the environment.
 CONFIG_KEYS = (*(_CONFIG_PREFIX + f.name.upper() for f in fields(Settings)), BUDGETS_KEY)
 
-#: REACHLIMIT_* names that are not config keys of the extension and never warned about:
-#: the boot id a gunicorn config may export (``reachlimit.redis``'s owner ids) and the
-#: variables of the project's own test and benchmark tools.
-NOT_CONFIG_KEYS = frozenset({
-    "REACHLIMIT_BOOT_ID", "REACHLIMIT_SEED", "REACHLIMIT_STRESS", "REACHLIMIT_STRESS_SEED",
-    "REACHLIMIT_STRESS_SHRINK", "REACHLIMIT_CHROMIUM", "REACHLIMIT_REDIS_SERVER",
-})
+#: The one REACHLIMIT_* name that is no config key and never warned about: the boot id a
+#: gunicorn config exports (``reachlimit.gunicorn``; ``reachlimit.redis``'s owner ids).
+NOT_CONFIG_KEYS = frozenset({BOOT_ID_VARIABLE})
+
 
 def warn_unknown_keys(
     config: Mapping[str, Any], environ: Mapping[str, str] | None = None
@@ -347,7 +336,7 @@ def _nearest(key: str) -> str:
     return f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
 
 
-def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
+def read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
     """Constructor arguments win over ``REACHLIMIT_*`` config keys, which win over defaults."""
     values: dict[str, Any] = {}
     for option in fields(Settings):
@@ -361,10 +350,11 @@ def _read_settings(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> S
     return Settings(**values)
 
 
-def _client_of(
+def client_of(
     setting: str | ClientFunc,
 ) -> ClientFunc | None:
-    """What ``_State.client_of`` holds for the ``client`` setting (see there)."""
+    """What a budget's state holds for the ``client`` setting: None for "remote_addr" (read
+    inline by the extension), else what gives the client of a request."""
     if setting == CLIENT_REMOTE_ADDR:
         return None
     if setting == CLIENT_NONE:

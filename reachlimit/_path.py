@@ -263,9 +263,13 @@ class ColdPath:
         self._refresher = refresher  # guarded by _lock
         #: The monotonic clock of the refreshes' backoff (a test gives its cache's).
         self.clock = clock
-        #: Applied to a build before a refresh runs it on a refresher thread (the Flask
-        #: extension gives it an app context there); None: run as it is.
-        self.refresh_wrapper: Callable[[Callable[[], Any]], Callable[[], Any]] | None = None
+        #: ``build_wrapper(key, build) -> build``: what the path runs in place of each build
+        #: it runs (a leader's, a refresh's), made once its slot is held; None: the build
+        #: as it is. The Flask extension's applies its value rule there, and gives a
+        #: refresh an app context, so that a warm hit makes no wrapper at all.
+        self.build_wrapper: Callable[[Hashable, Callable[[], Any]], Callable[[], Any]] | None = (
+            None
+        )
         self._lock = threading.Lock()
         self._hits = 0  # guarded by _lock
         self._misses = 0  # guarded by _lock
@@ -430,6 +434,8 @@ class ColdPath:
         with grant:
             with self._lock:
                 self._builds += 1
+            if self.build_wrapper is not None:
+                build = self.build_wrapper(key, build)
             started = perf_counter()
             value = build()
             took = perf_counter() - started
@@ -457,8 +463,6 @@ class ColdPath:
         the key is within a backoff."""
         if self._backoff and not self._backoff.allows(key, self.clock()):
             return
-        if self.refresh_wrapper is not None:
-            build = self.refresh_wrapper(build)
         self.refresher.submit(key, lambda: self._run_refresh(key, build, fresh_for))
 
     def _run_refresh(self, key: Hashable, build: Callable[[], Any], seen: float) -> None:

@@ -38,10 +38,11 @@ then by the exception's own class before its bases. An app's ``errorhandler(Cold
 replaces ours, and its answer still gets the refusal's ``Cache-Status`` and (a 429/503
 without one) ``Retry-After`` from the after_request hook.
 
-Budgets: ``rl.budget(name, ...)`` declares one, before ``init_app`` (built there, in every
-app) or after (built in each app on first use); see ``reachlimit._budgets``. One ReachLimit
-per app. The extension never stores the app: everything lives in
-``app.extensions["reachlimit"]``, so one ``ReachLimit`` serves any number of apps.
+Budgets: ``rl.budget(name, ...)`` declares one (a :class:`Budget`: its name and options),
+before ``init_app`` (built there, in every app) or after (built in each app on first use);
+what a budget is made of is ``reachlimit._budgets``. One ReachLimit per app. The extension
+never stores the app: everything lives in ``app.extensions["reachlimit"]``, so one
+``ReachLimit`` serves any number of apps.
 
 Elsewhere (standard library only; names re-exported here): settings ``_flask_settings``,
 budgets ``_budget_names`` and ``_budgets``, the decorator ``_cached``, "auto" Retry-After
@@ -58,8 +59,9 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from functools import partial
+from types import MappingProxyType
 from typing import Any, cast, overload
 
 from flask import (
@@ -76,19 +78,9 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.local import LocalProxy
 
 from . import Busy, Cancelled, ColdPath, ColdPathStats
-from ._answers import REFUSAL_SENTENCES, cache_status, refused_status
-from ._budget_names import DEFAULT_BUDGET, budget_settings, declare, read_budgets
-from ._budgets import (
-    AppBudgets,
-    Budget,
-    BudgetState,
-    build_state,
-    check_key,
-    clear_cache,
-    metrics_group,
-    service_stats,
-)
-from ._cache import forget_in
+from ._answers import cache_status
+from ._budget_names import DEFAULT_BUDGET, declare, read_budgets
+from ._budgets import AppBudgets, BudgetState, metrics_group
 from ._cached import CachedView, FlaskFace, bare_or_called, cached_view
 from ._cancel import watch_client
 
@@ -96,18 +88,19 @@ from ._cancel import watch_client
 # (standard library only); their names are re-exported here, where they always were.
 from ._flask_redis import REDIS_LIMITER_NAME as REDIS_LIMITER_NAME
 from ._flask_redis import release_worker
+from ._flask_settings import CLIENT_NONE as CLIENT_NONE
+from ._flask_settings import CLIENT_REMOTE_ADDR as CLIENT_REMOTE_ADDR
 from ._flask_settings import (
-    _OPTION_NAMES,
     CONFIG_KEYS,
+    OPTION_NAMES,
     Settings,
-    _read_settings,
+    read_settings,
     warn_threads,
     warn_unknown_keys,
 )
-from ._flask_settings import CLIENT_NONE as CLIENT_NONE
-from ._flask_settings import CLIENT_REMOTE_ADDR as CLIENT_REMOTE_ADDR
 from ._flask_settings import RETRY_AFTER_AUTO as RETRY_AFTER_AUTO
 from ._flask_settings import SPARE_THREADS as SPARE_THREADS
+from ._keys import check_key
 from ._retry_after import AutoRetryAfter
 from ._values import run_ruled
 
@@ -118,20 +111,17 @@ __all__ = [
 
 log = logging.getLogger("reachlimit")
 
-#: The default budget's built-in refusal sentences, by reason (tests compare answers to them).
-_REFUSAL_SENTENCES = {
-    reason: text.format(budget=DEFAULT_BUDGET) for reason, text in REFUSAL_SENTENCES.items()
-}
-
 #: Where cold() leaves the answer's Cache-Status (and a refusal's Retry-After) for the
 #: after_request hook.
 _STATUS_KEY = "reachlimit.cache_status"
 _RETRY_KEY = "reachlimit.retry_after"
 
 # Flask types its context proxies as the objects they stand for; these names say what they
-# are, so the hot path can ask each for its object once (see ReachLimit._state), with
-# Werkzeug's ``LocalProxy._get_current_object()``: public despite its underscore (the way
-# Flask's and Werkzeug's documentation give to reach the object behind a proxy).
+# are, so the hot path can ask each for its object once, with Werkzeug's
+# ``LocalProxy._get_current_object()``: public despite its underscore (the way Flask's
+# and Werkzeug's documentation give to reach the object behind a proxy). One look-up
+# of the proxied object, where an attribute read through the proxy costs about six
+# times as much.
 _app_proxy = cast("LocalProxy[Flask]", current_app)
 _request_proxy = cast("LocalProxy[Request]", request)
 
@@ -223,8 +213,96 @@ def check_threads(threads: int) -> None:
                                    for s in state.budgets.states.values() if s.enabled])
 
 
+def _not_initialised() -> RuntimeError:
+    return RuntimeError(
+        "ReachLimit is not initialised on this app: "  # pragma: no mutate (words)
+        "call init_app(app) first"  # pragma: no mutate (words)
+    )
+
+
+def _current_state() -> BudgetState:
+    """The current app's default budget (``app.extensions["reachlimit"]``)."""
+    try:
+        state: BudgetState = _app_proxy._get_current_object().extensions["reachlimit"]
+    except KeyError:
+        raise _not_initialised() from None
+    return state
+
+
 def _current() -> tuple[Flask, Request]:
     return _app_proxy._get_current_object(), _request_proxy._get_current_object()
+
+
+def _cold(state: BudgetState, key: Hashable, build: Callable[[], Any]) -> Any:
+    """``cold()`` of budget ``state`` in the current request, its key checked already."""
+    if state.counters is not None:
+        state.counters.ensure_running()  # the first request of this (forked) process
+    asking = _request_proxy._get_current_object()
+    client_of = state.client_of
+    if not state.enabled:
+        # Off (REACHLIMIT_ENABLED): the build, here and now. The client callable is
+        # still called, so an app's tests still meet what it raises.
+        if client_of is not None:
+            client_of(asking)
+        return run_ruled(build, key, "")
+    # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"] (after
+    # ProxyFix, if the app has it): the cheapest read of it there is. First, so that a
+    # client callable that fails leaves nothing behind (not even a socket watch).
+    client = asking.remote_addr if client_of is None else client_of(asking)
+    cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
+    try:
+        answer = state.path.fetch(key, build, cancel, client)
+    except Busy as busy:
+        if state.retry_auto is not None:
+            busy = state.auto_busy(busy)
+        refusal = state.refusal(busy)
+        environ = asking.environ
+        environ[_STATUS_KEY] = refusal.cache_status
+        environ[_RETRY_KEY] = refusal.retry_after
+        # A one-item list rather than bytes: with Content-Length already among the
+        # headers, the response need not measure and set it again.
+        response = Response([refusal.body], refusal.status, refusal.headers)
+        raise ColdRefused(response, busy, state.name) from None
+    except Cancelled:
+        # pragma below: an INFO line's words and argument are no behaviour
+        log.info("client left while waiting for %r; answered 499", key)  # pragma: no mutate
+        raise ClientGone() from None
+    asking.environ[_STATUS_KEY] = cache_status(answer)
+    return answer.value
+
+
+def _decorator(
+    state_of: Callable[[], BudgetState], key: Callable[..., Hashable] | None,
+    mimetype: str | None,
+) -> Callable[[Callable[..., Any]], CachedView]:
+    """``cached(key=..., mimetype=...)`` of the budget ``state_of()`` finds."""
+
+    def cold(cache_key: Hashable, build: Callable[[], Any]) -> Any:
+        return _cold(state_of(), cache_key, build)  # the decorator checked its key
+
+    def forget(cache_key: Hashable) -> bool:
+        return state_of().forget(cache_key)
+
+    face = FlaskFace(cold, forget, _current, _app_proxy._get_current_object, has_request_context)
+    return partial(cached_view, face, key=key, mimetype=mimetype)
+
+
+def _health(states: Mapping[str, BudgetState]) -> Response:
+    """The health view's answer for an app's budgets (see ``ReachLimit.health_view``)."""
+    # The figures first: reading them is what notices Redis failing, so the health of
+    # Redis read after them agrees with them (never "degraded" beside "up").
+    figures = {
+        name: {**state.stats().as_dict(), "enabled": state.enabled}
+        for name, state in states.items()
+    }
+    # One Redis per app: the health of any budget on it (none when every budget is off).
+    redis = next((s.redis for s in states.values() if s.redis is not None), None)
+    extra = {} if redis is None else {"redis": redis.figures()}
+    default = figures[DEFAULT_BUDGET]
+    body = {"status": "ok", DEFAULT_BUDGET: default, "reach": default, "budgets": figures}
+    response = jsonify({**body, **extra})
+    response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
+    return response
 
 
 class ReachLimit:
@@ -265,18 +343,17 @@ class ReachLimit:
     """
 
     def __init__(self, app: Flask | None = None, **overrides: Any) -> None:
-        unknown = sorted(set(overrides) - _OPTION_NAMES)
+        unknown = sorted(set(overrides) - OPTION_NAMES)
         if unknown:
             raise TypeError(
                 f"unknown ReachLimit option(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(_OPTION_NAMES))}"
+                f"known: {', '.join(sorted(OPTION_NAMES))}"
             )
         self._overrides = dict(overrides)
-        #: Budgets declared in code, by name: their options (arguments of budget()).
-        self._declared: dict[str, dict[str, Any]] = {}
+        #: Every budget declared, by name (the default one is always there).
+        self._budgets: dict[str, Budget] = {DEFAULT_BUDGET: Budget(self, DEFAULT_BUDGET, {})}
         #: Budgets some init_app built from REACHLIMIT_BUDGETS alone (not declared then).
         self._from_config: set[str] = set()
-        self._handles: dict[str, Budget] = {DEFAULT_BUDGET: Budget(self, DEFAULT_BUDGET)}
         if app is not None:
             self.init_app(app)
 
@@ -294,9 +371,11 @@ class ReachLimit:
         object; declaring a name again with other options is a ValueError, and so is
         declaring options, after an ``init_app``, for a budget that app built from its
         ``REACHLIMIT_BUDGETS`` alone (they could not reach it: declare it before)."""
-        if declare(self._declared, name, overrides, self._from_config):
-            self._handles[name] = Budget(self, name)
-        return self._handles[name]
+        known = self._budgets.get(name)
+        before = None if known is None else known.options
+        if declare(name, overrides, before, self._from_config):
+            self._budgets[name] = Budget(self, name, overrides)
+        return self._budgets[name]
 
     def init_app(self, app: Flask) -> None:
         """Read the config (raising ``ValueError`` naming a bad key; warning of unknown
@@ -312,31 +391,25 @@ class ReachLimit:
                 "the one you have: reports = rl.budget('reports', active=1)"
             )
         warn_unknown_keys(app.config, os.environ)
-        settings = _read_settings(app.config, self._overrides)
+        settings = read_settings(app.config, self._overrides)
         configured = read_budgets(app.config)
-        budgets = AppBudgets(self, settings, configured, metrics_group(settings))
-        default = self._build(app, budgets, DEFAULT_BUDGET)
-        for name in [*self._declared, *(n for n in configured if n not in self._declared)]:
-            self._build(app, budgets, name)
-        self._from_config.update(n for n in configured if n not in self._declared)
-        app.extensions["reachlimit"] = default
+        # A refresh runs its build on a refresher thread: in an app context of its own.
+        budgets = AppBudgets(
+            self, settings, configured, metrics_group(settings), partial(_in_app_context, app)
+        )
+        for name, declared in self._budgets.items():  # the default first
+            budgets.build(name, declared.options)
+        only_configured = [name for name in configured if name not in self._budgets]
+        for name in only_configured:
+            budgets.build(name, {})
+        self._from_config.update(only_configured)
+        app.extensions["reachlimit"] = budgets.states[DEFAULT_BUDGET]
         spec = app.error_handler_spec.get(None, {})
         for answered in (ColdRefused, ClientGone):
             if answered not in spec.get(answered.code, {}):  # an app's own handler stays
                 app.register_error_handler(answered, _send_finished)
         app.after_request(_write_cache_status)
         _set_up.add(app)  # for check_threads, once a gunicorn hook knows the worker's threads
-
-    def _build(self, app: Flask, budgets: AppBudgets, name: str) -> BudgetState:
-        """Budget ``name`` of ``app``, built and added to ``budgets``."""
-        # (The default has no options of its own to add: budget_settings would give base.)
-        settings = budgets.base if name == DEFAULT_BUDGET else budget_settings(
-            budgets.base, name, budgets.configured.get(name, {}), self._declared.get(name, {})
-        )
-        # A refresh runs the build on a refresher thread: in an app context of its own
-        # (set before a budget built after init_app is visible to other request threads).
-        wrapper = partial(_in_app_context, app) if settings.stale > 0 else None
-        return build_state(name, settings, budgets, wrapper)
 
     def close(self, app: Flask | None = None) -> None:
         """Stop ``app``'s (default: the current app's) background work for good, in every
@@ -369,7 +442,10 @@ class ReachLimit:
         (TypeError), reaches the app's error handlers before anything is held or counted.
         With the budget disabled (``enabled``), ``build`` runs at once and its value (by
         the value rule) is returned."""
-        return self._cold(self._state(), key, build, "")
+        state = _current_state()
+        if type(key) is not str:  # (a str passes the check: skipping it only saves time)
+            check_key(key, "cold()")  # first: nothing held or counted, in process or not
+        return _cold(state, key, build)
 
     @overload
     def cached(self, view: Callable[..., Any], /) -> CachedView: ...
@@ -404,79 +480,17 @@ class ReachLimit:
         ``view.forget(query=None, /, **view_args) -> bool`` (in an app context) drops the
         entries of those view arguments (and that query: a str or bytes as sent, or a
         mapping) under each endpoint the view is registered at."""
-        return bare_or_called(self._cached(DEFAULT_BUDGET, key, mimetype), view)
-
-    def _cached(
-        self, name: str, key: Callable[..., Hashable] | None, mimetype: str | None
-    ) -> Callable[[Callable[..., Any]], CachedView]:
-        def cold(cache_key: Hashable, build: Callable[[], Any]) -> Any:
-            return self._cold(self._budget_state(name), cache_key, build, None)
-
-        def forget(cache_key: Hashable) -> bool:
-            return self._forget(self._budget_state(name), cache_key)
-
-        face = FlaskFace(
-            cold, forget, _current, _app_proxy._get_current_object, has_request_context
-        )
-        return partial(cached_view, face, key=key, mimetype=mimetype)
-
-    def _cold(
-        self, state: BudgetState, key: Hashable, build: Callable[[], Any], where: str | None
-    ) -> Any:
-        # where: the caller, named in the value rule's TypeError ("" for cold()); None: the
-        # decorator's, whose key is checked (checked_key) and whose build applies the value
-        # rule itself, so neither is done here (no wrapper made). (Checking a str key, or
-        # the decorator's checked one, would pass: skipping it only saves time. The rule
-        # names no caller for where "" or None alike, and leaves the decorator's values,
-        # bytes or None, as they are.)
-        if where is not None and type(key) is not str:  # a str key: one comparison
-            check_key(key, "cold()")  # first: nothing held or counted, in process or not
-        if state.counters is not None:
-            state.counters.ensure_running()  # the first request of this (forked) process
-        asking = _request_proxy._get_current_object()
-        client_of = state.client_of
-        if not state.enabled:
-            # Off (REACHLIMIT_ENABLED): the build, here and now. The client callable is
-            # still called, so an app's tests still meet what it raises.
-            if client_of is not None:
-                client_of(asking)
-            return build() if where is None else run_ruled(build, key, where)
-        # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"] (after
-        # ProxyFix, if the app has it): the cheapest read of it there is. First, so that a
-        # client callable that fails leaves nothing behind (not even a socket watch).
-        client = asking.remote_addr if client_of is None else client_of(asking)
-        cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
-        if where is not None:
-            build = partial(run_ruled, build, key, where)
-        if state.retry_auto is not None:
-            build = state.retry_auto.timed(build)
-        try:
-            answer = state.path.fetch(key, build, cancel, client)
-        except Busy as busy:
-            if state.retry_auto is not None:
-                busy = state.auto_busy(busy)
-            status, body, headers = state.refusal(busy)
-            asking.environ[_STATUS_KEY] = refused_status(status)
-            asking.environ[_RETRY_KEY] = str(max(1, int(busy.retry_after)))
-            # A one-item list rather than bytes: with Content-Length already among the
-            # headers, the response need not measure and set it again.
-            raise ColdRefused(Response([body], status, headers), busy, state.name) from None
-        except Cancelled:
-            # pragma below: an INFO line's words and argument are no behaviour
-            log.info("client left while waiting for %r; answered 499", key)  # pragma: no mutate
-            raise ClientGone() from None
-        asking.environ[_STATUS_KEY] = cache_status(answer)
-        return answer.value
+        return bare_or_called(_decorator(_current_state, key, mimetype), view)
 
     # -- figures and housekeeping -------------------------------------------------------
 
     @property
     def path(self) -> ColdPath:
         """The current app's default :class:`~reachlimit.ColdPath`."""
-        return self._state().path
+        return _current_state().path
 
     def settings(self) -> Settings:
-        return self._state().settings
+        return _current_state().settings
 
     def stats(self) -> ColdPathStats:
         """The current app's figures (default budget): the limiter's plus the path's. On
@@ -484,7 +498,7 @@ class ReachLimit:
         Redis, each at most about a second behind); while Redis is unavailable, this
         process's. A disabled budget's are zeros (its capacity as configured): nothing went
         through its path."""
-        return service_stats(self._state())
+        return _current_state().stats()
 
     def clear_cache(self) -> None:
         """Empty the current app's default warm cache (when it can be emptied; needs an app
@@ -493,7 +507,7 @@ class ReachLimit:
         :class:`reachlimit.Unavailable` (URL masked) when Redis cannot be reached - tried
         even while the health says Redis is down - and the fallback cache is emptied in any
         case."""
-        clear_cache(self._state())
+        _current_state().clear_cache()
 
     def forget(self, key: Hashable) -> bool:
         """Drop ``key`` (a ``cold()`` key of the default budget) from every level of the
@@ -504,36 +518,19 @@ class ReachLimit:
         :class:`reachlimit.Unavailable` (URL masked) when Redis cannot be reached, as
         :meth:`clear_cache`. A build of ``key`` running meanwhile stores its value when it
         ends. ``key`` follows :meth:`cold`'s rule (TypeError)."""
-        return self._forget(self._state(), key)
-
-    def _forget(self, state: BudgetState, key: Hashable) -> bool:
-        """Drop ``key`` from budget ``state``'s warm cache; True if it was there."""
-        if type(key) is not str:  # (a str passes the check: skipping it only saves time)
-            check_key(key, "forget()")
-        return forget_in(state.path.cache, key)
+        return _current_state().forget(key)
 
     def health_view(self) -> Response:
-        """A view function: ``{"status": "ok", "reach": {<the default budget's figures>},
-        "budgets": {"<name>": {<figures>}, ...}}`` (every budget, the default included, each
-        with ``enabled``: false for a disabled budget, whose figures are zeros); on Redis
-        also ``"redis": {"url" (masked), "up", "down_for", "outages", "last_error"}``, and
-        the figures are every process's (``backend: "redis"``), or this process's fallback's
-        while Redis is unavailable (``degraded: true``)."""
-        states = self._all_states()
-        # The figures first: reading them is what notices Redis failing, so the health of
-        # Redis read after them agrees with them (never "degraded" beside "up").
-        figures = {
-            name: {**service_stats(state).as_dict(), "enabled": state.enabled}
-            for name, state in states.items()
-        }
-        # One Redis per app: the health of any budget on it (none when every budget is off).
-        redis = next((s.redis for s in states.values() if s.redis is not None), None)
-        extra = {} if redis is None else {"redis": redis.figures()}
-        response = jsonify(
-            status="ok", reach=figures[DEFAULT_BUDGET], budgets=figures, **extra
-        )
-        response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
-        return response
+        """A view function: ``{"status": "ok", "default": {<the default budget's
+        figures>}, "budgets": {"<name>": {<figures>}, ...}}`` (every budget, the default
+        included, each with ``enabled``: false for a disabled budget, whose figures are
+        zeros); on Redis also ``"redis": {"url" (masked), "up", "down_for", "outages",
+        "last_error"}``, and the figures are every process's (``backend: "redis"``), or
+        this process's fallback's while Redis is unavailable (``degraded: true``).
+
+        ``"reach"`` is the default budget's figures too, under the name they had before
+        the key was the budget's name: deprecated, and gone in the next release."""
+        return _health(self._all_states())
 
     def metrics_view(self) -> Response:
         """A view function: the Prometheus text format (``GET /metrics``) of every budget,
@@ -555,42 +552,92 @@ class ReachLimit:
         response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
         return response
 
-    @staticmethod
-    def _state() -> BudgetState:
-        # _get_current_object(): one look-up of the proxied app, where an attribute read
-        # through the proxy costs about six times as much (this runs on every warm hit).
-        try:
-            state = _app_proxy._get_current_object().extensions["reachlimit"]
-        except KeyError:
-            raise RuntimeError(
-                "ReachLimit is not initialised on this app: "  # pragma: no mutate (words)
-                "call init_app(app) first"  # pragma: no mutate (words)
-            ) from None
-        assert isinstance(state, BudgetState)
-        return state
-
-    def _budget_state(self, name: str) -> BudgetState:
-        """Budget ``name`` of the current app, built now if it was declared after the app's
-        ``init_app`` (RuntimeError for a name this app's ReachLimit never declared)."""
-        budgets = self._state().budgets
-        assert budgets is not None
-        state = budgets.states.get(name)
-        if state is not None:
-            return state
-        if budgets.owner is not self or name not in self._declared:
-            raise RuntimeError(
-                f"budget {name!r} is not one of this app's: declare it with rl.budget({name!r}"
-                ", ...) on the ReachLimit that initialised the app"  # pragma: no mutate (words)
-            )
-        app = _app_proxy._get_current_object()
-        # (ensure() finds the state by name only for a thread that lost the race to build it)
-        return budgets.ensure(name, lambda: self._build(app, budgets, name))
-
     def _all_states(self) -> dict[str, BudgetState]:
         """Every budget of the current app, those declared since its init_app built now."""
-        budgets = self._state().budgets
+        budgets = _current_state().budgets
         assert budgets is not None
         if budgets.owner is self:
-            for name in self._declared:
-                self._budget_state(name)
+            for declared in self._budgets.values():
+                declared._state()
         return budgets.states
+
+
+class Budget:
+    """One budget of the apps a :class:`ReachLimit` serves: ``rl.budget(name, **options)``.
+
+    Its ``cold``, ``cached``, ``forget``, ``stats``, ``clear_cache``, ``settings`` and
+    ``path`` are the current app's, like the extension's own (which are the ``"default"``
+    budget's). The object holds its name, its ``options`` and its ``ReachLimit``, never an
+    app: it finds its state in ``app.extensions["reachlimit"]`` on every call (building it
+    there on its first use in an app initialised before the budget was declared).
+    ``rl.budget(name, enabled=False)`` turns this budget's machinery off (see
+    ``ReachLimit``)."""
+
+    def __init__(self, rl: ReachLimit, name: str, options: Mapping[str, Any]) -> None:
+        self.rl = rl
+        self.name = name
+        #: The options it was declared with (read-only).
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options))
+
+    def __repr__(self) -> str:
+        return f"<reachlimit Budget {self.name!r}>"
+
+    def cold(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """:meth:`ReachLimit.cold` in this budget."""
+        state = self._state()
+        if type(key) is not str:  # (as ReachLimit.cold)
+            check_key(key, "cold()")
+        return _cold(state, key, build)
+
+    @overload
+    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
+
+    @overload
+    def cached(
+        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
+        mimetype: str | None = None,
+    ) -> Callable[[Callable[..., Any]], CachedView]: ...
+
+    def cached(
+        self, view: Callable[..., Any] | None = None, /, *,
+        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
+    ) -> Any:
+        """:meth:`ReachLimit.cached` in this budget: ``@budget.cached`` or
+        ``@budget.cached(key=..., mimetype=...)``."""
+        return bare_or_called(_decorator(self._state, key, mimetype), view)
+
+    def stats(self) -> ColdPathStats:
+        """:meth:`ReachLimit.stats` of this budget."""
+        return self._state().stats()
+
+    def forget(self, key: Hashable) -> bool:
+        """:meth:`ReachLimit.forget` in this budget."""
+        return self._state().forget(key)
+
+    def clear_cache(self) -> None:
+        """:meth:`ReachLimit.clear_cache` in this budget."""
+        self._state().clear_cache()
+
+    def settings(self) -> Settings:
+        return self._state().settings
+
+    @property
+    def path(self) -> ColdPath:
+        return self._state().path
+
+    def _state(self) -> BudgetState:
+        """This budget in the current app, built now if it was declared after the app's
+        ``init_app`` (RuntimeError when the app's ReachLimit is another one)."""
+        budgets = _current_state().budgets
+        assert budgets is not None
+        state = budgets.states.get(self.name)
+        if state is not None:
+            return state
+        if budgets.owner is not self.rl:
+            raise RuntimeError(
+                f"budget {self.name!r} is not one of this app's: declare it with rl.budget("
+                f"{self.name!r}, ...) on the ReachLimit that initialised "  # pragma: no mutate
+                "the app"  # pragma: no mutate (words)
+            )
+        # (ensure() finds the state by name only for a thread that lost the race to build it)
+        return budgets.ensure(self.name, self.options)

@@ -19,8 +19,8 @@ from flask import Flask, jsonify
 from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.test import TestResponse
 
-from reachlimit import Busy
-from reachlimit.flask import _REFUSAL_SENTENCES, Budget, ColdRefused, ReachLimit
+from reachlimit.flask import Budget, ColdRefused, ReachLimit
+from tests.support.fair_app import QUEUE_FULL
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 
 pytestmark = pytest.mark.timeout(30)
@@ -134,7 +134,7 @@ def test_a_budget_declared_after_init_app_is_built_on_first_use_in_each_app() ->
     )
 
 
-def test_health_names_every_budget_and_keeps_reach_for_the_default() -> None:
+def test_health_names_every_budget_and_keys_the_default_by_its_name() -> None:
     rl = ReachLimit()
     app = make_app(rl, reports=rl.budget("reports", active=1), a=rl.budget("a-b_1"))
     app.config["HELD"].go.set()
@@ -142,7 +142,8 @@ def test_health_names_every_budget_and_keeps_reach_for_the_default() -> None:
     body = app.test_client().get("/health").get_json()
     assert body["status"] == "ok"
     assert set(body["budgets"]) == {"default", "reports", "a-b_1"}
-    assert body["reach"] == body["budgets"]["default"] and body["reach"]["builds"] == 1
+    assert body["default"] == body["budgets"]["default"] and body["default"]["builds"] == 1
+    assert body["reach"] == body["default"]  # the old key, kept one release (deprecated)
     assert body["budgets"]["reports"]["capacity_active"] == 1
 
 
@@ -232,7 +233,7 @@ def test_the_refusal_message_option_and_its_fields() -> None:
         grant.release()
         other.release()
     assert held.runs == 0
-    assert _REFUSAL_SENTENCES[Busy.QUEUE_FULL].startswith("Too many 'default' builds")
+    assert QUEUE_FULL.startswith("Too many 'default' builds")
     for bad in ("{nope}", "{0}", "{budget", "{retry_after[0]}"):
         with pytest.raises(ValueError, match="REACHLIMIT_REFUSAL_MESSAGE may use only"):
             ReachLimit().init_app(_with(REACHLIMIT_REFUSAL_MESSAGE=bad))
@@ -491,23 +492,23 @@ def test_the_figures_are_the_services_unless_its_backend_is_degraded() -> None:
     import dataclasses
 
     from reachlimit import ColdLimiter, ColdPath
-    from reachlimit._budgets import BudgetState, service_stats
+    from reachlimit._budgets import BudgetState
     from reachlimit.flask import Settings
 
     path = ColdPath(ColdLimiter())
     counters = ServiceCounters(hits=41)
     state = BudgetState(Settings(), path, counters=counters)  # type: ignore[arg-type]
-    assert service_stats(state).hits == 41 and counters.applied == 1
+    assert state.stats().hits == 41 and counters.applied == 1
     degraded = dataclasses.replace(path.stats(), degraded=True)
     path.stats = lambda: degraded  # type: ignore[method-assign]
-    assert service_stats(state) is degraded and counters.applied == 1  # never asked
+    assert state.stats() is degraded and counters.applied == 1  # never asked
     alone = BudgetState(Settings(), ColdPath(ColdLimiter()))  # no service counters
-    assert service_stats(alone).hits == 0
+    assert alone.stats().hits == 0
 
 
 def test_clearing_a_cache_that_cannot_be_cleared_does_nothing() -> None:
     from reachlimit import ColdLimiter, ColdPath
-    from reachlimit._budgets import BudgetState, clear_cache
+    from reachlimit._budgets import BudgetState
     from reachlimit.flask import Settings
 
     class Plain:
@@ -523,7 +524,7 @@ def test_clearing_a_cache_that_cannot_be_cleared_does_nothing() -> None:
             self.entries[key] = value
 
     cache = Plain()
-    clear_cache(BudgetState(Settings(), ColdPath(ColdLimiter(), cache)))
+    BudgetState(Settings(), ColdPath(ColdLimiter(), cache)).clear_cache()
     assert cache.entries == {"k": "v"}
 
 

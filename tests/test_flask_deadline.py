@@ -21,15 +21,14 @@ from typing import Any
 import pytest
 
 from reachlimit import Busy, ColdLimiter, Grant
-from reachlimit.flask import _REFUSAL_SENTENCES
 from tests.support.clock import FakeClock
 from tests.support.deadline import learn, promote
-from tests.support.fair_app import App, refusal, response
+from tests.support.fair_app import App, default_sentence, refusal, response
 from tests.support.threads import ThreadRunner
 
 pytestmark = pytest.mark.timeout(60)
 
-DEADLINE = _REFUSAL_SENTENCES[Busy.DEADLINE]
+DEADLINE = default_sentence(Busy.DEADLINE)
 
 CONFIG = {"REACHLIMIT_ACTIVE": 1, "REACHLIMIT_QUEUE": 4, "REACHLIMIT_WAIT": 1}
 

@@ -24,9 +24,7 @@ from typing import Any
 import pytest
 from flask import Flask, Request
 
-from reachlimit import Busy
 from reachlimit.flask import (
-    _REFUSAL_SENTENCES,
     CONFIG_KEYS,
     ReachLimit,
     Settings,
@@ -38,6 +36,7 @@ from tests.support.fair_app import (
     PROXY,
     QUEUE_FULL,
     TIMEOUT,
+    UNAVAILABLE,
     App,
     fill,
     refusal,
@@ -85,12 +84,12 @@ def test_a_crawler_filling_the_queue_does_not_keep_another_address_out(
     assert (s["builds"], s["acquired"]) == (10, 10)  # c1..c9 and polite; c10 never built
 
     # The health view shows the new figure too.
-    health = app.app.test_client().get("/health").get_json()["reach"]
+    health = app.app.test_client().get("/health").get_json()["default"]
     assert health["displaced"] == 1
 
 
 def test_refusal_sentences_differ_and_never_echo_the_client() -> None:
-    sentences = [QUEUE_FULL, TIMEOUT, DISPLACED, _REFUSAL_SENTENCES[Busy.UNAVAILABLE]]
+    sentences = [QUEUE_FULL, TIMEOUT, DISPLACED, UNAVAILABLE]
     assert len(set(sentences)) == 4
     assert all(CRAWLER not in s for s in sentences)
 

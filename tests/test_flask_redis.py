@@ -155,8 +155,8 @@ def test_two_apps_on_one_redis_share_one_budget_and_report_the_same_figures(
     try:
         reply = cb.get(f"/report/{key()}")  # app b is refused: the budget is shared
         assert reply.status_code == 429
-        ha = ca.get("/health").get_json()["reach"]
-        hb = cb.get("/health").get_json()["reach"]
+        ha = ca.get("/health").get_json()["default"]
+        hb = cb.get("/health").get_json()["default"]
         for name in sorted(LIMITER_FIELDS | {"backend", "degraded", "lease_lost"}):
             assert ha[name] == hb[name], name
         assert (ha["backend"], ha["degraded"], ha["active"]) == ("redis", False, 1)
@@ -164,12 +164,12 @@ def test_two_apps_on_one_redis_share_one_budget_and_report_the_same_figures(
         # The path's counters too are the service's: each app counts its own and both
         # flush to Redis, and the health answer flushes the answering app's first, so after
         # b's answer (which flushed b) a's answer (which flushes a) has everything.
-        ha = ca.get("/health").get_json()["reach"]
+        ha = ca.get("/health").get_json()["default"]
         assert (ha["builds"], ha["misses"], ha["hits"]) == (1, 2, 0)
         assert a.extensions["reachlimit"].path.stats().builds == 1  # per app, underneath
         assert b.extensions["reachlimit"].path.stats().builds == 0
         a.extensions["reachlimit"].counters.flush()
-        hb = cb.get("/health").get_json()["reach"]
+        hb = cb.get("/health").get_json()["default"]
         assert {k: hb[k] for k in ("builds", "misses", "hits")} == {
             k: ha[k] for k in ("builds", "misses", "hits")
         }
@@ -196,7 +196,7 @@ def test_refuse_mode_answers_503_json_with_retry_after(apps: list[Flask]) -> Non
         assert "unavailable" in body["error"]
     assert app.extensions["slow_app"].figures()["total"] == 0
     health = client.get("/health").get_json()
-    assert (health["reach"]["backend"], health["reach"]["degraded"]) == ("local", True)
+    assert (health["default"]["backend"], health["default"]["degraded"]) == ("local", True)
     assert health["redis"]["up"] is False
 
 
@@ -205,7 +205,7 @@ def test_local_mode_keeps_serving_while_redis_is_down(apps: list[Flask]) -> None
     client = app.test_client()
     assert client.get("/report/a").status_code == 200
     assert client.get("/report/a").status_code == 200  # warm
-    reach = client.get("/health").get_json()["reach"]
+    reach = client.get("/health").get_json()["default"]
     assert (reach["backend"], reach["degraded"], reach["acquired"], reach["hits"]) == (
         "local", True, 1, 1
     )
@@ -289,7 +289,7 @@ def test_webapp_on_redis_shares_everything_and_keeps_its_metrics(
     assert isinstance(limiter, ResilientLimiter)
     client = app.test_client()
     health = client.get("/api/health").get_json()
-    assert health["reach"]["backend"] == "redis"
+    assert health["default"]["backend"] == "redis"
     assert json.dumps(health)
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'reachlimit_backend_degraded{budget="default"} 0.0' in metrics

@@ -33,10 +33,9 @@ from pathlib import Path
 import pytest
 from flask import Flask
 
-from reachlimit import Busy
-from reachlimit.flask import _REFUSAL_SENTENCES
 from tests.support import HOST
 from tests.support.clients import CLIENT_TIMEOUT, Reply, check_refusal
+from tests.support.fair_app import DISPLACED, QUEUE_FULL
 from tests.support.gunicorn_server import reach_service, serving
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import DEADLINE, wait_until
@@ -129,7 +128,7 @@ def crawler_cannot_keep_the_polite_one_out(
 
         refused = crawler(server, server.path("crawl-more"), 10)
         check_refusal(refused)
-        assert refused.json()["error"] == _REFUSAL_SENTENCES[Busy.QUEUE_FULL]
+        assert refused.json()["error"] == QUEUE_FULL
         after_full = server.health()
         assert after_full["rejected_full"] - before["rejected_full"] == 1
         assert after_full["displaced"] == before["displaced"]
@@ -144,7 +143,7 @@ def crawler_cannot_keep_the_polite_one_out(
         newest.wait_done(DEADLINE)
         assert newest.error is None, newest.error
         check_refusal(newest.value)
-        assert newest.value.json()["error"] == _REFUSAL_SENTENCES[Busy.DISPLACED]
+        assert newest.value.json()["error"] == DISPLACED
         # The polite request waits in the queue while both builds are still held.
         during, figures = server.health(), server.builds()
         assert (during["active"], during["queued"]) == (2, 8)
@@ -193,7 +192,7 @@ def test_one_address_alone_is_plain_fifo(by_address: Gunicorn, threads: ThreadRu
                    lambda: (lambda h: (h["active"], h["queued"]) == (2, 8))(server.health()))
         refused = get_from(server.port, server.path("same"), HOST)
         check_refusal(refused)
-        assert refused.json()["error"] == _REFUSAL_SENTENCES[Busy.QUEUE_FULL]
+        assert refused.json()["error"] == QUEUE_FULL
         assert server.health()["displaced"] == before["displaced"]
         server.release()
         assert [r.status for r in herd.results()] == [200] * 10
@@ -235,7 +234,7 @@ def test_behind_the_proxy_the_peer_address_no_longer_counts(
         before = server.health()
         refused = get_from(server.port, server.path("peer-other"), POLITE_SOURCE, forwarded)
         check_refusal(refused)
-        assert refused.json()["error"] == _REFUSAL_SENTENCES[Busy.QUEUE_FULL]
+        assert refused.json()["error"] == QUEUE_FULL
         assert server.health()["displaced"] == before["displaced"]
         server.release()
         for outcome in waiting:

@@ -24,7 +24,7 @@ import reachlimit
 import reachlimit.redis
 from reachlimit import ColdLimiter, SingleFlight, TTLCache
 from reachlimit._flask_redis import RedisLinks, release_worker, shared_path
-from reachlimit._flask_settings import _read_settings
+from reachlimit._flask_settings import read_settings
 from reachlimit.flask import ReachLimit
 from reachlimit.prometheus import MeteredSharedLimiter, ReachMetrics
 from reachlimit.redis import (
@@ -128,7 +128,7 @@ def test_links_make_one_client_and_health_per_url() -> None:
 
 
 def test_a_path_without_the_apps_links_closes_its_own_client_last() -> None:
-    settings = _read_settings({}, {"redis_url": URL})
+    settings = read_settings({}, {"redis_url": URL})
     shared = shared_path(settings, None)
     client = shared.path.limiter.remote._client
     assert shared.closers == [
@@ -141,7 +141,7 @@ def test_a_path_without_the_apps_links_closes_its_own_client_last() -> None:
 
 
 def test_a_metered_path_on_redis_counts_the_shared_limiters_admissions() -> None:
-    settings = _read_settings({}, {"redis_url": URL, "wait": 2.5, "metrics": True})
+    settings = read_settings({}, {"redis_url": URL, "wait": 2.5, "metrics": True})
     links = RedisLinks()
     try:
         shared = shared_path(settings, ReachMetrics, links=links)

@@ -359,7 +359,7 @@ def test_health_reports_the_limiter(reach_client: Any) -> None:
     assert body["status"] == "ok"
     for key in ("active", "queued", "capacity_active", "capacity_queue", "hits", "misses",
                 "builds", "coalesced", "rejected_full", "rejected_timeout"):
-        assert key in body["reach"]
+        assert key in body["default"]
 
 
 def test_errors_are_json(reach_client: Any) -> None:

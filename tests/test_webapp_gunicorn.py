@@ -119,7 +119,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, demo_db: DemoDb) -> Iterato
 def health(server: GunicornServer) -> dict[str, Any]:
     body = server.get_json("/api/health")
     assert body["status"] == "ok"
-    figures: dict[str, Any] = body["reach"]
+    figures: dict[str, Any] = body["default"]
     return figures
 
 

@@ -173,7 +173,7 @@ def test_the_release_builds_passes_twine_and_its_wheel_runs_the_quick_start(
     assert reports == [200, {"key": "a", "rows": 42}, "reachlimit; fwd=uri-miss; stored"]
     assert again[:2] == [200, {"key": "a", "rows": 42}] and again[2].startswith("reachlimit; hit")
     assert totals == [200, {"totals": {"key": "a", "rows": 42}}, "reachlimit; fwd=uri-miss; stored"]
-    assert health[0] == 200 and health[1]["reach"]["builds"] == 2
+    assert health[0] == 200 and health[1]["default"]["builds"] == 2
 
     used = json.loads(run([str(python), "-I", "-c", USE], elsewhere).stdout)
     assert used["prefix"] == str(venv)

@@ -16,10 +16,8 @@ from flask import Flask, jsonify
 from werkzeug.test import TestResponse
 
 from reachlimit import Busy
-from reachlimit.flask import (
-    _REFUSAL_SENTENCES,
-    ReachLimit,
-)
+from reachlimit._answers import refusal_sentence
+from reachlimit.flask import ReachLimit
 from tests.apps.slow_app import add_cold_routes
 from tests.support.flask_ext import ExtensionReads
 from tests.support.threads import Outcome, ThreadRunner, start_call
@@ -29,9 +27,18 @@ CRAWLER = "198.51.100.7"
 POLITE = "203.0.113.9"
 PROXY = "127.0.0.1"
 
-QUEUE_FULL = _REFUSAL_SENTENCES[Busy.QUEUE_FULL]
-DISPLACED = _REFUSAL_SENTENCES[Busy.DISPLACED]
-TIMEOUT = _REFUSAL_SENTENCES[Busy.TIMEOUT]
+
+
+def default_sentence(reason: str) -> str:
+    """The default budget's built-in refusal sentence for ``reason`` (``reachlimit._answers``,
+    where the sentences are written)."""
+    return refusal_sentence(Busy(reason, 2), "default")
+
+
+QUEUE_FULL = default_sentence(Busy.QUEUE_FULL)
+DISPLACED = default_sentence(Busy.DISPLACED)
+TIMEOUT = default_sentence(Busy.TIMEOUT)
+UNAVAILABLE = default_sentence(Busy.UNAVAILABLE)
 
 
 class Builds:

@@ -1,8 +1,8 @@
 """Helpers of the reach service's tests (``tests/test_webapp.py``,
 ``tests/test_webapp_review.py``, ``tests/test_demodb.py``): the ``busy_repeater`` fixture (a
 repeater of the demo database whose 30-day report has links and direct observers), ``query``
-(rows from a database file), ``dump`` (a database file as SQL text), ``health`` (the reach part
-of ``/api/health``) and the bodies the service answers with."""
+(rows from a database file), ``dump`` (a database file as SQL text), ``health`` (the default
+budget's figures in ``/api/health``) and the bodies the service answers with."""
 
 from __future__ import annotations
 
@@ -68,4 +68,4 @@ def busy_repeater_fixture(reach_demo_db: Path) -> str:
 def health(client: Any) -> dict[str, Any]:
     response = client.get("/api/health")
     assert response.status_code == 200
-    return response.get_json()["reach"]  # type: ignore[no-any-return]
+    return response.get_json()["default"]  # type: ignore[no-any-return]
