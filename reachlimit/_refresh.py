@@ -77,15 +77,6 @@ class Refresher:
                 self._start_locked()
             return True
 
-    def busy(self, key: Hashable) -> bool:
-        """Whether a job for ``key`` waits or runs (a racy read, for tests and figures)."""
-        return key in self._pending or key in self._running
-
-    @property
-    def alive(self) -> int:
-        """How many refresher threads are alive (racy read)."""
-        return sum(1 for t in self._workers if t.is_alive())
-
     def close(self, timeout: float = 5.0) -> None:  # pragma: no mutate (the bound's seconds)
         """Stop for good: jobs still waiting are dropped, running ones finish; every thread
         is joined for up to ``timeout`` seconds in all."""

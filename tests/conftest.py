@@ -27,8 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the helpers live in tests/, beside this file
     sys.path.insert(0, str(ROOT))
 
+from tests.support import refreshes  # noqa: E402
 from tests.support.clock import FakeClock  # noqa: E402
 from tests.support.threads import ThreadRunner  # noqa: E402
+
+refreshes.install()  # every refresh job watched, so a test can wait for one to end
 
 #: The helper modules whose fixtures every test module may ask for by name, registered once
 #: here instead of imported (with a noqa for the unused name) into each module using them. A

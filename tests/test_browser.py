@@ -2,7 +2,7 @@
 
 The app is served by a real threaded Werkzeug server on 127.0.0.1 (port 0) inside the test
 process, over a small hand-built database. The browser is Debian's ``chromium`` package
-(``/usr/bin/chromium``, or ``$REACHLIMIT_CHROMIUM``); nothing is downloaded at run time and
+(``/usr/bin/chromium``, or ``$REACHTEST_CHROMIUM``); nothing is downloaded at run time and
 ``playwright install`` is never needed.
 
 Busy is forced deterministically: the app runs with one build slot and no queue

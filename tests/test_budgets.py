@@ -21,6 +21,7 @@ from werkzeug.test import TestResponse
 
 from reachlimit.flask import Budget, ColdRefused, ReachLimit
 from tests.support.fair_app import QUEUE_FULL
+from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 
 pytestmark = pytest.mark.timeout(30)
@@ -444,7 +445,7 @@ def test_a_budget_declared_after_init_app_refreshes_in_the_apps_context(
         assert app.test_client().get("/r").get_json() == {"n": 1}
         clock.advance(12.0)  # stale
         assert app.test_client().get("/r").get_json() == {"n": 1}  # at once, then refreshed
-        wait_until("the refresh", lambda: not path.refresher.busy("k"))
+        wait_until("the refresh", lambda: not refreshing(path.refresher, "k"))
         assert runs == ["late-stale", "late-stale"]
         assert app.test_client().get("/r").get_json() == {"n": 2}
         assert (path.counts().refreshed, path.counts().refresh_failed) == (1, 0)

@@ -22,6 +22,7 @@ from werkzeug.test import EnvironBuilder
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
+from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_budgets import get_while_full
@@ -188,7 +189,7 @@ def test_a_refresh_gets_the_query_as_the_server_gave_it() -> None:
         clock.advance(12)
         app.test_client().get("/q", environ_overrides={"QUERY_STRING": raw})
         key = ("q", "/q", (raw,))
-        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        wait_until("the refresh", lambda: len(seen) == 2 and not refreshing(path.refresher, key))
         assert seen == ["\u00e9", "\u00e9"]
         assert app.test_client().get(
             "/q", environ_overrides={"QUERY_STRING": raw}
@@ -329,7 +330,7 @@ def test_a_stale_answers_refresh_reruns_the_view_in_a_request_of_its_path_and_qu
         assert stale.headers["Cache-Status"].startswith("reachlimit; hit; ttl=-")
         key = ("day", "/day/mon", ("lang=fr",))  # (endpoint, path, the query's pairs)
         assert path.cache.lookup(key) is not None  # the key the refresh is known by
-        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        wait_until("the refresh", lambda: len(seen) == 2 and not refreshing(path.refresher, key))
         assert seen[1] == ("mon", "/day/mon", "fr")  # the refresh saw the path and the query
         fresh = app.test_client().get("/day/mon?lang=fr")
         assert fresh.get_json()["run"] == 2
@@ -383,7 +384,7 @@ def test_a_refresh_runs_the_view_under_the_root_url_of_the_request_that_asked() 
         clock.advance(12)  # stale: this answer hands out a refresh
         app.test_client().get("/where", base_url=root)
         key = ("where", "/where", ())
-        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        wait_until("the refresh", lambda: len(seen) == 2 and not refreshing(path.refresher, key))
         assert seen == [root, root]
     finally:
         rl.close(app)
@@ -523,7 +524,7 @@ def test_a_refresh_of_a_request_whose_server_gave_no_query_string_has_an_empty_o
         clock.advance(12)  # stale: this answer hands out a refresh
         assert ask() == b"bare"
         key = ("bare", "/bare", ())
-        wait_until("the refresh", lambda: len(seen) == 2 and not path.refresher.busy(key))
+        wait_until("the refresh", lambda: len(seen) == 2 and not refreshing(path.refresher, key))
         assert seen == [(b"", []), (b"", [])]
         assert path.counts().refreshed == 1
     finally:

@@ -26,6 +26,7 @@ from reachlimit._cached import MAGIC, SHARED_ROUNDS
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
@@ -328,7 +329,8 @@ def test_a_refresh_caches_the_whole_answer_and_never_a_non_200() -> None:
         assert app.test_client().get("/r").headers["X-Run"] == "1"
         clock.advance(12)  # stale: answered, and refreshed on a refresher thread
         assert app.test_client().get("/r").headers["X-Run"] == "1"
-        wait_until("the first refresh", lambda: len(runs) == 2 and not path.refresher.busy(key))
+        wait_until("the first refresh",
+                   lambda: len(runs) == 2 and not refreshing(path.refresher, key))
         fresh = app.test_client().get("/r")
         assert (fresh.get_data(), fresh.headers["X-Run"]) == (b"two", "2")  # whole, refreshed
         assert fresh.headers["Cache-Status"].startswith("reachlimit; hit; ttl=")
@@ -336,7 +338,8 @@ def test_a_refresh_caches_the_whole_answer_and_never_a_non_200() -> None:
         assert kept is not None
         clock.advance(12)
         app.test_client().get("/r")
-        wait_until("the second refresh", lambda: len(runs) == 3 and not path.refresher.busy(key))
+        wait_until("the second refresh",
+                   lambda: len(runs) == 3 and not refreshing(path.refresher, key))
         # The refresh's view answered a 404: not cached (the entry is the 200 or gone).
         entry = path.cache.lookup(key)
         assert entry is None or entry.value == kept.value

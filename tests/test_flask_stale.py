@@ -20,6 +20,7 @@ from flask import Flask, current_app
 from reachlimit import ColdPath, TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
+from tests.support.refreshes import refreshing, threads_of
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
@@ -71,7 +72,7 @@ class App:
         return self.app.test_client().get(url)
 
     def settle(self, key: str) -> None:
-        wait_until(f"the refresh of {key}", lambda: not self.path.refresher.busy(key))
+        wait_until(f"the refresh of {key}", lambda: not refreshing(self.path.refresher, key))
 
 
 @pytest.fixture
@@ -84,9 +85,9 @@ def made(clock: FakeClock) -> Iterator[list[App]]:
     apps: list[App] = []
     yield apps
     for a in apps:
-        workers = list(a.path.refresher._workers)
+        refresher = a.path.refresher
         a.rl.close(a.app)
-        assert not any(t.is_alive() for t in workers)  # rl.close() joined the refreshers
+        assert not threads_of(refresher)  # rl.close() joined the refreshers
 
 
 def make(made: list[App], clock: FakeClock, **config: Any) -> App:
@@ -209,6 +210,6 @@ def test_without_a_stale_window_an_expired_entry_is_built_in_the_request(clock: 
         clock.now += 10.0
         again = a.get("/r/x")
         assert again.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; stored"
-        assert again.get_json()["n"] == 2 and a.path.refresher.alive == 0
+        assert again.get_json()["n"] == 2 and not threads_of(a.path.refresher)
     finally:
         a.rl.close(a.app)

@@ -35,6 +35,7 @@ from reachlimit.redis import RedisColdLimiter, RedisGrant, SharedPathCounters
 from tests.support.clock import FakeClock
 from tests.support.redis_clients import CountingRedis
 from tests.support.redis_limiters import server_ms
+from tests.support.refreshes import refreshing, threads_named
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
 from tests.support.waiting import wait_until
 
@@ -155,9 +156,9 @@ def path() -> Iterator[ColdPath]:
     clock.now += 11.0
     assert p.fetch("k", Build()).status == "stale"
     wait_until("the refresh in the parent",
-               lambda: p.counts().refreshed == 1 and not p.refresher.busy("k"))
+               lambda: p.counts().refreshed == 1 and not refreshing(p.refresher, "k"))
     # The state the child inherits: every refresher thread back to waiting for a job.
-    wait_until("the refresher idle", lambda: p.refresher._idle == p.refresher.alive == 1)
+    wait_until("the refresher idle", lambda: p.refresher._idle == 1)
     yield p
     p.close(JOIN_TIMEOUT)
 
@@ -171,7 +172,7 @@ def refresh_in_child(p: ColdPath) -> dict[str, Any]:
     return {
         "status": answer.status,
         "value": p.fetch("k", Build()).value,
-        "threads": [t.name for t in p.refresher._workers if t.is_alive()],
+        "threads": [t.name for t in threads_named("reachlimit-refresher")],
     }
 
 

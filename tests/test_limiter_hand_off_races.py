@@ -128,7 +128,7 @@ def test_deadline_seen_together_with_a_hand_off_loses_no_slot(threads: ThreadRun
 
 
 RACE_ROUNDS = 64
-RACE_SEED = int(os.environ.get("REACHLIMIT_SEED", "20240611"))
+RACE_SEED = int(os.environ.get("REACHTEST_SEED", "20240611"))
 
 
 def jitter(yields: int) -> None:

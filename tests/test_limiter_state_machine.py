@@ -29,11 +29,11 @@ Short form (the default, part of every run)::
 
 Long form (about 10x the examples and rounds, with shrinking)::
 
-    REACHLIMIT_STRESS=long python -m pytest tests/test_limiter_state_machine.py -s
+    REACHTEST_STRESS=long python -m pytest tests/test_limiter_state_machine.py -s
 
-``REACHLIMIT_STRESS_SEED=<int>`` changes the seed (default 20261129); a failure prints the
+``REACHTEST_STRESS_SEED=<int>`` changes the seed (default 20261129); a failure prints the
 seed and the state machine's failing program of rules (every step), which
-``REACHLIMIT_STRESS_SHRINK=1`` (implied by the long form) shrinks to a minimal one.
+``REACHTEST_STRESS_SHRINK=1`` (implied by the long form) shrinks to a minimal one.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ pytestmark = stress.MARKS
 
 #: Shrinking a failure that shows up as a hang costs stress.STEP_TIMEOUT per attempt, far beyond the
 #: short form's budget: the short form reports the failing program as found (every step is
-#: printed); the long form, or REACHLIMIT_STRESS_SHRINK=1, shrinks it to a minimal one.
-SHRINK = stress.LONG or os.environ.get("REACHLIMIT_STRESS_SHRINK", "") == "1"
+#: printed); the long form, or REACHTEST_STRESS_SHRINK=1, shrinks it to a minimal one.
+SHRINK = stress.LONG or os.environ.get("REACHTEST_STRESS_SHRINK", "") == "1"
 
 
 # The state machine

@@ -32,6 +32,7 @@ from reachlimit.flask import ReachLimit
 from reachlimit.prometheus import MeteredColdPath, MeteredLimiter, ReachMetrics
 from tests.support.clock import FakeClock
 from tests.support.deadline import learn, promote
+from tests.support.refreshes import refreshing
 from tests.support.waiting import DEADLINE, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,7 +463,7 @@ def test_refreshes_refused_and_failed_are_counted_by_result(threads: Any) -> Non
     holder = threads.start(path.get, "held", lambda: gate.wait(DEADLINE))
     wait_until("the only slot held", lambda: metrics.limiter.stats().active == 1)
     assert path.get("refused", lambda: "never built") == "refused"  # stale, at once
-    wait_until("the refused refresh", lambda: not path.refresher.busy("refused"))
+    wait_until("the refused refresh", lambda: not refreshing(path.refresher, "refused"))
     gate.set()
     holder.join(DEADLINE)
 
@@ -470,7 +471,7 @@ def test_refreshes_refused_and_failed_are_counted_by_result(threads: Any) -> Non
         raise RuntimeError("database gone")
 
     assert path.get("failed", fail) == "failed"
-    wait_until("the failed refresh", lambda: not path.refresher.busy("failed"))
+    wait_until("the failed refresh", lambda: not refreshing(path.refresher, "failed"))
     counts = path.counts()
     assert (counts.refresh_refused, counts.refresh_failed) == (1, 1)
     scrape = Scrape(metrics.exposition().decode())

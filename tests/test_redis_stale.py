@@ -30,6 +30,7 @@ from tests.support.clock import FakeClock
 from tests.support.redis_clients import CountingRedis
 from tests.support.redis_lead import close_app, watcher_fixture  # noqa: F401 (watcher)
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
@@ -220,7 +221,7 @@ class Process:
 
 def settle(*processes: Process, key: str = "k") -> None:
     wait_until("the refreshes to end",
-               lambda: not any(p.path.refresher.busy(key) for p in processes))
+               lambda: not any(refreshing(p.path.refresher, key) for p in processes))
 
 
 def test_a_herd_of_stale_hits_in_two_processes_builds_once(
@@ -245,8 +246,8 @@ def test_a_herd_of_stale_hits_in_two_processes_builds_once(
         assert {(a.value, a.status) for a in answers} == {("first", "stale")}
         assert started.wait(JOIN_TIMEOUT)
         # Both processes asked for a refresh; one leads it, the other follows it in Redis.
-        wait_until("both refreshers in the flight", lambda: one.path.refresher.busy("k")
-                   and two.path.refresher.busy("k"))
+        wait_until("both refreshers in the flight", lambda: refreshing(one.path.refresher, "k")
+                   and refreshing(two.path.refresher, "k"))
         gate.set()
         settle(one, two)
         assert len(runs) == 1
@@ -366,7 +367,7 @@ def test_the_extension_answers_stale_with_its_cache_status_then_fresh(
         wait_until("the refresh building", lambda: gate.figures()["in_flight"] == 1)
         gate.gate.set()
         wait_until("the refresh stored",
-                   lambda: not state.path.refresher.busy("popular"))
+                   lambda: not refreshing(state.path.refresher, "popular"))
         assert gate.figures()["total"] == 2  # one refresh for the herd
         shared.local.clear()
         again = http.get("/report/popular")

@@ -19,7 +19,7 @@ deadline empty, no doorbell, every counter equal to what the callers saw, and th
 capacity usable again.
 
 Short form (part of every run) stays under half a minute on two cores;
-``REACHLIMIT_STRESS=long`` runs about ten times more (see ``tests/support/stress.py``).
+``REACHTEST_STRESS=long`` runs about ten times more (see ``tests/support/stress.py``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from reachlimit.flask import ReachLimit
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.clock import FakeClock
 from tests.support.redis_clients import CountingRedis
+from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
@@ -106,7 +107,7 @@ def make_path(
 
 def settle(path: ColdPath, key: Any = "k") -> None:
     """Wait until no refresh of ``key`` waits or runs (every one asked for has ended)."""
-    wait_until(f"the refresh of {key!r} to end", lambda: not path.refresher.busy(key))
+    wait_until(f"the refresh of {key!r} to end", lambda: not refreshing(path.refresher, key))
 
 
 def stale_hit(path: ColdPath, build: Build, key: Any = "k") -> Any:
@@ -298,7 +299,7 @@ class App:
         reply = self.app.test_client().get(url)
         self.seen.update(self.keys())
         wait_until("the refreshes to end",
-                   lambda: not any(self.path.refresher.busy(k) for k in self.seen))
+                   lambda: not any(refreshing(self.path.refresher, k) for k in self.seen))
         return reply
 
     def keys(self) -> list[Any]:

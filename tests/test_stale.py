@@ -27,6 +27,7 @@ from reachlimit import (
 from reachlimit._path import EARLY_SPAN
 from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.clock import FakeClock
+from tests.support.refreshes import refreshing, threads_named, threads_of
 from tests.support.threads import JOIN_TIMEOUT, Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
@@ -78,7 +79,7 @@ def paths() -> Iterator[list[ColdPath]]:
     yield made
     for path in made:
         path.close(JOIN_TIMEOUT)
-        assert not [t for t in path.refresher._workers if t.is_alive()]
+        assert not threads_of(path.refresher)
 
 
 def make_path(
@@ -103,7 +104,7 @@ def stale_path(paths: list[ColdPath], clock: FakeClock, by: float, **kwargs: Any
 
 def settle(path: ColdPath, key: Any) -> None:
     """Wait until no refresh of ``key`` waits or runs."""
-    wait_until(f"the refresh of {key!r} to end", lambda: not path.refresher.busy(key))
+    wait_until(f"the refresh of {key!r} to end", lambda: not refreshing(path.refresher, key))
 
 
 # -- TTLCache: the stale window ----------------------------------------------------------------
@@ -169,7 +170,7 @@ def test_a_stale_entry_is_answered_at_once_and_refreshed_once(
     assert (answer.value, answer.status) == ("v1", "stale")
     assert answer.fresh_for == pytest.approx(-2.0)
     assert refresh.started.wait(JOIN_TIMEOUT)  # on a refresher thread, not this one
-    assert threading.current_thread().name not in {t.name for t in path.refresher._workers}
+    assert threading.current_thread() not in threads_of(path.refresher)
     # A herd of stale hits meanwhile: each answered at once, no second refresh.
     herd = [path.fetch("k", refresh) for _ in range(20)]
     assert {(a.value, a.status) for a in herd} == {("v1", "stale")}
@@ -189,7 +190,7 @@ def test_past_ttl_plus_stale_the_next_request_is_a_cold_miss(
     path = stale_path(paths, clock, 15.0, ttl=10.0, stale=5.0)
     answer = path.fetch("k", Builds())
     assert answer.status == "stored" and path.counts().misses == 2
-    assert not path.refresher.busy("k")
+    assert not refreshing(path.refresher, "k")
 
 
 def test_a_refresh_that_raises_leaves_the_stale_entry_and_is_logged_once_per_episode(
@@ -325,14 +326,14 @@ def test_no_early_refresh_without_a_stale_window(clock: FakeClock, paths: list[C
     clock.now += 9.9
     refresh = Builds()
     assert path.fetch("k", refresh).status == "hit"
-    assert draws.calls == 0 and not path.refresher.busy("k") and refresh.runs == 0
+    assert draws.calls == 0 and not refreshing(path.refresher, "k") and refresh.runs == 0
 
 
 # -- the Refresher --------------------------------------------------------------------------
 
 
 def test_the_refresher_runs_at_most_its_threads_at_once_and_close_joins_them() -> None:
-    refresher = Refresher(2)
+    refresher = Refresher(2, name="two-at-most")
     gate = threading.Event()
     running = threading.Semaphore(0)
     peak = [0, 0]  # now, most
@@ -352,28 +353,28 @@ def test_the_refresher_runs_at_most_its_threads_at_once_and_close_joins_them() -
     assert not refresher.submit(3, job)  # waiting already: not queued twice
     for _ in range(2):
         assert running.acquire(timeout=JOIN_TIMEOUT)
-    assert refresher.alive == 2
+    assert len(threads_named("two-at-most-")) == 2
     gate.set()
-    wait_until("every job to end", lambda: not any(refresher.busy(k) for k in range(6)))
+    wait_until("every job to end", lambda: not any(refreshing(refresher, k) for k in range(6)))
     assert peak[1] == 2
-    workers = list(refresher._workers)
     refresher.close(JOIN_TIMEOUT)
-    assert not any(t.is_alive() for t in workers)
+    assert not threads_named("two-at-most-")
     assert not refresher.submit("late", job)  # closed: nothing more is run
 
 
 def test_the_refresher_drops_jobs_beyond_its_bound_and_survives_a_job_that_raises() -> None:
     refresher = Refresher(1, max_pending=2)
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
     ran: list[str] = []
 
     def blocked() -> None:
+        running.set()
         assert gate.wait(JOIN_TIMEOUT)
         raise RuntimeError("a job's own failure")
 
     try:
         assert refresher.submit("first", blocked)
-        wait_until("the first job to run", lambda: "first" in refresher._running)
+        assert running.wait(JOIN_TIMEOUT), "the first job never ran"
         assert refresher.submit("a", lambda: ran.append("a"))
         assert refresher.submit("b", lambda: ran.append("b"))
         assert not refresher.submit("c", lambda: ran.append("c"))
@@ -387,12 +388,14 @@ def test_the_refresher_drops_jobs_beyond_its_bound_and_survives_a_job_that_raise
 def test_closing_a_path_that_never_refreshed_starts_no_thread_later(
     clock: FakeClock, paths: list[ColdPath]
 ) -> None:
+    before = set(threads_named("reachlimit-refresher"))
     path = make_path(paths, clock)
     path.close()
     path.fetch("k", Builds())
     clock.now += 11.0
     assert path.fetch("k", Builds()).status == "stale"
-    assert path.refresher.alive == 0
+    assert not refreshing(path.refresher, "k")  # the closed refresher took no job
+    assert set(threads_named("reachlimit-refresher")) <= before
 
 
 def test_refresher_threads_default_to_the_limiters_active(
@@ -440,13 +443,13 @@ def test_a_refresher_with_a_bad_figure_is_a_value_error_naming_it(
 
 
 def test_an_idle_thread_takes_the_next_job_and_a_thread_starts_only_when_none_is_idle() -> None:
-    refresher = Refresher(4)
+    refresher = Refresher(4, name="idle-first")
     jobs = HeldJobs()
     try:
         for key in ("a", "b", "c"):
             assert refresher.submit(key, jobs.job(key))
         jobs.wait_for("a, b and c to run", 3)
-        assert refresher.alive == 3
+        assert len(threads_named("idle-first-")) == 3
         jobs.gate.set()
         # The refresher's own count of the threads waiting for a job: all three.
         wait_until("the three threads to be idle", lambda: refresher._idle == 3)
@@ -454,12 +457,12 @@ def test_an_idle_thread_takes_the_next_job_and_a_thread_starts_only_when_none_is
         for started, key in enumerate(("d", "e", "f"), start=4):
             assert refresher.submit(key, jobs.job(key))
             jobs.wait_for(f"{key} to run", started)
-            assert refresher.alive == 3  # an idle thread took it: none was started for it
+            assert len(threads_named("idle-first-")) == 3  # an idle thread took it
         assert refresher.submit("g", jobs.job("g"))  # no thread idle: a fourth starts for it
         jobs.wait_for("g to run while d, e and f hold their threads", 7)
-        assert refresher.alive == 4
+        assert len(threads_named("idle-first-")) == 4
         # Daemon threads: a refresh never keeps the process from exiting.
-        assert all(thread.daemon for thread in refresher._workers)
+        assert all(thread.daemon for thread in threads_named("idle-first-"))
     finally:
         jobs.gate.set()
         refresher.close(JOIN_TIMEOUT)
@@ -476,7 +479,7 @@ def test_every_job_beyond_the_bound_is_counted_as_dropped() -> None:
         assert not refresher.submit("y", jobs.job("y"))
         assert refresher.dropped == 2
         jobs.gate.set()
-        wait_until("the waiting job to run", lambda: not refresher.busy("waiting"))
+        wait_until("the waiting job to run", lambda: not refreshing(refresher, "waiting"))
         assert jobs.started == ["running", "waiting"]
     finally:
         jobs.gate.set()
@@ -498,16 +501,16 @@ def test_by_default_256_jobs_wait_and_the_next_is_dropped() -> None:
 
 
 def test_close_waits_for_a_running_job_no_longer_than_its_timeout(threads: ThreadRunner) -> None:
-    refresher = Refresher(1)
+    refresher = Refresher(1, name="closed-early")
     jobs = HeldJobs()
     try:
         assert refresher.submit("held", jobs.job("held"))
         jobs.wait_for("the job to run", 1)
         closing: Outcome = start_call(threads, lambda: refresher.close(0.01), name="close")
         closing.wait_done()  # returned although the job still holds its thread
-        assert closing.error is None and refresher.busy("held")
+        assert closing.error is None and refreshing(refresher, "held")
         assert not refresher.submit("late", jobs.job("late"))
     finally:
         jobs.gate.set()
         refresher.close(JOIN_TIMEOUT)
-    assert refresher.alive == 0
+    assert not threads_named("closed-early-")

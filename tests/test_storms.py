@@ -17,7 +17,7 @@ promotion and every displacement, at the moment the limiter makes it, to the rul
 admission (round-robin across the waiting clients, FIFO within each, the newest waiter of the
 client holding most places displaced), and the samplers compare its queues with the model's.
 
-Each test prints what it tried (run with ``-s`` to see it); ``REACHLIMIT_STRESS=long`` runs
+Each test prints what it tried (run with ``-s`` to see it); ``REACHTEST_STRESS=long`` runs
 about ten times the operations (see ``tests/support/stress.py``).
 """
 
@@ -61,8 +61,8 @@ class TimedCancel:
 
 @pytest.mark.timeout(30)
 def test_randomized_run_never_exceeds_the_bounds(threads: ThreadRunner) -> None:
-    seed = int(os.environ.get("REACHLIMIT_SEED", "20240611"))
-    long_form = os.environ.get("REACHLIMIT_STRESS") == "long"
+    seed = int(os.environ.get("REACHTEST_SEED", "20240611"))
+    long_form = os.environ.get("REACHTEST_STRESS") == "long"
     workers, ops = 16, (400 if long_form else 40)
     lim = stress.FairnessWatch(active=2, queue=8, wait=0.02)
     start = threading.Barrier(workers + 1, timeout=5.0)

@@ -25,7 +25,7 @@ from tests.support.werkzeug_server import WerkzeugServer
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = os.environ.get("REACHLIMIT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("REACHTEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -1,6 +1,6 @@
 """A real ``redis-server`` for the tests of ``reachlimit.redis``.
 
-design: :class:`RedisServer` runs Debian's ``redis-server`` (``$REACHLIMIT_REDIS_SERVER`` to
+design: :class:`RedisServer` runs Debian's ``redis-server`` (``$REACHTEST_REDIS_SERVER`` to
 use another binary) as a subprocess of the test process, on 127.0.0.1 only, on a port that
 was free a moment ago, with no persistence (``--save ''``, ``--appendonly no``) and its working
 directory in a temporary directory. ``start`` waits, with one bounded deadline, until the
@@ -30,7 +30,7 @@ from tests.support import HOST
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
-REDIS_SERVER = os.environ.get("REACHLIMIT_REDIS_SERVER", "redis-server")
+REDIS_SERVER = os.environ.get("REACHTEST_REDIS_SERVER", "redis-server")
 #: How long a starting or stopping server may take before the test fails.
 DEADLINE = 10.0
 

@@ -1,8 +1,8 @@
 """Settings of the randomized limiter tests (the ``stress`` marker): short or long form, the
 seed, how long one step may wait, and the exceptions they raise on purpose.
 
-Short form by default (part of every run). ``REACHLIMIT_STRESS=long`` runs about ten times
-the examples, rounds and operations; ``REACHLIMIT_STRESS_SEED=<int>`` changes the seed of
+Short form by default (part of every run). ``REACHTEST_STRESS=long`` runs about ten times
+the examples, rounds and operations; ``REACHTEST_STRESS_SEED=<int>`` changes the seed of
 every randomized test (default 20261129).
 
 The state machine's client threads are here too (:class:`Client`, its cancel object
@@ -28,8 +28,8 @@ import pytest
 from reachlimit import Busy, Cancelled, ColdLimiter
 from tests.support.waiting import wait_until
 
-LONG = os.environ.get("REACHLIMIT_STRESS", "").strip().lower() == "long"
-SEED = int(os.environ.get("REACHLIMIT_STRESS_SEED", "20261129"))
+LONG = os.environ.get("REACHTEST_STRESS", "").strip().lower() == "long"
+SEED = int(os.environ.get("REACHTEST_STRESS_SEED", "20261129"))
 
 #: The marks of a stress test file: the marker, and a timeout that fits the form.
 MARKS = [pytest.mark.stress, pytest.mark.timeout(1800 if LONG else 60)]
@@ -76,7 +76,7 @@ def run_machine(
             ),
         )
     except BaseException as exc:
-        exc.add_note(f"state machine seed: REACHLIMIT_STRESS_SEED={SEED}")
+        exc.add_note(f"state machine seed: REACHTEST_STRESS_SEED={SEED}")
         raise
     finally:
         if report is not None:
