@@ -6,8 +6,6 @@ clause; only the Flask layer turns them into HTTP responses.
 
 from __future__ import annotations
 
-from ._attrs import arg
-
 __all__ = ["ReachLimitError", "Busy", "Cancelled", "LeaderFailed", "Unavailable"]
 
 
@@ -35,10 +33,16 @@ class Busy(ReachLimitError):
     UNAVAILABLE = "unavailable"
 
     # No __init__ of our own: BaseException's C initialiser keeps the refusal path cheap
-    # (a Python __init__ would more than double the cost of raising).
+    # (a Python __init__ would more than double the cost of raising). The fields are args.
     args: tuple[str, int]
-    reason: str = arg(0)
-    retry_after: int = arg(1)
+
+    @property
+    def reason(self) -> str:
+        return self.args[0]
+
+    @property
+    def retry_after(self) -> int:
+        return self.args[1]
 
     def __str__(self) -> str:
         return f"busy ({self.reason}); retry after {self.retry_after} s"
@@ -60,8 +64,14 @@ class LeaderFailed(ReachLimitError):
     """
 
     args: tuple[str, str]
-    type_name: str = arg(0)
-    message: str = arg(1)
+
+    @property
+    def type_name(self) -> str:
+        return self.args[0]
+
+    @property
+    def message(self) -> str:
+        return self.args[1]
 
     def __str__(self) -> str:
         return f"the leader's build failed: {self.type_name}: {self.message}"
@@ -74,8 +84,14 @@ class Unavailable(ReachLimitError):
     secrets too). Never raised on a request's path: there Redis failing is a degraded mode."""
 
     args: tuple[str, str]
-    where: str = arg(0)
-    reason: str = arg(1)
+
+    @property
+    def where(self) -> str:
+        return self.args[0]
+
+    @property
+    def reason(self) -> str:
+        return self.args[1]
 
     def __str__(self) -> str:
         return f"the shared cache at {self.where} cannot be reached: {self.reason}"

@@ -2,17 +2,20 @@
 (``reachlimit.redis``): the ``Grant`` its ``acquire`` returns, the ``LimiterStats`` it reports
 and the four figures it is built with (``LimiterFigures``). Standard library only;
 ``reachlimit._limiter`` re-exports all three.
+
+``FiguresOf`` is kept for ``reachlimit.redis``'s ``ResilientLimiter`` only, until it shows the
+figures of the limiter it wraps itself, as ``MeteredSharedLimiter`` does.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ._attrs import shown
 
-__all__ = ["FiguresOf", "Grant", "HasFigures", "LimiterFigures", "LimiterStats"]
+__all__ = ["FiguresOf", "Grant", "LimiterFigures", "LimiterStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,33 +105,29 @@ class LimiterFigures:
         self._wait = float(wait)
         self._retry_after = retry_after
 
-    capacity_active: int = shown("_capacity")
-    capacity_queue: int = shown("_queue_capacity")
-    wait: float = shown("_wait")
-    retry_after: int = shown("_retry_after")
-
-
-class HasFigures(Protocol):
-    """The four figures every cold limiter shows (the ``Limiter`` protocol has them too)."""
+    @property
+    def capacity_active(self) -> int:
+        return self._capacity
 
     @property
-    def capacity_active(self) -> int: ...
+    def capacity_queue(self) -> int:
+        return self._queue_capacity
 
     @property
-    def capacity_queue(self) -> int: ...
+    def wait(self) -> float:
+        return self._wait
 
     @property
-    def wait(self) -> float: ...
-
-    @property
-    def retry_after(self) -> int: ...
+    def retry_after(self) -> int:
+        return self._retry_after
 
 
 class FiguresOf:
-    """A wrapper of a cold limiter (metered, resilient) that shows the four figures of the
-    limiter it wraps, which a subclass names as ``_wrapped`` (read each time)."""
+    """A wrapper of a cold limiter that shows the four figures of the limiter it wraps,
+    which a subclass names as ``_wrapped`` (read each time). Kept for ``reachlimit.redis``
+    only (the module's note)."""
 
-    _wrapped: HasFigures
+    _wrapped: LimiterFigures
     capacity_active: int = shown("_wrapped.capacity_active")
     capacity_queue: int = shown("_wrapped.capacity_queue")
     wait: float = shown("_wrapped.wait")

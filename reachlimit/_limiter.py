@@ -6,7 +6,7 @@ design:
       cancel already set ............................ raise Cancelled        (nothing changes)
       lock held:
         free slot and nobody waiting ................ take it, return Grant  (fast path)
-        gate put without blocking fails:
+        the gate is full:
           the client holding most places holds two
           or more places more than ``client`` ....... its newest waiter is displaced, and
                                                       this call takes over its gate place
@@ -40,10 +40,14 @@ whose newest waiter joined last), so a client with few places always gets in whi
 many. With one client this is exactly a strict FIFO queue with a refusal when full. ``_waiters``
 holds the same records in arrival order, for the counts.
 
-The admission gate is a ``queue.Queue(maxsize=queue)``. It is only ever touched under our lock
-and never blocks: a place is taken with ``put(None, block=False)`` (the body of ``put_nowait``,
-called directly to save the refusal path a Python frame) and returned with ``get_nowait``. So
-"holds a gate place" and "is in ``_waiters``" are the same statement whenever the lock is free.
+The admission gate is a ``queue.Queue(maxsize=queue)``, the one count of queue places. It is
+only ever touched under our lock and never blocks: a newcomer asks it ``full()``, and when it is
+not, takes a place with ``put_nowait`` (which then cannot fail: nobody else touches the gate
+meanwhile); a place is returned with ``get_nowait``. Asking first, rather than letting a
+refused ``put_nowait`` raise ``queue.Full``, spares the refusal path an exception raised and
+caught inside it: that alone cost about a third of a refused ``put_nowait`` (see
+``benchmarks/micro.py``). So "holds a gate place" and "is in ``_waiters``" are the same
+statement whenever the lock is free.
 Whoever takes a waiter out of ``_waiters`` returns its gate place: the releaser on promotion,
 the refuser of a late waiter, the waiter itself on timeout, cancellation or an error during
 the wait. A displaced waiter's
@@ -100,16 +104,20 @@ than there are (``_hand_off_or_free``: otherwise the slot goes back, ``_active``
 and the walk above counts as freeing a slot for a waiter only the last ``active`` of the
 slots held (the first ones to end bring ``_active`` down to size). The gate follows: its
 ``maxsize`` is set to the new size under the Queue's own mutex (a gate fuller than that
-refuses every put, and takes places back as before); at ``queue=0`` it stays, for the
-places still taken, but takes none (``_no_gate``). ``_keeps_out`` (the displacement bound)
-and ``_timing`` follow the new size. So every rule above holds again once the limiter is
-back within its figures, and a slot or a place is never lost or counted twice on the way.
+is full, and takes places back as before); at ``queue=0`` it stays, for the places still
+taken, but is asked no more (``_always_full``). ``_max_places_to_displace`` (the
+displacement bound) and ``_timing`` follow the new size. So every rule above holds again
+once the limiter is back within its figures, and a slot or a place is never lost or counted
+twice on the way.
 
 The fast path and the refusal path never read the clock and allocate nothing but the grant or
 the exception they return; the fast path does no client bookkeeping at all. The refusal path
-compares the caller with ``_sole`` (the one client waiting, if only one is): with one client,
-the common case of a caller that passes none, that is all it adds; otherwise one dictionary
-look-up, and a look at the other clients only when a displacement is possible.
+compares the caller with ``_alone_in_queue`` (the one client waiting, if only one is): with one
+client, the common case of a caller that passes none, that is all it adds; otherwise one
+dictionary look-up, and a look at the other clients only when a displacement is possible (a
+client holding ``c`` places can take one over only from a client holding ``c + 2``, which
+needs ``queue >= 2c + 2``: a client holding more than ``_max_places_to_displace`` is refused
+without a look at the others).
 """
 
 from __future__ import annotations
@@ -130,7 +138,6 @@ from ._grant import LimiterFigures as LimiterFigures  # where reachlimit.redis i
 _QUEUE_FULL = Busy.QUEUE_FULL
 _DISPLACED = Busy.DISPLACED
 _DEADLINE = Busy.DEADLINE
-_Full = _queue.Full
 
 __all__ = ["ColdLimiter", "Grant", "LimiterStats"]
 
@@ -258,11 +265,8 @@ class ColdLimiter(LimiterFigures):
         self._timing = deadline and queue > 0
         self._lock = threading.Lock()
         # The admission gate; None for queue=0 (maxsize=0 would mean "unbounded").
-        # Touched only under _lock, never blocking. It is tried with put(None, block=False),
-        # which is all put_nowait() does: calling it directly saves the refusal path one
-        # Python frame, about a tenth of its cost (see benchmarks/micro.py).
         self._gate: _queue.Queue[None] | None = _queue.Queue(maxsize=queue) if queue else None
-        self._gate_put = self._gate.put if self._gate is not None else _no_gate
+        self._gate_full = self._gate.full if self._gate is not None else _always_full
         # Everything below is guarded by _lock.
         self._active = 0
         self._waiters: deque[_Waiter] = deque()  # every waiter, in arrival order
@@ -270,12 +274,11 @@ class ColdLimiter(LimiterFigures):
         # is served next. A client is here exactly while it has a waiter.
         self._clients: dict[Hashable, deque[_Waiter]] = {}
         self._waiters_of = self._clients.get  # bound once: the refusal path calls it
-        # The one client with waiters while there is exactly one, else _SEVERAL (compared
+        # The one client with waiters while there is exactly one, else _NOT_ALONE (compared
         # with "is": an equal but distinct name just takes the general look).
-        self._sole: Hashable = _SEVERAL
+        self._alone_in_queue: Hashable = _NOT_ALONE
         self._joined = 0  # waiters ever queued: the next waiter's seq
-        # A client holding more places than this can displace nobody (2c + 2 > queue).
-        self._keeps_out = (queue - 2) // 2
+        self._max_places_to_displace = (queue - 2) // 2
         self._displaced = 0
         self._peak_active = 0
         self._peak_queued = 0
@@ -321,26 +324,23 @@ class ColdLimiter(LimiterFigures):
                 if self._active > self._peak_active:
                     self._peak_active = self._active
                 return _LocalGrant(self)
-            try:
-                self._gate_put(None, False)  # = put_nowait(None): never a blocking put
-            except _Full:
-                # Every place is taken. The client alone in the queue holds them all and can
-                # take none over (the one-client queue's refusal costs what it always did).
-                # Else a client holding c places can take one over only from a client
-                # holding c + 2 or more, which needs queue >= 2c + 2: so a client holding
-                # more than _keeps_out places is refused without a look at the others.
-                if client is self._sole:
+            if self._gate_full():
+                # Every place is taken: the client alone in the queue holds them all and can
+                # take none over; another may displace a waiter (the module's design note).
+                if client is self._alone_in_queue:
                     self._rejected_full += 1
                     waiter = None
                 else:
                     mine = self._waiters_of(client)
                     places = 0 if mine is None else len(mine)
-                    if places > self._keeps_out or not self._displace_for(places):
+                    if places > self._max_places_to_displace or not self._displace_for(places):
                         self._rejected_full += 1
                         waiter = None
                     else:
                         waiter = self._join(client, mine)
             else:
+                assert self._gate is not None  # (only a gate can have room)
+                self._gate.put_nowait(None)
                 waiter = self._join(client, self._clients.get(client))
                 if len(self._waiters) > self._peak_queued:
                     self._peak_queued = len(self._waiters)
@@ -422,11 +422,11 @@ class ColdLimiter(LimiterFigures):
                 else:
                     with self._gate.mutex:  # the Queue's own lock guards its maxsize
                         self._gate.maxsize = places
-                self._gate_put = self._gate.put
+                self._gate_full = self._gate.full
             else:
                 # The gate stays, for the places still taken, but takes nobody more.
-                self._gate_put = _no_gate
-            self._keeps_out = (places - 2) // 2
+                self._gate_full = _always_full
+            self._max_places_to_displace = (places - 2) // 2
             self._timing = self._deadline_on and places > 0
             while self._waiters and self._active < self._capacity:
                 waiter = self._next_in_turn()
@@ -460,7 +460,7 @@ class ColdLimiter(LimiterFigures):
         self._waiters.append(waiter)
         if mine is None:
             self._clients[client] = deque((waiter,))  # a new client waits last in turn
-            self._sole = client if len(self._clients) == 1 else _SEVERAL
+            self._alone_in_queue = client if len(self._clients) == 1 else _NOT_ALONE
         else:
             mine.append(waiter)
         return waiter
@@ -490,7 +490,7 @@ class ColdLimiter(LimiterFigures):
         if mine:
             clients[client] = mine
         else:
-            self._sole = next(iter(clients)) if len(clients) == 1 else _SEVERAL
+            self._alone_in_queue = next(iter(clients)) if len(clients) == 1 else _NOT_ALONE
         if waiter is self._waiters[0]:  # always so with one client
             self._waiters.popleft()
         else:
@@ -507,7 +507,7 @@ class ColdLimiter(LimiterFigures):
         if not mine:
             del self._clients[waiter.client]
             clients = self._clients
-            self._sole = next(iter(clients)) if len(clients) == 1 else _SEVERAL
+            self._alone_in_queue = next(iter(clients)) if len(clients) == 1 else _NOT_ALONE
         self._return_gate_place()
 
     def _return_gate_place(self) -> None:
@@ -681,10 +681,10 @@ class ColdLimiter(LimiterFigures):
             self._rejected_deadline += 1
 
 
-#: ``_sole`` when no client, or several, wait: a name nobody passes.
-_SEVERAL: Hashable = object()
+#: ``_alone_in_queue`` when no client, or several, wait: a name nobody passes.
+_NOT_ALONE: Hashable = object()
 
 
-def _no_gate(item: None, block: bool) -> None:
-    """The gate of a limiter built with queue=0: always full."""
-    raise _queue.Full
+def _always_full() -> bool:
+    """The gate of a limiter without queue places (built, or resized, with queue=0)."""
+    return True

@@ -12,10 +12,8 @@ from collections.abc import Callable, Hashable
 from time import perf_counter
 from typing import Any, Protocol
 
-from ._attrs import shown
 from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
-from ._grant import FiguresOf
 from ._limiter import ColdLimiter, Grant
 from ._path import Answer, Cache, ColdPath, Flight, Limiter
 
@@ -87,9 +85,10 @@ def _timed_admission(
     return grant
 
 
-class MeteredSharedLimiter(FiguresOf):
+class MeteredSharedLimiter:
     """A shared limiter (one whose ``stats()`` count the whole service) whose admissions are
-    counted and timed like :class:`MeteredLimiter`'s; everything else is the limiter's own."""
+    counted and timed like :class:`MeteredLimiter`'s; everything else is the limiter's own
+    (``inner``), its four figures too."""
 
     def __init__(self, inner: Limiter, metrics: Meter) -> None:
         self.inner = inner
@@ -101,8 +100,21 @@ class MeteredSharedLimiter(FiguresOf):
     def stats(self) -> Any:
         return self.inner.stats()
 
-    #: The figures every cold limiter has: the wrapped limiter's own.
-    _wrapped: Limiter = shown("inner")
+    @property
+    def capacity_active(self) -> int:
+        return self.inner.capacity_active
+
+    @property
+    def capacity_queue(self) -> int:
+        return self.inner.capacity_queue
+
+    @property
+    def wait(self) -> float:
+        return self.inner.wait
+
+    @property
+    def retry_after(self) -> int:
+        return self.inner.retry_after
 
     def close(self) -> None:
         """Close the wrapped limiter (its background threads, on Redis)."""

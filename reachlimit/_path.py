@@ -56,7 +56,6 @@ from ._cancel import CancelToken
 from ._errors import Busy, Cancelled
 from ._flight import SingleFlight
 from ._fork import reset_after_fork
-from ._grant import HasFigures
 from ._limiter import Grant, LimiterStats
 from ._refresh import RefreshBackoff, Refresher
 
@@ -135,10 +134,22 @@ class Flight(Protocol):
     ) -> tuple[Any, bool]: ...
 
 
-class Limiter(HasFigures, Protocol):
-    """What ColdPath needs of a cold limiter: its four figures (``HasFigures``), ``acquire``
+class Limiter(Protocol):
+    """What ColdPath needs of a cold limiter: the four figures it was built with, ``acquire``
     and ``stats``. ``client`` names whoever asks, for fair admission (a hashable; None is one
     anonymous client)."""
+
+    @property
+    def capacity_active(self) -> int: ...
+
+    @property
+    def capacity_queue(self) -> int: ...
+
+    @property
+    def wait(self) -> float: ...
+
+    @property
+    def retry_after(self) -> int: ...
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant: ...
 

@@ -162,12 +162,12 @@ def check_white_box(lim: ColdLimiter) -> None:
         gate = lim._gate.qsize() if lim._gate is not None else 0
         active = lim._active
         clients = list(lim._clients)
-        sole = lim._sole
+        alone = lim._alone_in_queue
     assert gate == waiters, f"gate holds {gate} places for {waiters} queued waiters"
     if len(clients) == 1:
-        assert sole is clients[0], f"the sole waiting client is {clients[0]!r}, noted {sole!r}"
+        assert alone is clients[0], f"the one waiting client is {clients[0]!r}, noted {alone!r}"
     else:
-        assert sole is _limiter_module._SEVERAL, f"{len(clients)} clients wait, noted {sole!r}"
+        assert alone is _limiter_module._NOT_ALONE, f"{len(clients)} clients wait, noted {alone!r}"
     assert waiters == 0 or active == lim.capacity_active, (
         f"{waiters} waiter(s) queued while only {active}/{lim.capacity_active} slots are held"
     )
