@@ -84,8 +84,8 @@ class BudgetState:
     """One budget of one app: its settings, cold path and figures."""
 
     __slots__ = (
-        "name", "settings", "enabled", "path", "metrics", "redis", "counters", "closers",
-        "client_of", "retry_auto", "budgets", "_refusals",
+        "name", "settings", "enabled", "cancel_on_disconnect", "path", "metrics", "redis",
+        "counters", "closers", "client_of", "retry_auto", "budgets", "_refusals",
     )
 
     def __init__(
@@ -99,8 +99,10 @@ class BudgetState:
     ) -> None:
         self.name = name
         self.settings = settings
-        #: settings.enabled, read on every cold(): False runs each build directly.
+        #: settings.enabled and cancel_on_disconnect, read on every cold(): False runs each
+        #: build directly; True watches the client's socket while the request waits.
         self.enabled = settings.enabled
+        self.cancel_on_disconnect = settings.cancel_on_disconnect
         self.path = path
         self.metrics = metrics
         self.redis = redis  # the shared limiter's Redis, when there is one
@@ -138,7 +140,7 @@ class BudgetState:
 
     def refusal(self, busy: Busy) -> Refusal:
         """The answer to ``busy``, rendered on the first refusal of each kind and reused."""
-        kind = (busy.reason, busy.retry_after)
+        kind = busy.args  # (reason, retry_after): the kind, with no tuple made
         rendered = self._refusals.get(kind)
         if rendered is None:  # (a miss only renders the same answer again)
             body, headers = render_refusal(busy, self.name, self.settings.refusal_message)

@@ -1,11 +1,15 @@
 """A small thread-safe TTL cache: the default warm cache of :class:`ColdPath`.
 
-design: one ``threading.Lock`` guards an insertion-ordered dict of
-``key -> (fresh_until, value, gone_at, build_time)``. All entries share one TTL and one stale
-window, so insertion order is also expiry order: the front of the dict is both the oldest
-and the first to expire. A put into a full cache first drops the entries at the front whose
-stale window has ended, then, if still full, the single oldest entry; the cache is never
-wiped to make room. The clock is injected so tests never sleep.
+design: an insertion-ordered dict of ``key -> (fresh_until, value, gone_at, build_time)``,
+written only under one ``threading.Lock`` (a put, a forget, a clear, an eviction, the drop
+of an entry past its stale window) and read without it (``get``, ``lookup``): a dict read is
+atomic and an entry is a tuple that never changes, so a reader sees an entry whole, as it
+was before or after a write, and a warm hit takes no lock. An entry being set that very
+instant is found by the next reader, as if this one had come a moment earlier. All entries
+share one TTL and one stale window, so insertion order is also expiry order: the front of the
+dict is both the oldest and the first to expire. A put into a full cache first drops the
+entries at the front whose stale window has ended, then, if still full, the single oldest
+entry; the cache is never wiped to make room. The clock is injected so tests never sleep.
 
 Stale entries (``stale`` > 0): an entry stops being fresh ``ttl`` seconds after it was set
 and is dropped ``stale`` seconds later. ``get`` answers fresh entries only (what a cache
@@ -89,37 +93,32 @@ class TTLCache(Generic[V]):
         return self.maxsize
 
     def get(self, key: Hashable) -> V | None:
-        found = self._current(key)
-        if found is None:
+        entry = self._data.get(key)  # no lock (the module's design note); a miss: no clock
+        if entry is None:
             return None
-        entry, now = found
-        return entry[1] if entry[0] > now else None
+        now = self._clock()
+        if entry[0] > now:
+            return entry[1]
+        if entry[2] <= now:
+            self._drop(key, entry)
+        return None
 
     def lookup(self, key: Hashable) -> Entry | None:
         """The entry of ``key``, fresh or stale (within its stale window), or None."""
-        found = self._current(key)
-        if found is None:
-            return None
-        entry, now = found
-        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
-
-    def _current(self, key: Hashable) -> tuple[tuple[float, V, float, float], float] | None:
-        """``key``'s entry, if it is within its stale window, and the time it was read at;
-        an entry past it is dropped."""
-        if key not in self._data:
-            # Racy read, on purpose: a miss needs neither the clock nor the lock (a dict
-            # lookup is atomic), and an entry being set this instant is found by the next
-            # caller as if this one had come a moment earlier. Every cold request asks twice.
+        entry = self._data.get(key)  # as get()
+        if entry is None:
             return None
         now = self._clock()
+        if entry[2] <= now:
+            self._drop(key, entry)
+            return None
+        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
+
+    def _drop(self, key: Hashable, entry: tuple[float, V, float, float]) -> None:
+        """Drop ``key``'s ``entry``, past its stale window, unless it was set again since."""
         with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                return None
-            if entry[2] <= now:
+            if self._data.get(key) is entry:
                 del self._data[key]
-                return None
-        return entry, now
 
     def set(self, key: Hashable, value: V) -> None:
         self.put(key, value, 0.0)

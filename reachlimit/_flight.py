@@ -68,7 +68,11 @@ class SingleFlight(Generic[T]):
         raise that same exception. A follower whose ``cancel`` is set while it waits raises
         ``Cancelled`` and leaves the leader running.
         """
-        with self._lock:
+        # The lock is taken explicitly, and the leader's part is written out here rather
+        # than in a method of its own: every cold request leads a call, a refused one too.
+        lock = self._lock
+        lock.acquire()
+        try:
             call = self._calls.get(key)
             if call is None:
                 call = self._calls[key] = _Call()
@@ -78,8 +82,16 @@ class SingleFlight(Generic[T]):
                 done = call.done
                 if done is None:
                     done = call.done = threading.Event()
+        finally:
+            lock.release()
         if done is None:
-            return self._lead(key, call, fn), False
+            try:
+                value = fn()
+            except BaseException as exc:
+                self._publish(key, call, None, exc)
+                raise
+            self._publish(key, call, value, None)
+            return value, False
         self._follow(done, cancel, self.CANCEL_POLL_INTERVAL)
         if call.error is not None:
             raise call.error
@@ -89,15 +101,6 @@ class SingleFlight(Generic[T]):
         """Racy read: how many keys have a computation running."""
         return len(self._calls)
 
-    def _lead(self, key: Hashable, call: _Call[T], fn: Callable[[], T]) -> T:
-        try:
-            value = fn()
-        except BaseException as exc:
-            self._publish(key, call, None, exc)
-            raise
-        self._publish(key, call, value, None)
-        return value
-
     def _publish(
         self, key: Hashable, call: _Call[T], value: T | None, error: BaseException | None
     ) -> None:
@@ -105,10 +108,14 @@ class SingleFlight(Generic[T]):
         followers, if any came. A call nobody followed keeps no outcome: its leader's
         exception would otherwise hold the call through its traceback, a reference cycle
         that only the garbage collector could free (one per refused leader)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._calls.get(key) is call:
                 del self._calls[key]
             done = call.done
+        finally:
+            lock.release()
         if done is not None:
             call.value, call.error = value, error
             done.set()

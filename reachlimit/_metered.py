@@ -157,15 +157,23 @@ class MeteredColdPath(ColdPath):
         super().__init__(limiter, cache, flight, **options)
         self._metrics = metrics
 
-    def fetch(
+    def fetch_warm(self, key: Hashable, build: Callable[[], Any]) -> Answer | None:
+        metrics = self._metrics
+        # (a refresh the answer hands out runs the build later: timed then)
+        answer = super().fetch_warm(key, _TimedBuild(build, metrics))
+        if answer is not None and metrics.per_process:
+            metrics.publish(gauges=False)
+        return answer
+
+    def fetch_cold(
         self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Answer:
         metrics = self._metrics
         timed = _TimedBuild(build, metrics)
         try:
-            return super().fetch(key, timed, cancel, client)
+            return super().fetch_cold(key, timed, cancel, client)
         finally:
             if metrics.per_process:
-                # A build that ran held a slot, released before get() returned.
+                # A build that ran held a slot, released before fetch_cold() returned.
                 metrics.publish(gauges=timed.ran)

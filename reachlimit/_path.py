@@ -2,7 +2,7 @@
 
 design:
 
-    get(key, build, cancel, client)
+    get(key, build, cancel, client) / fetch(...): fetch_warm(key, build), then fetch_cold(...)
       1. warm:     cache.get(key) hit ...................... return it; the limiter is untouched
       2. flight:   SingleFlight.do(key) .................... followers wait for the leader and
                                                              share its value, error or refusal
@@ -325,36 +325,67 @@ class ColdPath:
         """:meth:`get`, answering where the value came from too (:class:`Answer`: what the
         Flask extension's ``Cache-Status`` header says). With a stale window, a stale entry
         is answered at once and a refresh of it is handed to the refresher; ``build`` is
-        then also what the refresh runs, later, on a refresher thread."""
+        then also what the refresh runs, later, on a refresher thread.
+
+        The same as :meth:`fetch_warm`, then, on a miss, :meth:`fetch_cold`."""
+        answer = self.fetch_warm(key, build)
+        return answer if answer is not None else self.fetch_cold(key, build, cancel, client)
+
+    def fetch_warm(self, key: Hashable, build: Callable[[], Any]) -> Answer | None:
+        """Layer 1 alone: the :class:`Answer` of ``key``'s entry, fresh or (with a stale
+        window) stale, counted as a hit or a stale answer, a refresh of it handed to the
+        refresher as :meth:`fetch` would; None when the cache has nothing to answer, which
+        is not counted (:meth:`fetch_cold` counts the miss). For a caller with work of its
+        own to do on a miss only (the Flask extension's client and socket watch)."""
         cache = self.cache
         lookup = getattr(cache, "lookup", None)
+        # The counters' lock is taken explicitly here: "with" would cost a warm hit more.
+        lock = self._lock
         if lookup is None:
             value = cache.get(key)
             if value is not None:
-                with self._lock:
+                lock.acquire()
+                try:
                     self._hits += 1
+                finally:
+                    lock.release()
                 return Answer(value, "hit")
         else:
             entry = lookup(key)
             if entry is not None:
-                fresh_for = entry.fresh_for
+                value, fresh_for, build_time = entry
                 if fresh_for > 0:
-                    with self._lock:
+                    lock.acquire()
+                    try:
                         self._hits += 1
+                    finally:
+                        lock.release()
                     if (
-                        fresh_for < entry.build_time * EARLY_SPAN
+                        fresh_for < build_time * EARLY_SPAN
                         and self.stale_window > 0
                         # XFetch: refresh when -build_time * ln(u) >= the freshness left
-                        and -entry.build_time * math.log(1.0 - self._random()) >= fresh_for
+                        and -build_time * math.log(1.0 - self._random()) >= fresh_for
                     ):
                         self._refresh(key, build, fresh_for)
-                    return _new(Answer, (entry.value, "hit", fresh_for))
-                with self._lock:
+                    return _new(Answer, (value, "hit", fresh_for))
+                with lock:
                     self._stale += 1
                 self._refresh(key, build, fresh_for)
-                return Answer(entry.value, "stale", fresh_for)
-        with self._lock:
+                return Answer(value, "stale", fresh_for)
+        return None
+
+    def fetch_cold(
+        self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
+        client: Hashable = None,
+    ) -> Answer:
+        """Layers 2 to 5, for a key :meth:`fetch_warm` did not answer: counted as a miss,
+        then followed or led (the cache looked at again by the leader), as :meth:`fetch`."""
+        lock = self._lock  # (explicit, as fetch_warm's)
+        lock.acquire()
+        try:
             self._misses += 1
+        finally:
+            lock.release()
         while True:
             led = False
             found = False

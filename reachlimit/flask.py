@@ -6,25 +6,28 @@ design::
       app.extensions["reachlimit"] -> the default budget's state; .budgets -> every budget
       key    str, bytes, int or a tuple of those (reachlimit._keys), else TypeError: first,
              so nothing is held or counted; the same rule in process and on Redis
-      client = request.remote_addr ("remote_addr"), None ("none") or client(request)
-                                     (a callable's exception propagates; a value that breaks
-                                     the key rule is a TypeError: before the path, so
-                                     nothing held)
+      client(request), the app's callable (REACHLIMIT_CLIENT "none": None), on every call
+                                     (its exception propagates; a value that breaks the key
+                                     rule is a TypeError: before the path, so nothing held)
       disabled budget (REACHLIMIT_ENABLED false, or enabled=False): the build runs here and
                now through the value rule, its value returned; no cache, singleflight,
                limiter, Redis, socket watch or Cache-Status (the key and client rules hold)
-      cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
-      build -> its value through the value rule (reachlimit._values: bytes, str or JSON-able,
-               decoded as Redis would; else TypeError naming the key, nothing cached); timed
-               with REACHLIMIT_RETRY_AFTER="auto"; a refresh runs it in an app context
-      ColdPath.fetch(key, build, cancel, client)
-        value ........................ returned; its Cache-Status (RFC 9211) is left in the
-                                       request's environ for the after_request hook
+      ColdPath.fetch_warm(key, build)  a fresh or stale entry: its value returned at once;
+                                       its Cache-Status (RFC 9211) is left in the request's
+                                       environ for the after_request hook
+      on a miss only: client = request.remote_addr (the default, "remote_addr"), and
+             cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
+      ColdPath.fetch_cold(key, build, cancel, client)
+        value ........................ returned, with its Cache-Status, as above
         Busy ......................... ColdRefused: 429 (or 503) JSON naming the budget,
                                        Retry-After, Cache-Status ...; fwd-status=429
         Busy("unavailable") .......... 503 JSON, Retry-After (Redis down, fallback "refuse")
         Cancelled .................... 499, logged; nobody is left to read it
         anything build raised ........ propagates unchanged to the app's own handlers
+      build, where the path runs it (its build_wrapper, set by reachlimit._budgets): its
+               value through the value rule (reachlimit._values: bytes, str or JSON-able,
+               decoded as Redis would; else TypeError naming the key, nothing cached); timed
+               with REACHLIMIT_RETRY_AFTER="auto"; a refresh runs it in an app context
     @rl.cached / @budget.cached(...)   the view as the build, its whole 200 answer cached
                                        and replayed: reachlimit._cached; view.forget(...)
     rl.forget(key) / budget.forget(key) -> bool    one key off every level of the warm cache
@@ -239,19 +242,23 @@ def _cold(state: BudgetState, key: Hashable, build: Callable[[], Any]) -> Any:
         state.counters.ensure_running()  # the first request of this (forked) process
     asking = _request_proxy._get_current_object()
     client_of = state.client_of
-    if not state.enabled:
-        # Off (REACHLIMIT_ENABLED): the build, here and now. The client callable is
-        # still called, so an app's tests still meet what it raises.
-        if client_of is not None:
-            client_of(asking)
+    # The app's client callable runs on every call, warm hits included: its failure (or a
+    # value that breaks the key rule) leaves nothing behind, and an app's tests meet it.
+    client = None if client_of is None else client_of(asking)
+    if not state.enabled:  # off (REACHLIMIT_ENABLED): the build, here and now
         return run_ruled(build, key, "")
-    # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"] (after
-    # ProxyFix, if the app has it): the cheapest read of it there is. First, so that a
-    # client callable that fails leaves nothing behind (not even a socket watch).
-    client = asking.remote_addr if client_of is None else client_of(asking)
-    cancel = watch_client(asking.environ) if state.settings.cancel_on_disconnect else None
+    path = state.path
+    answer = path.fetch_warm(key, build)
+    if answer is not None:
+        asking.environ[_STATUS_KEY] = cache_status(answer)
+        return answer.value
+    if client_of is None:
+        # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"]
+        # (after ProxyFix, if the app has it): the cheapest read of it there is.
+        client = asking.remote_addr
+    cancel = watch_client(asking.environ) if state.cancel_on_disconnect else None
     try:
-        answer = state.path.fetch(key, build, cancel, client)
+        answer = path.fetch_cold(key, build, cancel, client)
     except Busy as busy:
         if state.retry_auto is not None:
             busy = state.auto_busy(busy)
@@ -442,7 +449,11 @@ class ReachLimit:
         (TypeError), reaches the app's error handlers before anything is held or counted.
         With the budget disabled (``enabled``), ``build`` runs at once and its value (by
         the value rule) is returned."""
-        state = _current_state()
+        # (_current_state(), written out: a warm hit runs this)
+        try:
+            state: BudgetState = _app_proxy._get_current_object().extensions["reachlimit"]
+        except KeyError:
+            raise _not_initialised() from None
         if type(key) is not str:  # (a str passes the check: skipping it only saves time)
             check_key(key, "cold()")  # first: nothing held or counted, in process or not
         return _cold(state, key, build)
