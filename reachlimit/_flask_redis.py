@@ -3,7 +3,7 @@
 
 design:
 
-    each budget of an app with settings.redis_url        (reachlimit._budgets.build_state)
+    each budget of an app with settings.redis_url        (reachlimit._budgets.AppBudgets)
       shared_path(settings, meter, budget, links) -> SharedPath
         keys     {<prefix>:<redis_name(budget)>}: the budget's own; the default keeps "cold"
         links    RedisLinks: the app's one client and one health per URL, for every budget

@@ -8,6 +8,7 @@ Standard library only: every prometheus_client object stays behind the ``Meter``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from time import perf_counter
 from typing import Any, Protocol
@@ -47,11 +48,21 @@ class Meter(Protocol):
 
 
 class MeteredLimiter(ColdLimiter):
-    """A :class:`~reachlimit.ColdLimiter` that reports each admission and each wait to its
-    ``ReachMetrics`` (set by it as ``metrics``). Admission itself is the parent's,
-    unchanged; so are its arguments."""
+    """A :class:`~reachlimit.ColdLimiter` that reports each admission and each wait to
+    ``metrics`` (its ``ReachMetrics``), a leader the queue admits too (its own admission
+    observer, ``on_queued``). Admission itself is the parent's, unchanged; so are the other
+    arguments."""
 
-    metrics: Meter
+    def __init__(
+        self, active: int = 2, queue: int = 8, wait: float = 3.0, retry_after: int = 2,
+        *,
+        metrics: Meter,
+        clock: Callable[[], float] = time.monotonic,
+        deadline: bool = True,
+    ) -> None:
+        super().__init__(active, queue, wait, retry_after, clock=clock, deadline=deadline)
+        self.metrics = metrics
+        self.on_queued = self._queued
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """The parent's ``acquire``, timed and counted by result. Runs in the caller's

@@ -344,10 +344,8 @@ class ReachMetrics:
         self.limiter: MeteredLimiter | MeteredSharedLimiter
         if limiter is None:
             self.limiter = MeteredLimiter(
-                active, queue, wait, retry_after, clock=clock, deadline=deadline
+                active, queue, wait, retry_after, metrics=self, clock=clock, deadline=deadline
             )
-            self.limiter.metrics = self
-            self.limiter.on_queued = self.limiter._queued
         else:
             self.limiter = MeteredSharedLimiter(limiter, self)
         self.path = MeteredColdPath(self, self.limiter, cache, flight)

@@ -71,10 +71,7 @@ class Reports:
 
 def metered_limiter(reports: Reports, active: int = 1, queue: int = 1) -> MeteredLimiter:
     """A metered limiter wired to ``reports`` as ``ReachMetrics`` wires its own."""
-    limiter = MeteredLimiter(active, queue, wait=5.0)
-    limiter.metrics = reports
-    limiter.on_queued = limiter._queued
-    return limiter
+    return MeteredLimiter(active, queue, wait=5.0, metrics=reports)
 
 
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
