@@ -306,6 +306,7 @@ def _health(states: Mapping[str, BudgetState]) -> Response:
     redis = next((s.redis for s in states.values() if s.redis is not None), None)
     extra = {} if redis is None else {"redis": redis.figures()}
     default = figures[DEFAULT_BUDGET]
+    # "reach": the default budget's figures under their old name, deprecated (one release).
     body = {"status": "ok", DEFAULT_BUDGET: default, "reach": default, "budgets": figures}
     response = jsonify({**body, **extra})
     response.headers["Cache-Control"] = "no-store"  # (any case: the same header)
