@@ -12,6 +12,13 @@ design:
       5. build:    build() with no lock held; the slot is released, then a real value is cached
                    (never None, never NOT_FOUND, never an error or a refusal)
 
+A flight that reads the shared cache itself (``Flight.reads_cache``: on Redis, the cold lead,
+whose one round trip reads the entry, claims the flight and acquires) splits layer 1: the
+cache's in-process level is asked here (``lookup_near``), the shared one inside the flight,
+which answers an entry it found as :class:`Found`; that is answered and counted exactly as
+layer 1 answers an entry (a hit, or a stale answer and its refresh), and a request is counted
+a miss only once the flight says it is one.
+
 A leader that is cancelled (its client left while it queued) does not fail its followers: it
 returns a private marker through the flight, its followers see it and go round again, and the
 first of them to get back into the flight becomes the new leader.
@@ -61,7 +68,7 @@ from ._refresh import RefreshBackoff, Refresher
 
 __all__ = [
     "ColdPath", "ColdPathStats", "NOT_FOUND", "LEADER_CANCELLED", "Cache", "Flight", "Limiter",
-    "PathCounts", "Answer", "RevalidatingCache", "REFRESH_CLIENT",
+    "PathCounts", "Answer", "RevalidatingCache", "REFRESH_CLIENT", "Found",
 ]
 
 log = logging.getLogger("reachlimit")
@@ -89,6 +96,13 @@ class _NotFound:
 
 #: What a build returns for "there is nothing under this key": passed through, never cached.
 NOT_FOUND: Any = _NotFound()
+
+
+class Found(NamedTuple):
+    """What a flight that reads the shared cache itself (``Flight.reads_cache``) answers from
+    ``do_cold`` for an entry it found there: the warm read's answer, not a build's."""
+
+    entry: Entry
 
 
 class Cache(Protocol):
@@ -127,7 +141,13 @@ class Flight(Protocol):
     instead of ``do``, with the same contract: ``lead`` is ColdPath's leader step (recheck
     the cache, acquire from the limiter for ``client``, build), so a shared flight may do the
     recheck and the acquire in its own round trip and hand their answers to the path's cache
-    and limiter (``reachlimit.redis``'s cold lead)."""
+    and limiter (``reachlimit.redis``'s cold lead).
+
+    And ``reads_cache(cache)``: True when its ``do_cold`` now also reads ``cache``'s shared
+    level itself, in the round trip that leads (the cold lead, while Redis answers). ColdPath
+    then asks only the cache's in-process level first (``cache.lookup_near(key)``, which such
+    a cache has), and ``do_cold`` may answer an entry it read as a :class:`Found` value,
+    which ColdPath answers as the hit (or stale answer) it is."""
 
     def do(
         self, key: Any, fn: Callable[[], Any], cancel: CancelToken | None = None
@@ -270,6 +290,10 @@ class ColdPath:
         self.limiter = limiter
         self.cache: Cache = cache if cache is not None else TTLCache()
         self.flight: Flight = flight if flight is not None else SingleFlight()
+        # Bound once: a warm hit asks it (None for a flight that never reads the cache).
+        self._reads_cache: Callable[[Any], bool] | None = getattr(
+            self.flight, "reads_cache", None
+        )
         self._random = random
         self._refresher = refresher  # guarded by _lock
         #: The monotonic clock of the refreshes' backoff (a test gives its cache's).
@@ -339,11 +363,10 @@ class ColdPath:
         own to do on a miss only (the Flask extension's client and socket watch)."""
         cache = self.cache
         lookup = getattr(cache, "lookup", None)
-        # The counters' lock is taken explicitly here: "with" would cost a warm hit more.
-        lock = self._lock
         if lookup is None:
             value = cache.get(key)
             if value is not None:
+                lock = self._lock  # (explicit, as _warm's)
                 lock.acquire()
                 try:
                     self._hits += 1
@@ -351,41 +374,64 @@ class ColdPath:
                     lock.release()
                 return Answer(value, "hit")
         else:
-            entry = lookup(key)
+            near = self._reads_cache is not None and self._near()
+            entry = cache.lookup_near(key) if near else lookup(key)  # type: ignore[attr-defined]
             if entry is not None:
-                value, fresh_for, build_time = entry
-                if fresh_for > 0:
-                    lock.acquire()
-                    try:
-                        self._hits += 1
-                    finally:
-                        lock.release()
-                    if (
-                        fresh_for < build_time * EARLY_SPAN
-                        and self.stale_window > 0
-                        # XFetch: refresh when -build_time * ln(u) >= the freshness left
-                        and -build_time * math.log(1.0 - self._random()) >= fresh_for
-                    ):
-                        self._refresh(key, build, fresh_for)
-                    return _new(Answer, (value, "hit", fresh_for))
-                with lock:
-                    self._stale += 1
-                self._refresh(key, build, fresh_for)
-                return Answer(value, "stale", fresh_for)
+                return self._warm(key, build, entry)
         return None
+
+    def _warm(
+        self, key: Hashable, build: Callable[[], Any], entry: Entry, count: bool = True
+    ) -> Answer:
+        """Layer 1's answer of ``entry``: a fresh hit (refreshed early, maybe) or a stale
+        answer (refreshed), counted unless ``count`` is false (counted a miss already)."""
+        # The counters' lock is taken explicitly here: "with" would cost a warm hit more.
+        lock = self._lock
+        value, fresh_for, build_time = entry
+        if fresh_for > 0:
+            if count:
+                lock.acquire()
+                try:
+                    self._hits += 1
+                finally:
+                    lock.release()
+            if (
+                fresh_for < build_time * EARLY_SPAN
+                and self.stale_window > 0
+                # XFetch: refresh when -build_time * ln(u) >= the freshness left
+                and -build_time * math.log(1.0 - self._random()) >= fresh_for
+            ):
+                self._refresh(key, build, fresh_for)
+            return _new(Answer, (value, "hit", fresh_for))
+        if count:
+            with lock:
+                self._stale += 1
+        self._refresh(key, build, fresh_for)
+        return Answer(value, "stale", fresh_for)
+
+    def _near(self) -> bool:
+        """Whether the flight now reads the shared cache itself (``Flight.reads_cache``: the
+        cold lead on Redis), so that layer 1 asks only the cache's in-process level."""
+        reads = self._reads_cache
+        return reads is not None and bool(reads(self.cache))
 
     def fetch_cold(
         self, key: Hashable, build: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> Answer:
         """Layers 2 to 5, for a key :meth:`fetch_warm` did not answer: counted as a miss,
-        then followed or led (the cache looked at again by the leader), as :meth:`fetch`."""
-        lock = self._lock  # (explicit, as fetch_warm's)
-        lock.acquire()
-        try:
-            self._misses += 1
-        finally:
-            lock.release()
+        then followed or led (the cache looked at again by the leader), as :meth:`fetch`.
+        When the flight reads the shared cache itself (:meth:`_near`), the request is
+        counted once it is known to be a miss, not before (it may answer a :class:`Found`
+        entry)."""
+        near = self._near()
+        if not near:
+            lock = self._lock  # (explicit, as _warm's)
+            lock.acquire()
+            try:
+                self._misses += 1
+            finally:
+                lock.release()
         while True:
             led = False
             found = False
@@ -406,12 +452,23 @@ class ColdPath:
                 else:
                     value, shared = self.flight.do(key, lead, cancel)
             except Cancelled:
+                if near:
+                    with self._lock:
+                        self._misses += 1
                 raise  # our own client left while following: nothing was shared with us
             except BaseException:
-                if not led:  # a follower sharing its leader's error or refusal
-                    with self._lock:
+                with self._lock:
+                    if near:
+                        self._misses += 1
+                    if not led:  # a follower sharing its leader's error or refusal
                         self._coalesced += 1
                 raise
+            if type(value) is Found:  # the flight's read of the shared cache: layer 1's
+                return self._warm(key, build, value.entry, count=near)
+            if near:
+                near = False
+                with self._lock:
+                    self._misses += 1
             if value is not LEADER_CANCELLED:
                 if shared:
                     with self._lock:

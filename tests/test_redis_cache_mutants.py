@@ -1,37 +1,35 @@
-"""The cache's checks catch a broken cache script: every script of ``RedisCache`` has a mutant.
+"""The cache's checks catch a broken cache script: every operation of ``RedisCache``'s script
+has a mutant.
 
 A mutant is the real script text with one piece replaced (``tests/support/redis_mutants.py``:
 the piece asserted to be there exactly once, in the script and in its ``.lua`` file), put on
-one ``RedisCache`` in place of the script it registered; ``settings.lua``, which
-``record_settings`` registers at each start, is put in place of ``lua.SETTINGS`` instead.
-Each check passes with the real scripts and fails, with the message it names, with the mutant
-of its row. Another ``RedisCache`` of the same name, with a first level of its own, stands for
-another process. The mutants only a Redis Cluster runs (``cache_index_spread.lua``,
-``cache_index_tail.lua``, ``cache_drain.lua``: the set and the clear when entries spread over
+one ``RedisCache`` in place of the script it registered (``lua/cache.lua``: every operation
+of the cache in one file); ``settings.lua``, which ``record_settings`` registers at each
+start, is put in place of ``lua.SETTINGS`` instead. Each check passes with the real scripts
+and fails, with the message it names, with the mutant of its row. Another ``RedisCache`` of
+the same name, with a first level of its own, stands for another process. The mutants only
+a Redis Cluster runs (``index`` and ``drain``: the set and the clear when entries spread over
 slots) are in ``tests/test_redis_cluster_mutants.py``, with these checks.
 
 ==================  =============================================  ==============================
-script              mutant                                         the check that catches it
+script (section)    mutant                                         the check that catches it
 ==================  =============================================  ==============================
-cache_set           the entry is SET without its expiry            an_entry_expires_in_redis
+cache (set)         the entry is SET without its expiry            an_entry_expires_in_redis
                     (``SET_WITHOUT_EXPIRY``)
-cache_set           the entry's header (build time, stale window)  an_entry_carries_its_build_
+cache (set)         the entry's header (build time, stale window)  an_entry_carries_its_build_
                     is not written (``HEADER_DROPPED``)            time_and_window
-cache_settings      an entry lives its ttl only, its stale window  a_stale_window_lengthens_an_
+cache (settings)    an entry lives its ttl only, its stale window  a_stale_window_lengthens_an_
                     left out (``LIVES_WITHOUT_STALE``)             entrys_life
-cache_index         the index never evicts (``NO_EVICTION``)       the_size_bound_evicts_the_
+cache (index)       the index never evicts (``NO_EVICTION``)       the_size_bound_evicts_the_
                                                                    oldest
-cache_set_tail      the evicted entries are not deleted            the_size_bound_evicts_the_
+cache (set)         the evicted entries are not deleted            the_size_bound_evicts_the_
                     (``EVICTED_KEPT``)                             oldest
-cache_clear         clear deletes the index, not the entries       clear_empties_the_cache_for_
+cache (clear)       clear deletes the index, not the entries       clear_empties_the_cache_for_
                     (``CLEAR_KEEPS_ENTRIES``)                      every_process
 settings            a cache's start records nothing: the first     the_newest_start_sets_the_
                     set's write-back decides for good              cache
                     (``SETTINGS_RECORD_NOTHING``)
 ==================  =============================================  ==============================
-
-``CACHE_SET`` is ``cache_settings``, ``cache_set``, ``cache_index`` and ``cache_set_tail``;
-``CACHE_CLEAR`` is ``cache_clear``; ``SETTINGS`` is ``settings``.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisCache, lua
-from tests.support.redis_mutants import Change, broken, in_fragment, install
+from tests.support.redis_mutants import Change, broken, in_file, install
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -113,28 +111,23 @@ def check_the_newest_start_sets_the_cache(make: MakeCache, client: redis.Redis) 
     )
 
 
-#: The scripts of a cache a mutant may replace (a Cluster's set and clear are its own).
-SET, CLEAR, INDEX, DRAIN = "_set_script", "_clear_script", "_index_script", "_drain_script"
-
-SET_WITHOUT_EXPIRY = in_fragment(
-    "cache_set", ("redis.call('SET', entry, value, 'PX', lives)", "redis.call('SET', entry, value)")
+SET_WITHOUT_EXPIRY = in_file(
+    "cache", ("redis.call('SET', KEYS[3], value, 'PX', lives)", "redis.call('SET', KEYS[3], value)")
 )
-HEADER_DROPPED = in_fragment(
-    "cache_set", ("if stale > 0 then value = 't' .. ARGV[7] .. ',' .. stale .. ';' .. value end\n",
-                  "")
+HEADER_DROPPED = in_file(
+    "cache", ("  if stale > 0 then value = 't' .. ARGV[7] .. ',' .. stale .. ';' .. value end\n",
+              "")
 )
-LIVES_WITHOUT_STALE = in_fragment("cache_settings", ("local lives = ttl + stale",
-                                                     "local lives = ttl"))
-NO_EVICTION = in_fragment("cache_index", ("local over = redis.call('ZCARD', index) - size",
-                                          "local over = 0"))
-EVICTED_KEPT = in_fragment("cache_set_tail", ("  redis.call('DEL', prefix .. old)\n", ""))
-CLEAR_KEEPS_ENTRIES = in_fragment(
-    "cache_clear", ("deleted = deleted + redis.call('DEL', ARGV[1] .. digest)",
-                    "deleted = deleted + 1")
+LIVES_WITHOUT_STALE = in_file("cache", ("local lives = ttl + stale", "local lives = ttl"))
+NO_EVICTION = in_file("cache", ("local over = redis.call('ZCARD', index) - size",
+                                "local over = 0"))
+EVICTED_KEPT = in_file("cache", ("  redis.call('DEL', entries .. old)\n", ""))
+CLEAR_KEEPS_ENTRIES = in_file(
+    "cache", ("deleted = deleted + redis.call('DEL', entries .. digest)", "deleted = deleted + 1")
 )
 SETTINGS_RECORD_NOTHING = broken(
     lua.SETTINGS,
-    in_fragment("settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")),
+    in_file("settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")),
     "SETTINGS",
 )
 
@@ -152,13 +145,11 @@ def check_id(check: Callable[..., None]) -> str:
     return check.__name__.removeprefix("check_")
 
 
-def mutant_cache(
-    client: redis.Redis, changes: tuple[Change, ...], scripts: tuple[str, ...]
-) -> MakeCache:
-    """``make(**kwargs)``: a RedisCache on ``client`` running the mutants of ``scripts``."""
+def mutant_cache(client: redis.Redis, changes: tuple[Change, ...]) -> MakeCache:
+    """``make(**kwargs)``: a RedisCache on ``client`` running the mutant of its script."""
     def make(**kwargs: Any) -> RedisCache:
         cache = RedisCache(client, **kwargs)
-        install(cache, changes, scripts)
+        install(cache, changes)
         return cache
 
     return make
@@ -172,31 +163,30 @@ def test_each_check_passes_with_the_real_scripts(
 
 
 @pytest.mark.parametrize(
-    ("changes", "scripts", "check", "reason"),
+    ("changes", "check", "reason"),
     [
-        pytest.param(SET_WITHOUT_EXPIRY, (SET,), check_an_entry_expires_in_redis,
+        pytest.param(SET_WITHOUT_EXPIRY, check_an_entry_expires_in_redis,
                      "an entry without its expiry", id="set-without-expiry"),
-        pytest.param(HEADER_DROPPED, (SET,), check_an_entry_carries_its_build_time_and_window,
+        pytest.param(HEADER_DROPPED, check_an_entry_carries_its_build_time_and_window,
                      "an entry lost its header", id="header-dropped"),
-        pytest.param(LIVES_WITHOUT_STALE, (SET,), check_a_stale_window_lengthens_an_entrys_life,
+        pytest.param(LIVES_WITHOUT_STALE, check_a_stale_window_lengthens_an_entrys_life,
                      "the stale window was cut out", id="lives-without-stale"),
-        pytest.param(NO_EVICTION, (SET,), check_the_size_bound_evicts_the_oldest,
+        pytest.param(NO_EVICTION, check_the_size_bound_evicts_the_oldest,
                      "the size bound kept the oldest entry", id="no-eviction"),
-        pytest.param(EVICTED_KEPT, (SET,), check_the_size_bound_evicts_the_oldest,
+        pytest.param(EVICTED_KEPT, check_the_size_bound_evicts_the_oldest,
                      "the size bound kept the oldest entry", id="evicted-kept"),
-        pytest.param(CLEAR_KEEPS_ENTRIES, (CLEAR,), check_clear_empties_the_cache_for_every_process,
+        pytest.param(CLEAR_KEEPS_ENTRIES, check_clear_empties_the_cache_for_every_process,
                      "an entry survived clear", id="clear-keeps-entries"),
     ],
 )
 def test_a_cache_with_a_broken_script_fails_the_check_for_it(
     changes: tuple[Change, ...],
-    scripts: tuple[str, ...],
     check: Callable[[MakeCache, redis.Redis], None],
     reason: str,
     client: redis.Redis,
 ) -> None:
     with pytest.raises(AssertionError, match=reason):
-        check(mutant_cache(client, changes, scripts), client)
+        check(mutant_cache(client, changes), client)
 
 
 def test_a_start_that_records_nothing_fails_the_check_for_it(

@@ -202,12 +202,12 @@ def test_a_node_that_forgot_its_scripts_is_sent_each_once_with_eval(
     owner = redis_cluster.owner(lim.keys[0])
     with owner.client() as node:
         node.script_flush()
-        assert node.script_exists(lim._acquire_script.sha) == [False]
+        assert node.script_exists(lim._script.sha) == [False]
         grant = lim.acquire()  # NOSCRIPT: the text goes once, to this node
-        assert node.script_exists(lim._acquire_script.sha) == [True]
+        assert node.script_exists(lim._script.sha) == [True]
         with pytest.raises(Busy):
-            lim.acquire()  # queued, then timed out: the poll's script is sent again too
-        assert lim.stats().active == 1  # a Script object's call (stats) too
+            lim.acquire()  # queued, then timed out: its polls are the same script
+        assert lim.stats().active == 1
         grant.release()
         assert lim.stats().active == 0
 

@@ -4,30 +4,29 @@
 
 On one Redis a script may touch any key, and the cache keeps its entries under its own hash
 tag; on a Cluster a script touches its own slot only, and the cache's entries spread over the
-nodes: the set and the clear are then scripts of their own (``lua.CACHE_INDEX``,
-``lua.CACHE_DRAIN``) followed by commands on the entries' nodes. A mutant is the real script
+nodes: the set and the clear are then operations of their own (``index`` and ``drain`` of
+``lua/cache.lua``) followed by commands on the entries' nodes. A mutant is the real script
 text with one piece replaced (``tests/support/redis_mutants.py``: the piece asserted to be
 there exactly once), put on the object in place of the script it registered; each check
 passes with the real scripts and fails with the mutant of its row.
 
 ==================  =============================================  ==============================
-script              mutant                                         the check that catches it
+script (section)    mutant                                         the check that catches it
 ==================  =============================================  ==============================
-limiter_keys        the tag the scripts build their own keys from  slots_come_back (of
-                    (doorbells, given-up tokens, timed grants)     ``limiter_checks``): every
-                    loses its opening brace (``TAG_LOSES_BRACE``)  acquire fails, its key in
-                                                                   another slot
-cache_index_spread  the digest indexed is the size argument        the_size_bound_evicts_the_
-                    (``SPREAD_WRONG_DIGEST``: one index entry for  oldest
+limiter (its keys)  the tag the script builds its own keys from    slots_come_back (of
+                    (a client's waiters, doorbells) loses its      ``limiter_checks``): every
+                    opening brace (``TAG_LOSES_BRACE``)            acquire that queues fails,
+                                                                   its key in another slot
+cache (set and      the digest indexed is the size argument        the_size_bound_evicts_the_
+index)              (``SPREAD_WRONG_DIGEST``: one index entry for  oldest
                     every key, nothing evicted)
-cache_index_tail    the digests evicted are not answered           the_size_bound_evicts_the_
+cache (index)       the digests evicted are not answered           the_size_bound_evicts_the_
                     (``TAIL_DROPS_EVICTED``: their entries stay)   oldest
-cache_drain         the drain answers no digest                    clear_empties_the_cache_for_
+cache (drain)       the drain answers no digest                    clear_empties_the_cache_for_
                     (``DRAIN_ANSWERS_NOTHING``: the entries stay)  every_process
 ==================  =============================================  ==============================
 
-``CACHE_INDEX`` is ``cache_settings``, ``cache_index_spread``, ``cache_index`` and
-``cache_index_tail``; the cache's checks are those of ``tests/test_redis_cache_mutants.py``.
+The cache's checks are those of ``tests/test_redis_cache_mutants.py``.
 """
 
 from __future__ import annotations
@@ -41,34 +40,28 @@ import redis
 from reachlimit.redis import RedisCache, RedisColdLimiter
 from tests.support.limiter_checks import check_slots_come_back
 from tests.support.redis_cluster import redis_cluster_fixture  # noqa: F401 (a fixture)
-from tests.support.redis_mutants import Change, in_fragment
+from tests.support.redis_mutants import Change, in_file
 from tests.support.threads import ThreadRunner
 from tests.test_redis_cache_mutants import (
-    DRAIN,
-    INDEX,
     MakeCache,
     check_clear_empties_the_cache_for_every_process,
     check_the_size_bound_evicts_the_oldest,
     mutant_cache,
 )
 from tests.test_redis_cluster import cluster_client_fixture  # noqa: F401 (the client fixture)
-from tests.test_redis_mutants import SCRIPTS, mutant
+from tests.test_redis_mutants import mutant
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 TAG_LOSES_BRACE = mutant(
-    in_fragment("limiter_keys", ("local tag = string.sub(holders, 1, -8)",
-                                 "local tag = string.sub(holders, 2, -8)")),
-    tuple(SCRIPTS),
+    in_file("limiter", ("local tag = string.sub(holders, 1, -8)",
+                        "local tag = string.sub(holders, 2, -8)")),
 )
-SPREAD_WRONG_DIGEST = in_fragment(
-    "cache_index_spread", ("local index, digest = KEYS[2], ARGV[4]",
-                           "local index, digest = KEYS[2], ARGV[3]")
+SPREAD_WRONG_DIGEST = in_file("cache", ("local digest = ARGV[5]", "local digest = ARGV[4]"))
+TAIL_DROPS_EVICTED = in_file(
+    "cache", ("  for _, old in ipairs(evicted) do reply[#reply + 1] = old end\n", "")
 )
-TAIL_DROPS_EVICTED = in_fragment(
-    "cache_index_tail", ("for _, old in ipairs(evicted) do reply[#reply + 1] = old end\n", "")
-)
-DRAIN_ANSWERS_NOTHING = in_fragment("cache_drain", ("return digests", "return {}"))
+DRAIN_ANSWERS_NOTHING = in_file("cache", ("return digests", "return {}"))
 
 CACHE_CHECKS = (check_the_size_bound_evicts_the_oldest,
                 check_clear_empties_the_cache_for_every_process)
@@ -95,23 +88,21 @@ def test_each_cache_check_passes_on_a_cluster(
 
 
 @pytest.mark.parametrize(
-    ("changes", "scripts", "check", "reason"),
+    ("changes", "check", "reason"),
     [
-        pytest.param(SPREAD_WRONG_DIGEST, (INDEX,), check_the_size_bound_evicts_the_oldest,
+        pytest.param(SPREAD_WRONG_DIGEST, check_the_size_bound_evicts_the_oldest,
                      "the size bound kept the oldest entry", id="spread-wrong-digest"),
-        pytest.param(TAIL_DROPS_EVICTED, (INDEX,), check_the_size_bound_evicts_the_oldest,
+        pytest.param(TAIL_DROPS_EVICTED, check_the_size_bound_evicts_the_oldest,
                      "the size bound kept the oldest entry", id="tail-drops-evicted"),
-        pytest.param(DRAIN_ANSWERS_NOTHING, (DRAIN,),
-                     check_clear_empties_the_cache_for_every_process, "an entry survived clear",
-                     id="drain-answers-nothing"),
+        pytest.param(DRAIN_ANSWERS_NOTHING, check_clear_empties_the_cache_for_every_process,
+                     "an entry survived clear", id="drain-answers-nothing"),
     ],
 )
 def test_a_cluster_cache_with_a_broken_script_fails_the_check_for_it(
     changes: tuple[Change, ...],
-    scripts: tuple[str, ...],
     check: Callable[[MakeCache, Any], None],
     reason: str,
     client: Any,
 ) -> None:
     with pytest.raises(AssertionError, match=reason):
-        check(mutant_cache(client, changes, scripts), client)
+        check(mutant_cache(client, changes), client)

@@ -1,7 +1,7 @@
 """The fairness checks catch a Redis limiter that is unfair in the scripts.
 
-Each mutant is the real script text with one piece replaced (``mutant`` of
-``tests/test_redis_mutants.py`` checks the piece is there exactly once), and each must fail
+Each mutant is the real script text with one piece replaced (the general steps of
+``lua/limiter.lua``; ``in_file`` checks the piece is there exactly once), and each must fail
 the rule of ``tests/support/fairness.py`` it breaks while passing one it leaves intact:
 
 * never displaces: a full queue refuses everybody (rule 2);
@@ -16,24 +16,21 @@ from typing import Any
 
 import pytest
 
-from reachlimit.redis import RedisColdLimiter, lua
+from reachlimit.redis import RedisColdLimiter
 from tests.support import fairness
+from tests.support.redis_mutants import in_file
 from tests.support.threads import ThreadRunner
-from tests.test_redis_mutants import SCRIPTS, mutant
+from tests.test_redis_mutants import mutant
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 
 _NEVER = "  if not victim or most < mine + 2 or not redis.call('ZSCORE', queue, victim) then\n"
 _BY_CLIENT = "  while redis.call('ZCARD', clients) > 1 do\n"
 _NEWEST = "local last = redis.call('ZRANGE', of_client .. id, -1, -1, 'WITHSCORES')"
-for _piece in (_NEVER, _BY_CLIENT, _NEWEST):
-    _steps = lua.FRAGMENTS["limiter_steps"]
-    assert _steps.count(_piece) == 1, f"the scripts no longer hold {_piece!r} once"
-
-NEVER_DISPLACES = mutant(((_NEVER, "  if true then\n"),), tuple(SCRIPTS))
-GLOBAL_FIFO = mutant(((_BY_CLIENT, "  while false do\n"),), tuple(SCRIPTS))
+NEVER_DISPLACES = mutant(in_file("limiter", (_NEVER, "  if true then\n")))
+GLOBAL_FIFO = mutant(in_file("limiter", (_BY_CLIENT, "  while false do\n")))
 DISPLACES_THE_OLDEST = mutant(
-    ((_NEWEST, _NEWEST.replace("-1, -1, 'WITHSCORES'", "0, 0, 'WITHSCORES'")),), tuple(SCRIPTS)
+    in_file("limiter", (_NEWEST, _NEWEST.replace("-1, -1, 'WITHSCORES'", "0, 0, 'WITHSCORES'")))
 )
 
 

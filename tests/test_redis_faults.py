@@ -189,8 +189,8 @@ def test_a_waiter_paused_when_the_slot_is_handed_to_it_loses_it_to_the_next_one(
 def test_a_renewal_of_a_reaped_grant_reports_it_lost_and_does_not_revive_it(
     client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
 ) -> None:
-    """The renew script on its own: a reaped token comes back as lost and stays gone, while
-    a token still held in the same call is renewed."""
+    """The renewal on its own: a reaped token comes back as lost and stays gone, while a
+    token still held in the same call is renewed."""
     lim = make_watch(2, 0, wait=60.0, lease=0.3)
     lim._renewal_paused.set()  # this limiter's renewer stays out of the way
     doomed = lim.acquire()
@@ -199,7 +199,7 @@ def test_a_renewal_of_a_reaped_grant_reports_it_lost_and_does_not_revive_it(
     client.zadd(lim.keys[0], {survivor.token: kept_end})  # type: ignore[attr-defined]
     wait_until("the first lease reaped", lambda: lim.stats().lease_lost == 1, timeout=DEADLINE)
     tokens = [doomed.token, survivor.token]  # type: ignore[attr-defined]
-    lost = lim._renew_script(keys=lim.keys, args=[*lim._common, *tokens])
+    lost = lim._evalsha(lim._heads["renew"], *tokens)
     assert [t.decode() for t in lost] == [doomed.token]  # type: ignore[attr-defined]
     now = server_ms(client)
     assert set(holders(client, lim)) == {survivor.token}  # type: ignore[attr-defined]

@@ -304,12 +304,19 @@ def test_a_cancelled_leader_elsewhere_reaches_followers_as_cancelled(
 # -- leases, dead leaders and take-overs ------------------------------------------------------
 
 
-def ghost_join(flight: RedisSingleFlight, token: str, lease_ms: int = 60_000) -> list[Any]:
-    """The join script for a leader that will never renew, publish, or do anything else."""
+def flight_op(
+    flight: RedisSingleFlight, op: str, token: str, *more: Any, lease_ms: int = 60_000
+) -> Any:
+    """One operation of the flight's script on ``KEY``'s flight, sent as ``token``."""
     base = flight.base_of(KEY)
-    reply: list[Any] = flight._join_script(
-        keys=[base + "lead", base + "n"], args=[base, token, lease_ms, 600_000]
+    return flight._script(
+        keys=[base + "lead", base + "n"], args=[op, token, lease_ms, 600_000, *more]
     )
+
+
+def ghost_join(flight: RedisSingleFlight, token: str, lease_ms: int = 60_000) -> list[Any]:
+    """The join of a leader that will never renew, publish, or do anything else."""
+    reply: list[Any] = flight_op(flight, "join", token, lease_ms=lease_ms)
     return reply
 
 
@@ -364,21 +371,20 @@ def test_a_finished_take_over_is_found_by_the_other_followers_not_rebuilt(
 ) -> None:
     """The earlier double build: follower X takes over from a dead leader and finishes; then
     follower Y checks, finds no claim, and must take X's outcome rather than build again."""
-    x = make_flight()  # the scripts stand for both followers: only the tokens differ
+    x = make_flight()  # the script stands for both followers: only the tokens differ
     base = x.base_of(KEY)
-    keys = [base + "lead", base + "n"]
     assert ghost_join(x, "ghost") == [0, 1]  # the leader of flight 1, about to die
     assert ghost_join(x, "x") == [1, 1]  # X and Y follow flight 1
     assert ghost_join(x, "y") == [1, 1]
 
     def check(token: str) -> list[Any]:
-        reply: list[Any] = x._check_script(keys=keys, args=[base, token, 60_000, 600_000, 1])
+        reply: list[Any] = flight_op(x, "check", token, 1)
         return reply
 
     client.delete(base + "lead")  # the ghost's lease ended
     assert check("x") == [0, 1]  # X takes flight 1 over
     assert check("y") == [1, 1]  # Y keeps following flight 1
-    x._publish_script(keys=keys, args=[base, "x", 60_000, 600_000, 1, b'vj"built"', 5000])
+    flight_op(x, "publish", "x", 1, b'vj"built"', 5000)
     assert client.get(base + "lead") is None
     assert check("y") == [2, 1, b'vj"built"']  # found, not re-built
     assert int(client.get(base + "n")) == 1
@@ -389,19 +395,17 @@ def test_a_follower_of_a_lost_flight_joins_the_flight_that_replaced_it(
 ) -> None:
     f = make_flight()
     base = f.base_of(KEY)
-    keys = [base + "lead", base + "n"]
     ghost_join(f, "ghost")
     ghost_join(f, "y")
     client.delete(base + "lead")
     assert ghost_join(f, "newcomer") == [0, 2]  # a newcomer found no claim: flight 2
-    check = [base, "y", 60_000, 600_000, 1]
-    assert f._check_script(keys=keys, args=check) == [1, 2]  # Y follows flight 2 now
+    assert flight_op(f, "check", "y", 1) == [1, 2]  # Y follows flight 2 now
     assert int(client.get(base + "w:2")) == 1
-    f._publish_script(keys=keys, args=[base, "newcomer", 60_000, 600_000, 2, b"0", 5000])
+    flight_op(f, "publish", "newcomer", 2, b"0", 5000)
     assert client.get(base + "lead") is None
     # Flight 2 finished and its claim is gone: a follower still asking about flight 1 finds
     # the outcome of the flight that replaced it, and nobody claims anything.
-    assert f._check_script(keys=keys, args=check) == [2, 2, b"0"]
+    assert flight_op(f, "check", "y", 1) == [2, 2, b"0"]
     assert client.get(base + "lead") is None
 
 
@@ -446,15 +450,19 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 
 
 class ScriptTrap(CountingRedis):
-    """A client whose calls of one script (``trap``: its SHA, once set) go to ``trapped``,
-    which a subclass makes fail as Redis would; every EVALSHA is counted by its SHA too."""
+    """A client whose calls of one operation of a script (``trap``: its name, the script's
+    first argument, once set) go to ``trapped``, which a subclass makes fail as Redis
+    would; every EVALSHA is counted by its operation too (``"EVALSHA <operation>"``)."""
 
     trap = ""
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         if args[0] == "EVALSHA":
-            self.sent[f"EVALSHA {args[1]}"] += 1
-            if self.trap and args[1] == self.trap:
+            # EVALSHA <sha> <number of keys> <keys...> <operation> <arguments...>
+            op = args[3 + int(args[2])]
+            op = op.decode() if isinstance(op, bytes) else str(op)
+            self.sent[f"EVALSHA {op}"] += 1
+            if self.trap and op == self.trap:
                 return self.trapped(args, options)
         return super().execute_command(*args, **options)
 
@@ -471,7 +479,7 @@ def trap_client(cls: type[Trap], redis_server: RedisServer) -> Trap:
 
 
 class FailingPublish(ScriptTrap):
-    """Its publish script (``trap``) fails as if Redis had gone away: every time, or while
+    """Its publish (``trap``) fails as if Redis had gone away: every time, or while
     ``away`` is set when the test gives it one (Redis back once cleared)."""
 
     away: threading.Event | None = None
@@ -493,7 +501,7 @@ def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
 ) -> None:
     failing = trap_client(FailingPublish, redis_server)
     leader = make_flight(client=failing, lease=0.3)
-    failing.trap = leader._publish_script.sha
+    failing.trap = "publish"
     follower = make_flight(lease=0.3)
     gate = Gate(result="lost")
     lead = start_call(threads, lambda: leader.do(KEY, gate))
@@ -525,7 +533,7 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     failing.away = threading.Event()
     failing.away.set()
     leader = make_flight(client=failing, lease=120.0)
-    failing.trap = leader._publish_script.sha
+    failing.trap = "publish"
     follower = make_flight(lease=120.0)
     gate = Gate(result="built while away")
     lead = start_call(threads, lambda: leader.do(KEY, gate))
@@ -548,7 +556,7 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
 
 
 class LostReply(ScriptTrap):
-    """The next call of the script ``trap`` loses its reply: it runs in Redis, then the
+    """The next call of the operation ``trap`` loses its reply: it runs in Redis, then the
     caller gets a timeout (``deferred`` False); or it is kept in ``late`` and raises without
     running, for the test to send later, as a paused Redis runs what was sent to it once it
     resumes (``deferred`` True)."""
@@ -578,7 +586,7 @@ def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
     caplog.set_level(logging.INFO, logger="reachlimit")
     lossy = trap_client(LostReply, redis_server)
     lost = make_flight(client=lossy, lease=120.0)
-    lossy.trap = lost._join_script.sha
+    lossy.trap = "join"
     with pytest.raises(redis.exceptions.TimeoutError):
         lost.do(KEY, never)
     second = Gate(result="again")
@@ -600,11 +608,11 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     lossy = trap_client(LostReply, redis_server)
     lossy.deferred = True
     lost = make_flight(client=lossy, lease=120.0)
-    lossy.trap = lost._join_script.sha
+    lossy.trap = "join"
     with pytest.raises(redis.exceptions.TimeoutError):
         lost.do(KEY, never)
     lead_key = lost.base_of(KEY) + "lead"
-    drops = f"EVALSHA {lost._drop_script.sha}"
+    drops = "EVALSHA drop"
     wait_until("the drop tried twice, finding nothing", lambda: lossy.sent[drops] >= 2)
     assert lost._late.published == 0 and client.get(lead_key) is None
     client.execute_command(*lossy.late)  # the join runs now: its claim appears
@@ -622,7 +630,7 @@ def test_an_outcome_is_given_up_after_the_lease_and_on_close(
 ) -> None:
     failing = trap_client(FailingPublish, redis_server)
     leader = make_flight(client=failing, lease=0.3)
-    failing.trap = leader._publish_script.sha
+    failing.trap = "publish"
     assert leader.do(KEY, lambda: "once") == ("once", False)
     wait_until("given up after the lease", lambda: leader._late.given_up == 1)
     assert leader._late.pending == 0 and leader._late.published == 0

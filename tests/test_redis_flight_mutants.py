@@ -1,35 +1,33 @@
-"""The flight's checks catch a broken flight script: every script of ``RedisSingleFlight``
-has a mutant.
+"""The flight's checks catch a broken flight script: every operation of ``RedisSingleFlight``'s
+script has a mutant.
 
 A mutant is the real script text with one piece replaced (``tests/support/redis_mutants.py``:
 the piece asserted to be there exactly once, in the script and in its ``.lua`` file), put on
-every flight object a check makes in place of the script it registered. Each check passes
-with the real scripts and fails, with the message it names, with the mutant of its row.
-Several flight objects on one Redis and name stand for several processes (the
-``make_flight`` fixture of ``tests/test_redis_flight.py``: each with a client of its own).
+every flight object a check makes in place of the script it registered (``lua/flight.lua``:
+every operation in one file). Each check passes with the real script and fails, with the
+message it names, with the mutant of its row. Several flight objects on one Redis and name
+stand for several processes (the ``make_flight`` fixture of ``tests/test_redis_flight.py``:
+each with a client of its own).
 
 ==================  =============================================  ==============================
-script              mutant                                         the check that catches it
+section             mutant                                         the check that catches it
 ==================  =============================================  ==============================
-flight_join         every join claims a new flight, whether one    one_build_across_processes
+join                every join claims a new flight, whether one    one_build_across_processes
                     is led or not (``JOIN_ALWAYS_CLAIMS``)
-flight_check        a follower's check overlooks the outcome of    one_build_across_processes
+check               a follower's check overlooks the outcome of    one_build_across_processes
                     its own flight, and leads it again
                     (``CHECK_OVERLOOKS_OUTCOME``)
-flight_prelude      a claim is SET without its lease               a_claim_ends_with_its_lease
-                    (``CLAIM_WITHOUT_LEASE``: a leader that dies
+claim (join and     a claim is SET without its lease               a_claim_ends_with_its_lease
+check)              (``CLAIM_WITHOUT_LEASE``: a leader that dies
                     holds its key for good)
-flight_publish      the publish leaves the claim in place          a_call_after_a_flight_ended_
+publish             the publish leaves the claim in place          a_call_after_a_flight_ended_
                     (``PUBLISH_KEEPS_CLAIM``)                      leads_anew
-flight_renew        a renewal pushes no lease end                  a_renewed_claim_outlives_its_
+renew               a renewal pushes no lease end                  a_renewed_claim_outlives_its_
                     (``RENEW_DOES_NOT_EXTEND``)                    lease
-flight_drop_owner   a dead owner's claim is found and kept         a_dead_owners_claim_is_dropped
+drop                a dead owner's claim is found and kept         a_dead_owners_claim_is_dropped
                     (``DROP_KEEPS_CLAIM``: its followers wait for
                     its lease)
 ==================  =============================================  ==============================
-
-``FLIGHT_JOIN``, ``FLIGHT_CHECK``, ``FLIGHT_PUBLISH`` and ``FLIGHT_RENEW`` are
-``flight_prelude`` and the file of their name; the prelude's mutant is put in all four.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ import redis
 
 from reachlimit.redis import RedisSingleFlight, lua, owner_prefix, release_claims
 from tests import test_redis_flight
-from tests.support.redis_mutants import Change, broken, in_fragment, install
+from tests.support.redis_mutants import Change, broken, in_file, install
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_redis_flight import KEY, Gate, waiters
@@ -160,23 +158,27 @@ def check_a_dead_owners_claim_is_dropped(
         lead.wait_done()
 
 
-SCRIPTS = ("_join_script", "_check_script", "_publish_script", "_renew_script")
-
-JOIN_ALWAYS_CLAIMS = in_fragment("flight_join", ("if joined then return joined end\n", ""))
-CHECK_OVERLOOKS_OUTCOME = in_fragment(
-    "flight_check", ("local out = outcome(mine)\nif out then return {2, mine, out} end\n",
-                     "local out\n")
+JOIN_ALWAYS_CLAIMS = in_file("flight", (
+    "  local current = read_claim()\n  if current then\n    local n = flight_of(current)\n"
+    "    local out = outcome(n)\n",
+    "  local current = read_claim()\n  if false then\n    local n = flight_of(current)\n"
+    "    local out = outcome(n)\n",
+))
+CHECK_OVERLOOKS_OUTCOME = in_file(
+    "flight", ("  local out = outcome(mine)\n  if out then return {2, mine, out} end\n",
+               "  local out\n")
 )
-CLAIM_WITHOUT_LEASE = in_fragment(
-    "flight_prelude", ("redis.call('SET', lead, n .. ':' .. token, 'PX', lease)",
-                       "redis.call('SET', lead, n .. ':' .. token)")
+CLAIM_WITHOUT_LEASE = in_file(
+    "flight", ("redis.call('SET', lead, n .. ':' .. token, 'PX', lease)",
+               "redis.call('SET', lead, n .. ':' .. token)")
 )
-PUBLISH_KEEPS_CLAIM = in_fragment(
-    "flight_publish", ("if redis.call('GET', lead) == n .. ':' .. token then "
-                       "redis.call('DEL', lead) end\n", "")
+PUBLISH_KEEPS_CLAIM = in_file(
+    "flight", ("  if redis.call('GET', lead) == n .. ':' .. token then "
+               "redis.call('DEL', lead) end\n", "")
 )
-RENEW_DOES_NOT_EXTEND = in_fragment("flight_renew", ("  redis.call('PEXPIRE', lead, lease)\n", ""))
-DROP_KEEPS_CLAIM = in_fragment("flight_drop_owner", ("  redis.call('DEL', lead)\n", ""))
+RENEW_DOES_NOT_EXTEND = in_file("flight", ("    redis.call('PEXPIRE', lead, lease)\n", ""))
+DROP_KEEPS_CLAIM = in_file("flight", ("    redis.call('DEL', lead)\n    return 1\n",
+                                      "    return 1\n"))
 
 CHECKS = (
     check_one_build_across_processes,
@@ -196,26 +198,22 @@ def test_each_check_passes_with_the_real_scripts(
 
 
 @pytest.mark.parametrize(
-    ("changes", "scripts", "check", "reason"),
+    ("changes", "check", "reason"),
     [
-        pytest.param(JOIN_ALWAYS_CLAIMS, ("_join_script",), check_one_build_across_processes,
+        pytest.param(JOIN_ALWAYS_CLAIMS, check_one_build_across_processes,
                      "built twice", id="join-always-claims"),
-        pytest.param(CHECK_OVERLOOKS_OUTCOME, ("_check_script",),
-                     check_one_build_across_processes, "built twice",
+        pytest.param(CHECK_OVERLOOKS_OUTCOME, check_one_build_across_processes, "built twice",
                      id="check-overlooks-outcome"),
-        pytest.param(CLAIM_WITHOUT_LEASE, SCRIPTS, check_a_claim_ends_with_its_lease,
+        pytest.param(CLAIM_WITHOUT_LEASE, check_a_claim_ends_with_its_lease,
                      "a claim without its lease", id="claim-without-lease"),
-        pytest.param(PUBLISH_KEEPS_CLAIM, ("_publish_script",),
-                     check_a_call_after_a_flight_ended_leads_anew,
+        pytest.param(PUBLISH_KEEPS_CLAIM, check_a_call_after_a_flight_ended_leads_anew,
                      "a finished flight's claim outlived it", id="publish-keeps-claim"),
-        pytest.param(RENEW_DOES_NOT_EXTEND, ("_renew_script",),
-                     check_a_renewed_claim_outlives_its_lease,
+        pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_claim_outlives_its_lease,
                      "the claim ended while its leader ran", id="renew-does-not-extend"),
     ],
 )
 def test_a_flight_with_a_broken_script_fails_the_check_for_it(
     changes: tuple[Change, ...],
-    scripts: tuple[str, ...],
     check: Callable[..., None],
     reason: str,
     make_flight: MakeFlight,
@@ -224,7 +222,7 @@ def test_a_flight_with_a_broken_script_fails_the_check_for_it(
 ) -> None:
     def make(**kwargs: Any) -> RedisSingleFlight:
         flight = make_flight(**kwargs)
-        install(flight, changes, scripts)
+        install(flight, changes)
         return flight
 
     with pytest.raises(AssertionError, match=reason):
@@ -235,7 +233,8 @@ def test_a_release_claims_that_keeps_the_claim_fails_its_check(
     make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # release_claims registers the script when called: the mutant is put in its place.
-    monkeypatch.setattr(lua, "FLIGHT_DROP_OWNER", broken(lua.FLIGHT_DROP_OWNER, DROP_KEEPS_CLAIM))
+    # release_claims registers the script when called: the mutant is put in its place (the
+    # flights the check makes run it too: it changes the drop only).
+    monkeypatch.setattr(lua, "FLIGHT", broken(lua.FLIGHT, DROP_KEEPS_CLAIM, "FLIGHT"))
     with pytest.raises(AssertionError, match="a dead owner's claim outlived release_claims"):
         check_a_dead_owners_claim_is_dropped(make_flight, client, threads)

@@ -1,18 +1,17 @@
-"""The cold lead's checks catch a broken cold lead script.
+"""The cold lead's checks catch a broken cold lead.
 
-Each check passes with the real script (``reachlimit/redis/lua/cold_lead_*.lua``, put together
-as ``lua.COLD_LEAD``) and fails, for the reason it names, with a mutant: the real text with one
-piece replaced, the piece asserted to be there exactly once (so a change of the real script
-fails here loudly instead of quietly testing the unchanged code). A mutant is installed on the
-app's ``RedisColdLimiter`` in place of both variants of its lead script.
+Each check passes with the real script (the ``lead`` operation of
+``reachlimit/redis/lua/limiter.lua``) and fails, for the reason it names, with a mutant: the
+real text with one piece replaced, the piece asserted to be there exactly once (so a change
+of the real script fails here loudly instead of quietly testing the unchanged code). A mutant
+is installed on the app's ``RedisColdLimiter`` in place of its script.
 
 Mutants:
 
-* the tail claims the flight for a refused leader too (followers in other processes would
+* its answer claims the flight for a refused leader too (followers in other processes would
   follow a flight whose outcome nobody publishes, until its lease ends);
-* the head does not recheck the cache (an entry another process has just stored is built
-  again);
-* the tail never claims (a same-key request of another process leads a second build).
+* it does not read the cache (an entry another process has just stored is built again);
+* its answer never claims (a same-key request of another process leads a second build).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import pytest
 import redis
 from flask import Flask
 
-from reachlimit.redis import RedisColdLimiter, lua
+from reachlimit.redis import RedisColdLimiter
 from tests.support.redis_lead import (
     app_fixture,  # noqa: F401 (the app fixture)
     close_app,
@@ -34,6 +33,8 @@ from tests.support.redis_lead import (
     make_app,
     watcher_fixture,  # noqa: F401 (the watcher fixture)
 )
+from tests.support.redis_mutants import in_file
+from tests.support.redis_mutants import install as install_mutant
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -50,27 +51,23 @@ def shared_limiter(app: Flask) -> RedisColdLimiter:
 
 
 def install(app: Flask, old: str, new: str) -> None:
-    """The app's lead scripts, both variants, with ``old`` replaced by ``new``."""
-    limiter = shared_limiter(app)
-    client = limiter._client
-    scripts = []
-    for text in (lua.COLD_LEAD, lua.COLD_LEAD_AFTER_REFUSAL):
-        assert text.count(old) == 1, f"the cold lead no longer holds {old!r} once"
-        scripts.append(client.register_script(text.replace(old, new)))
-    limiter._lead_scripts = (scripts[0], scripts[1])
+    """The app's limiter script with ``old`` replaced by ``new``."""
+    install_mutant(shared_limiter(app), [(old, new)])
 
 
-_CLAIM_ONLY_ADMITTED = "if admitted == 1 or admitted == 2 then"
-_RECHECK = "if entry then return {3, 0, entry} end"
+_CLAIM_ONLY_ADMITTED = "    if status == 1 or status == 2 then"
+_READ = "  if entry then return {3, entry, redis.call('PTTL', KEYS[13])} end"
 
 #: (old, new) of each mutant, and the check it must fail.
-MUTANTS = {
-    "refused_leader_claims": (_CLAIM_ONLY_ADMITTED, "if true then"),
-    "no_recheck": (_RECHECK, "entry = nil"),
-    "never_claims": (_CLAIM_ONLY_ADMITTED, "if false then"),
-}
-for _old, _new in MUTANTS.values():
-    assert lua.COLD_LEAD.count(_old) == lua.COLD_LEAD_AFTER_REFUSAL.count(_old) == 1
+MUTANTS = dict(zip(
+    ("refused_leader_claims", "no_recheck", "never_claims"),
+    in_file(
+        "limiter",
+        (_CLAIM_ONLY_ADMITTED, "    if true then"),
+        (_READ, "  entry = nil"),
+    ) + ((_CLAIM_ONLY_ADMITTED, "    if false then"),),
+    strict=True,
+))
 
 
 def check_refusal_leaves_no_flight(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:

@@ -192,10 +192,10 @@ class _Fleeting(RedisColdLimiter):
 
 
 def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
-    """The acquire script's answer for ``token``: the usual script, or the one sent after a
-    refusal (which checks for the refusal first, then goes on as the usual one)."""
+    """The acquire's answer for ``token``: the usual one, or the one sent after a refusal
+    (which checks for the refusal first, then goes on as the usual one)."""
     if refusing:
-        reply = lim._evalsha(lim._refusing_script, lim._refusing_head, token)
+        reply = lim._evalsha(lim._heads["acquire_after_refusal"], token)
         return int(reply[0] if isinstance(reply, list) else reply)  # queued: {2, wait ms}
     return lim._admit(token)[0]
 
@@ -346,8 +346,8 @@ def test_redis_restarted_empty_recovers(
     waiter.wait_done(timeout=15)
     assert isinstance(waiter.error, Busy) and waiter.error.reason == "timeout", waiter.error
     other.release()
-    # The state and the scripts are gone (the waiter only ran its poll script since).
-    assert client.script_exists(lim._acquire_script.sha) == [False]
+    # The script was gone: the waiter's poll, the first call since, loaded it again.
+    assert patient.sent["SCRIPT LOAD"] >= 1
     before.release()  # a grant from before the restart: a no-op
     assert before.lease_lost  # type: ignore[attr-defined]
     s = lim.stats()

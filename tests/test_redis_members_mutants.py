@@ -33,7 +33,7 @@ from reachlimit.redis import lua, release_owner
 from reachlimit.redis._common import members_key
 from reachlimit.redis._members import Members
 from tests.support.redis_limiters import server_ms
-from tests.support.redis_mutants import Change, broken, in_fragment, install
+from tests.support.redis_mutants import Change, broken, in_file, install
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -88,10 +88,10 @@ def check_release_owner_removes_a_dead_owners_members(
     assert count == 1, f"a dead owner's members outlived release_owner: {count} live, not 1"
 
 
-ENDED_KEPT = in_fragment(
+ENDED_KEPT = in_file(
     "members", ("redis.call('ZREMRANGEBYSCORE', members, '-inf', now)", "local _ = now")
 )
-LEAVE_EXACT_ONLY = in_fragment(
+LEAVE_EXACT_ONLY = in_file(
     "members", ("if string.sub(id, 1, n) == who then", "if id == who then")
 )
 
@@ -99,7 +99,7 @@ LEAVE_EXACT_ONLY = in_fragment(
 def mutant_members(make: MakeMembers, changes: tuple[Change, ...]) -> MakeMembers:
     def build(owner: str, period: float) -> Members:
         member = make(owner, period)
-        install(member, changes, ("_script",))
+        install(member, changes)
         return member
 
     return build

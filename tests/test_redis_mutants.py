@@ -1,76 +1,72 @@
-"""The key checks catch a broken Redis limiter too: every limiter script has a mutant.
+"""The key checks catch a broken Redis limiter too: every operation of its script has a mutant.
 
 A mutant's script is the real script text with one piece replaced; the test first asserts
-that the piece is there exactly once in every script it changes (and in the ``.lua`` file it
-is a mutant of), so a change of the real scripts makes the mutant fail loudly instead of
-quietly testing the unchanged code (``tests/support/redis_mutants.py`` builds them).
+that the piece is there exactly once in the script (and in the ``.lua`` file it is a mutant
+of), so a change of the real script makes the mutant fail loudly instead of quietly testing
+the unchanged code (``tests/support/redis_mutants.py`` builds them). The limiter's script is
+one file, ``lua/limiter.lua``, every operation in it: a piece found once there belongs to
+one operation's section, or to the steps several share, and its mutant breaks only that.
 
 Each check passes on ``RedisColdLimiter`` and fails, for the reason it names (its message),
 on the mutant of its row. The first table's checks are those of
 ``tests/support/limiter_checks.py`` (each mutant there also passes the checks of the paths it
 left intact); the second's are this module's. The cold lead's mutants are in
-``tests/test_redis_lead_mutants.py``, fair admission's (``limiter_steps.lua``) in
-``tests/test_redis_fairness_mutants.py``, the ones only a Cluster shows
-(``limiter_keys.lua``) in ``tests/test_redis_cluster_mutants.py``; the cache's, the flight's
-and the live members' in ``tests/test_redis_{cache,flight,members}_mutants.py``. One test
-here checks that every ``.lua`` file of the backend has a mutant in one of them.
+``tests/test_redis_lead_mutants.py``, fair admission's in
+``tests/test_redis_fairness_mutants.py``, the ones only a Cluster shows (the hash tag the
+script builds keys from) in ``tests/test_redis_cluster_mutants.py``; the cache's, the
+flight's and the live members' in ``tests/test_redis_{cache,flight,members}_mutants.py``.
+One test here checks that every ``.lua`` file of the backend has a mutant in one of them.
 
 ========================  ==========================================  ===========================
-script (``.lua`` file)    mutant                                      the check that catches it
+section of limiter.lua    mutant                                      the check that catches it
 ========================  ==========================================  ===========================
-limiter_poll              the timeout branch keeps the waiter queued  gate_place_returned_after_
+poll                      the timeout branch keeps the waiter queued  gate_place_returned_after_
                           (``TIMEOUT_KEEPS_PLACE``)                   timeout
-limiter_poll              the give-up branch keeps it queued          gate_place_returned_after_
+poll                      the give-up branch keeps it queued          gate_place_returned_after_
                           (``GIVE_UP_KEEPS_PLACE``)                   cancel
-limiter_steps             promotion leaves the promoted waiter in     gate_place_returned_after_
-                          the queue too (``PROMOTION_KEEPS_PLACE``)   promotion
-limiter_release,          the release frees nothing, on its common    slots_come_back
-limiter_release_first     and its general path
+general steps             promotion leaves the promoted waiter in     gate_place_returned_after_
+(next_in_turn)            the queue too (``PROMOTION_KEEPS_PLACE``)   promotion
+release (common case      the release frees nothing, on its common    slots_come_back
+and general path)         and its general path
                           (``RELEASE_KEEPS_SLOT``)
 ------------------------  ------------------------------------------  ---------------------------
-limiter_acquire_first     the fast path grants with every slot held   no_more_grants_than_slots
+acquire (common cases)    the fast path grants with every slot held   no_more_grants_than_slots
                           (``FAST_PATH_OVERBOOKS``)
-limiter_count             the slots held are not counted (``held``    no_more_grants_than_slots
+acquire (common cases)    the slots held are not counted (``held``    no_more_grants_than_slots
                           is 0: ``HELD_NOT_COUNTED``)
-limiter_acquire           a full queue admits a newcomer of another   a_full_queue_stays_full
+acquire (general path)    a full queue admits a newcomer of another   a_full_queue_stays_full
                           client beyond its bound, displacing nobody
                           (``QUEUE_UNBOUNDED``)
-limiter_deadline          no waiter is ever late (``NEVER_LATE``)     a_taught_budget_refuses_a_
-                                                                      late_leader
-limiter_took              the estimate is never made (it waits for    a_taught_budget_refuses_a_
+no wasted waits           no waiter is ever late (``NEVER_LATE``)     a_taught_budget_refuses_a_
+(refuse_late)                                                         late_leader
+no wasted waits (took)    the estimate is never made (it waits for    a_taught_budget_refuses_a_
                           17 times, the list keeps 16:                late_leader
                           ``NO_ESTIMATE``)
-limiter_clock             Redis's clock read in seconds, not ms       a_taught_budget_refuses_a_
+clock                     Redis's clock read in seconds, not ms       a_taught_budget_refuses_a_
                           (``CLOCK_IN_SECONDS``: every time it        late_leader
                           measures is 1000 times too short)
-limiter_refusal_first     after a refusal, every acquire is refused   a_refusal_ends_with_the_
-                          while the slots are held, full queue or     full_queue
+acquire (common cases,    after a refusal, every acquire is refused   a_refusal_ends_with_the_
+after a refusal)          while the slots are held, full queue or     full_queue
                           not (``REFUSAL_STICKS``)
-limiter_give_up           a lost reply's slot is counted freed and    a_lost_release_frees_its_
+give_up                   a lost reply's slot is counted freed and    a_lost_release_frees_its_
                           kept (``GIVE_UP_KEEPS_SLOT``)               slot
-limiter_record            a process's start writes nothing            every_process_follows_the_
+settings (record)         a process's start writes nothing            every_process_follows_the_
                           (``RECORD_WRITES_NOTHING``)                 newest_start
-limiter_settings          the settings hash is never read: each       every_process_follows_the_
+settings                  the settings hash is never read: each       every_process_follows_the_
                           process runs its own                        newest_start
                           (``SETTINGS_NOT_READ``)
-limiter_stats             held and queued swapped in the figures      the_figures_count_holders_
+stats                     held and queued swapped in the figures      the_figures_count_holders_
                           (``STATS_SWAPPED``)                         and_waiters
-limiter_renew             a renewal pushes no lease end               a_renewed_grant_outlives_
+renew                     a renewal pushes no lease end               a_renewed_grant_outlives_
                           (``RENEW_DOES_NOT_EXTEND``)                 its_lease
-limiter_steps             the reap leaves dead waiters in the queue   a_dead_waiters_place_comes_
+general steps (reap)      the reap leaves dead waiters in the queue   a_dead_waiters_place_comes_
                           (``REAP_KEEPS_DEAD_WAITERS``)               back
-limiter_release_owner     a dead owner's slot is counted freed and    release_owner_frees_a_dead_
+release_owner             a dead owner's slot is counted freed and    release_owner_frees_a_dead_
                           kept (``RELEASE_OWNER_KEEPS_SLOT``)         owners_places
-limiter_adopt             a fallback's build, adopted as Redis comes  adopted_builds_hold_their_
+adopt                     a fallback's build, adopted as Redis comes  adopted_builds_hold_their_
                           back, is counted and holds nothing          slots
                           (``ADOPT_HOLDS_NOTHING``)
 ========================  ==========================================  ===========================
-
-The assembled scripts these reach: ``ACQUIRE`` and ``ACQUIRE_AFTER_REFUSAL`` (acquire_first,
-count, acquire, deadline, refusal_first), ``RELEASE`` (release, release_first, took,
-deadline), ``POLL``, ``RENEW``, ``STATS``, ``RECORD``, ``GIVE_UP``, ``RELEASE_OWNER``,
-``ADOPT``, and
-the shared pieces (keys, settings, clock, count, steps) in every one of them.
 
 The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
 ``ColdLimiter(active, queue, wait, clock=...)`` in the first table: each call makes a limiter
@@ -111,69 +107,50 @@ from tests.support.limiter_checks import (
     check_slots_come_back,
 )
 from tests.support.redis_limiters import GRANTED, QUEUED, server_ms
-from tests.support.redis_mutants import (
-    LIMITER_SCRIPTS,
-    MUTATED,
-    Change,
-    broken,
-    in_fragment,
-    mutant_class,
-)
+from tests.support.redis_mutants import MUTATED, Change, broken, in_file, mutant_class
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
-#: Each script a limiter registers, and the attribute holding its EVALSHA head (the SHA and
-#: the encoded keys the hot paths send themselves), if it has one.
-SCRIPTS = LIMITER_SCRIPTS
+def mutant(changes: tuple[Change, ...]) -> type[RedisColdLimiter]:
+    """A RedisColdLimiter whose script is the text the real limiter registers with each
+    ``(old, new)`` of ``changes`` applied. The check that each ``old`` is found exactly once
+    is made on every limiter made, before it is used, on the text that limiter registered
+    (the same for every limiter: each reads its settings from Redis)."""
+    return mutant_class(RedisColdLimiter, changes)
 
 
-def mutant(changes: tuple[Change, ...], scripts: tuple[str, ...]) -> type[RedisColdLimiter]:
-    """A RedisColdLimiter whose ``scripts`` (attribute names) run the text the real limiter
-    registers with each ``(old, new)`` of ``changes`` applied. The check that each ``old`` is
-    found exactly once in each script is made on every limiter made, before it is used, on
-    the text that limiter registered (the same for every limiter: each reads its settings
-    from Redis)."""
-    for attr in scripts:
-        assert attr in SCRIPTS, f"no {attr} any more"
-    return mutant_class(RedisColdLimiter, changes, {attr: SCRIPTS[attr] for attr in scripts})
-
-
-#: The poll script's timeout branch, without the line that gives the place back.
+#: The poll's timeout branch, without the line that gives the place back.
 TIMEOUT_KEEPS_PLACE = mutant(
-    in_fragment("limiter_poll", ("if remaining <= 0 then\n  forget_waiter(token)\n",
-                                 "if remaining <= 0 then\n")),
-    ("_poll_script",),
+    in_file("limiter", ("  if remaining <= 0 then\n    forget_waiter(token)\n",
+                        "  if remaining <= 0 then\n")),
 )
-#: The poll script's give-up branch (cancelled, or an error), keeping the place.
+#: The poll's give-up branch (cancelled, or an error), keeping the place.
 GIVE_UP_KEEPS_PLACE = mutant(
-    in_fragment("limiter_poll", ("if leaving ~= 0 then\n  forget_waiter(token)\n",
-                                 "if leaving ~= 0 then\n")),
-    ("_poll_script",),
+    in_file("limiter", ("  if leaving ~= 0 then\n    forget_waiter(token)\n",
+                        "  if leaving ~= 0 then\n")),
 )
-#: Promotion that forgets to take the promoted waiter out of the queue (in every script,
-#: since every script runs the shared steps and may promote): the next waiter in turn of a
-#: queue with one client (the checks' anonymous one) is the oldest ticket.
+#: Promotion that forgets to take the promoted waiter out of the queue (every operation
+#: runs the general steps and may promote): the next waiter in turn of a queue with one
+#: client (the checks' anonymous one) is the oldest ticket.
 PROMOTION_KEEPS_PLACE = mutant(
-    in_fragment("limiter_steps", (
-        "  if token then forget_waiter(token) end\n",
-        "  if token then\n    redis.call('ZREM', alive, token)\n"
-        "    redis.call('HDEL', deadlines, token)\n  end\n",
+    in_file("limiter", (
+        "  if first then forget_waiter(first) end\n",
+        "  if first then\n    redis.call('ZREM', alive, first)\n"
+        "    redis.call('HDEL', deadlines, first)\n  end\n",
     )),
-    tuple(SCRIPTS),
 )
 #: A release that answers as if it freed the slot, and frees nothing: on its common path
 #: (a slot free besides) and on the general one.
 RELEASE_KEEPS_SLOT = mutant(
-    in_fragment("limiter_release_first", (
-        "return redis.call('ZREM', holders, ARGV[4])",
-        "return redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
-    )) + in_fragment("limiter_release", (
-        "local mine = redis.call('ZREM', holders, ARGV[4])",
-        "local mine = redis.call('ZSCORE', holders, ARGV[4]) and 1 or 0",
-    )),
-    ("_release_script",),
+    in_file(
+        "limiter",
+        ("    return redis.call('ZREM', holders, token)",
+         "    return redis.call('ZSCORE', holders, token) and 1 or 0"),
+        ("  local mine = redis.call('ZREM', holders, token)",
+         "  local mine = redis.call('ZSCORE', holders, token) and 1 or 0"),
+    ),
 )
 
 
@@ -475,91 +452,72 @@ def check_release_owner_frees_a_dead_owners_places(
     assert_exact_capacity(lim)
 
 
-_EVERY = tuple(SCRIPTS)
-_ACQUIRES = ("_acquire_script", "_refusing_script")
-
 FAST_PATH_OVERBOOKS = mutant(
-    in_fragment("limiter_acquire_first", ("  if held < capacity then\n    if held == 0",
-                                          "  if held <= capacity then\n    if held == 0")),
-    _ACQUIRES,
+    in_file("limiter", ("      if held >= capacity then\n        full = true",
+                        "      if held > capacity then\n        full = true")),
 )
 HELD_NOT_COUNTED = mutant(
-    in_fragment("limiter_count", ("local held = redis.call('ZCARD', holders)\n",
-                                  "local held = 0\n")),
-    _EVERY,
+    in_file("limiter", ("    held = redis.call('ZCARD', holders)\n    if held == 0 or",
+                        "    held = 0\n    if held == 0 or")),
 )
 QUEUE_UNBOUNDED = mutant(
-    in_fragment("limiter_acquire", ("if queued >= queue_cap then\n", "if false then\n")),
-    _ACQUIRES,
+    in_file("limiter", ("  if queued >= queue_cap then\n", "  if false then\n")),
 )
 NEVER_LATE = mutant(
-    in_fragment("limiter_deadline", ("if deadline and now < deadline and deadline < start then",
-                                     "if false then")),
-    (*_ACQUIRES, "_release_script"),
+    in_file("limiter", ("if deadline and now < deadline and deadline < start then",
+                        "if false then")),
 )
-NO_ESTIMATE = mutant(
-    in_fragment("limiter_took", ("if #times >= 4 then", "if #times >= 17 then")),
-    ("_release_script",),
-)
+NO_ESTIMATE = mutant(in_file("limiter", ("if #times >= 4 then", "if #times >= 17 then")))
 CLOCK_IN_SECONDS = mutant(
-    in_fragment("limiter_clock", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
-                                  "tonumber(t[1])")),
-    _EVERY,
+    in_file("limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+                        "tonumber(t[1])")),
 )
 REFUSAL_STICKS = mutant(
-    in_fragment("limiter_refusal_first", (
-        "'+inf') >= capacity\n    and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= "
-        "queue_cap\n",
-        "'+inf') >= capacity\n",
+    in_file("limiter", (
+        "  if full and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap\n",
+        "  if full and (op == 'acquire_after_refusal'\n"
+        "      or redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap)\n",
     )),
-    ("_refusing_script",),
 )
 GIVE_UP_KEEPS_SLOT = mutant(
-    in_fragment("limiter_give_up", ("if redis.call('ZREM', holders, token) == 1 then",
-                                    "if redis.call('ZSCORE', holders, token) then")),
-    ("_give_up_script",),
+    in_file("limiter", ("if redis.call('ZREM', holders, lost) == 1 then",
+                        "if redis.call('ZSCORE', holders, lost) then")),
 )
 RECORD_WRITES_NOTHING = mutant(
-    in_fragment("limiter_record", ("redis.call('HSET', settings, 'by', ARGV[4],",
-                                   "local _ = false and redis.call('HSET', settings, 'by', "
-                                   "ARGV[4],")),
-    ("_record_script",),
+    in_file("limiter", ("  redis.call('DEL', settings)\n  redis.call('HSET', settings, 'by', "
+                        "ARGV[3])\n", "")),
 )
 SETTINGS_NOT_READ = mutant(
-    in_fragment("limiter_settings", ("local recorded = redis.call('HMGET', settings,",
-                                     "local recorded = {} or redis.call('HMGET', settings,")),
-    _EVERY,
+    in_file("limiter", ("local recorded = redis.call('HMGET', settings,",
+                        "local recorded = {} or redis.call('HMGET', settings,")),
 )
-STATS_SWAPPED = mutant(
-    in_fragment("limiter_stats", ("return {held, queued,", "return {queued, held,")),
-    ("_stats_script",),
-)
+STATS_SWAPPED = mutant(in_file("limiter", ("return {held, queued,", "return {queued, held,")))
 RENEW_DOES_NOT_EXTEND = mutant(
-    in_fragment("limiter_renew", ("redis.call('ZADD', holders, now + lease_ms, ARGV[i])",
-                                  "redis.call('ZSCORE', holders, ARGV[i])")),
-    ("_renew_script",),
+    in_file("limiter", (
+        "    if redis.call('ZSCORE', holders, ARGV[i]) then\n"
+        "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
+        "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
+    )),
 )
 ADOPT_HOLDS_NOTHING = mutant(
-    in_fragment("limiter_adopt", ("    redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
-                                  "")),
-    ("_adopt_script",),
+    in_file("limiter", ("      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n"
+                        "      adopted = adopted + 1\n", "      adopted = adopted + 1\n")),
 )
 REAP_KEEPS_DEAD_WAITERS = mutant(
-    in_fragment("limiter_steps", (
-        "    for _, token in ipairs(dead) do\n      forget_waiter(token)\n",
-        "    for _, token in ipairs(dead) do\n",
+    in_file("limiter", (
+        "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
+        "    for _, waiter in ipairs(dead) do\n",
     )),
-    _EVERY,
 )
-#: Not a script of the limiter's own: ``release_owner`` registers ``lua.RELEASE_OWNER`` at
-#: each call, so the test puts this text there.
+#: ``release_owner`` registers ``lua.LIMITER`` at each call, so the test puts this text
+#: there (the limiters the check makes run it too: it changes release_owner only).
 RELEASE_OWNER_KEEPS_SLOT = broken(
-    lua.RELEASE_OWNER,
-    in_fragment("limiter_release_owner", (
-        "    redis.call('ZREM', holders, token)\n    redis.call('HDEL', since, token)\n",
-        "    redis.call('HDEL', since, token)\n",
+    lua.LIMITER,
+    in_file("limiter", (
+        "      redis.call('ZREM', holders, holder)\n      redis.call('HDEL', since, holder)\n",
+        "      redis.call('HDEL', since, holder)\n",
     )),
-    "RELEASE_OWNER",
+    "LIMITER",
 )
 
 MORE_CHECKS = (
@@ -638,7 +596,7 @@ def test_a_release_owner_that_keeps_the_dead_owners_slot_fails_its_check(
     make_limiter: Make, client: redis.Redis, threads: ThreadRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(lua, "RELEASE_OWNER", RELEASE_OWNER_KEEPS_SLOT)
+    monkeypatch.setattr(lua, "LIMITER", RELEASE_OWNER_KEEPS_SLOT)
     with pytest.raises(AssertionError, match="a dead owner's places outlived release_owner"):
         check_release_owner_frees_a_dead_owners_places(make_limiter, client, threads)
 
@@ -646,6 +604,7 @@ def test_a_release_owner_that_keeps_the_dead_owners_slot_fails_its_check(
 #: Where the mutants of each ``.lua`` file are (this module's are built at its import).
 MUTANT_MODULES = (
     "tests.test_redis_cache_mutants",
+    "tests.test_redis_lead_mutants",
     "tests.test_redis_cluster_mutants",
     "tests.test_redis_flight_mutants",
     "tests.test_redis_members_mutants",
@@ -653,16 +612,9 @@ MUTANT_MODULES = (
 
 
 def test_every_lua_file_has_a_mutant() -> None:
-    """Each ``.lua`` file of the backend has a mutant in one of the mutant modules (the cold
-    lead's two in ``tests/test_redis_lead_mutants.py``, which builds its own): a new script
-    needs a check that catches it broken."""
+    """Each ``.lua`` file of the backend has a mutant in one of the mutant modules: a new
+    script needs a check that catches it broken."""
     for name in MUTANT_MODULES:
         importlib.import_module(name)
-    from tests.test_redis_lead_mutants import MUTANTS as LEAD_MUTANTS
-
-    covered = set(MUTATED)
-    for fragment in ("cold_lead_head", "cold_lead_tail"):
-        if any(lua.FRAGMENTS[fragment].count(old) == 1 for old, _ in LEAD_MUTANTS.values()):
-            covered.add(fragment)
-    missing = sorted(set(lua.FRAGMENTS) - covered)
+    missing = sorted(set(lua.FILES) - MUTATED)
     assert not missing, f"no mutant test for {missing}"

@@ -1,10 +1,11 @@
 """What a cold request through the Flask extension costs Redis, counted at the server.
 
-The cold path on Redis makes at most two round trips before its build starts or its refusal
-is sent: its cache miss (one GET), then the cold lead (one EVALSHA: the flight's claim, the
-cache's recheck and the acquire in one script; ``reachlimit/redis/_lead.py``). Counted with
-``MONITOR`` on the test's own redis-server (the commands scripts make inside left out), with
-nothing else talking to it:
+The cold path on Redis makes one round trip before its build starts or its refusal is sent,
+once the cache's in-process first level has missed: the cold lead (one EVALSHA: the cache's
+read, the flight's claim and the acquire in one script; ``reachlimit/redis/_lead.py``), which
+also answers an entry another process stored, as the hit it is. Counted with ``MONITOR`` on
+the test's own redis-server (the commands scripts make inside left out), with nothing else
+talking to it:
 the app's counters thread is stopped first (it flushes about once a second), no grant is held
 long enough to be renewed (the lease is two minutes), and the scripts and the budget's
 settings check are loaded and made by a warm-up request (once per process).
@@ -43,13 +44,13 @@ from tests.support.waiting import DEADLINE, wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-def test_a_refused_cold_request_makes_two_round_trips_and_leaves_no_flight(
+def test_a_refused_cold_request_makes_one_round_trip_and_leaves_no_flight(
     app: Flask, watcher: redis.Redis
 ) -> None:
     ghosts = ghosts_fill(app, watcher)
     http = app.test_client()
-    # Warm-up: the settings check, the eviction warning and both variants of the lead script
-    # (the one sent after a refusal is loaded by the second refusal).
+    # Warm-up: the settings check, the eviction warning, the script, and the lead sent after
+    # a refusal (the second refusal's).
     for warm in ("warm-1", "warm-2"):
         assert http.get(f"/report/{warm}").status_code == 429
     quiet(app)
@@ -59,13 +60,13 @@ def test_a_refused_cold_request_makes_two_round_trips_and_leaves_no_flight(
 
     sent = commands.until_now()
     assert answer.status_code == 429
-    assert sent == Counter({"GET": 1, "EVALSHA": 1})
+    assert sent == Counter({"EVALSHA": 1})
     assert ghosts.stats().rejected_full == 3  # refused for a full queue, each of the three
     assert flight_keys(watcher, app) == [], "a refused leader claimed or published a flight"
     assert app.extensions["slow_app"].figures()["total"] == 0
 
 
-def test_an_admitted_cold_request_makes_two_round_trips_before_its_build(
+def test_an_admitted_cold_request_makes_one_round_trip_before_its_build(
     app: Flask, watcher: redis.Redis
 ) -> None:
     http = app.test_client()
@@ -84,10 +85,39 @@ def test_an_admitted_cold_request_makes_two_round_trips_before_its_build(
         gate.gate.set()
         request.join(DEADLINE)
     assert not request.is_alive()
-    assert sent == Counter({"GET": 1, "EVALSHA": 1})
+    assert sent == Counter({"EVALSHA": 1})
     assert answers[0].status_code == 200
     assert answers[0].get_json()["key"] == "cold"
     assert flight_keys(watcher, app), "a leader that built left no flight (outcome, counter)"
+
+
+def test_an_entry_the_cold_lead_finds_is_answered_as_a_hit_in_one_round_trip(
+    app: Flask, watcher: redis.Redis
+) -> None:
+    """Another process stored the value a moment ago: the lead's read finds it, and the
+    answer is the hit it is (Cache-Status with the seconds of freshness Redis holds, counted
+    a hit), not a value this request built."""
+    http = app.test_client()
+    assert http.get("/report/warm").status_code == 200
+    shared = app.extensions["reachlimit"].path.cache.remote
+    shared.set("elsewhere", {"key": "elsewhere", "build": 99, "pid": 0})  # another process's
+    shared.local.clear()  # this process's first level never saw it
+    hits = app.extensions["reachlimit"].path.counts().hits
+    quiet(app)
+    commands = Commands(watcher)
+
+    answer = http.get("/report/elsewhere")
+
+    sent = commands.until_now()
+    assert sent == Counter({"EVALSHA": 1})
+    assert answer.get_json() == {"key": "elsewhere", "build": 99, "pid": 0}
+    status = answer.headers["Cache-Status"]
+    assert status.startswith("reachlimit; hit; ttl="), status
+    assert 0 < int(status.rsplit("=", 1)[1]) <= shared.ttl
+    assert app.extensions["reachlimit"].path.counts().hits == hits + 1
+    assert app.extensions["slow_app"].figures()["total"] == 1  # the warm-up's build only
+    flight = app.extensions["reachlimit"].path.flight.remote
+    assert watcher.keys(flight.base_of("elsewhere") + "*") == [], "a hit claimed a flight"
 
 
 def test_a_leader_queued_by_the_cold_lead_waits_and_builds(

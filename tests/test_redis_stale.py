@@ -310,10 +310,12 @@ def test_the_clock_given_is_the_first_levels_and_a_lead_hit_is_not_held(
     assert cache.local.get("k") is not None  # the first level's own 1 s, on the same clock
     clock.advance(0.6)
     assert cache.local.get("k") is None
-    # The cold lead's HIT sends the value without its PTTL: answered, not held (it may be
-    # stale, and the first level never holds what may be stale).
+    # The cold lead reads an entry and its PTTL in its script: a stale one is answered
+    # stale, not held (the first level never holds what may be stale).
     age(client, cache, "k", int(STALE * 1000) - 100)
-    assert cache.adopt("k", client.get(cache.key_of("k"))) == "v"
+    key, sent = cache.lead_key("k")
+    found = cache.found("k", client.get(key), client.pttl(key), sent)
+    assert found is not None and found.value == "v" and found.fresh_for <= 0
     assert cache.local.get("k") is None and cache.get("k") is None
 
 

@@ -131,10 +131,12 @@ def test_the_followers_of_a_bad_build_get_its_type_error(
 
 def _followers(app: Flask) -> int:
     """Followers waiting in this process's flight: the in-process one, or (on Redis) the
-    shared flight's own in-process collapse, where a follower of this process waits."""
+    shared flight's own in-process collapses (the cold lead's, or the plain flight's),
+    where a follower of this process waits."""
     flight: Any = app.extensions["reachlimit"].path.flight
-    local = getattr(getattr(flight, "remote", None), "_local", flight)
-    return sum(c.followers for c in local._calls.values())
+    remote = getattr(flight, "remote", None)
+    locals_ = [flight] if remote is None else [remote._local, remote._local_cold]
+    return sum(c.followers for local in locals_ for c in local._calls.values())
 
 
 def test_one_encoding_for_the_extension_and_the_shared_cache() -> None:

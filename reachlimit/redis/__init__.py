@@ -9,13 +9,13 @@ cycle: each imports only those above it and the core)::
 
     _common      names and their checks, key encoding and client ids, owner ids, socket
                  timeout, a warning logged once, the settings a process records at start
-    lua/         the Lua scripts (``.lua`` files) and the Python that puts them together
+    lua/         the Lua scripts, one self-contained ``.lua`` file each, read as they are
     _renewer     LeaseRenewer: the one lease-renewing thread of a limiter or a flight
     _waker       Waker: ends a waiter's blocking read on time
     _replies     the scripts' reply codes
     _grant       RedisGrant: one slot held as a renewed lease
-    _stats       RedisLimiterStats and the reading of the stats script's reply
-    _lead        the cold lead's reply and its hand-over to the recheck and the acquire (lua)
+    _stats       RedisLimiterStats and the reading of the stats operation's reply
+    _lead        the cold lead's reply and its hand-over to the recheck and the acquire
     _wait        a waiter's loop: doorbell, polls, deadline, cancel    (_replies, _waker)
     _members     Members: the live processes of a budget, announced by a daemon thread
                                                                        (_common, lua, _daemon)
@@ -34,7 +34,9 @@ cycle: each imports only those above it and the core)::
 
 The core gives this package what it needs through public hooks only: ``ColdPath.counts()``,
 ``LEADER_CANCELLED`` (``reachlimit._path``), the ``Grant`` base class, ``LimiterFigures``, and
-a flight's optional ``do_cold``, which ColdPath calls instead of ``do`` (the cold lead).
+a flight's optional ``do_cold``, which ColdPath calls instead of ``do``, and
+``reads_cache`` with ``Found``, by which the flight's round trip reads the shared cache too
+(the cold lead).
 """
 
 from .._urls import mask_url

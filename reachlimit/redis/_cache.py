@@ -20,15 +20,15 @@ design:
     On a Redis Cluster the entries spread over slots (and so over nodes): an entry is
     ``<prefix>:<name>:cache:e:<digest>``, no hash tag, hashed by itself; the index (and the
     settings) keep the tag, one slot. A set is then up to three round trips instead of one:
-    the index script (``lua.CACHE_INDEX``: index it, evict past ``size``, answer the
+    the script's ``index`` (``lua/cache.lua``: index it, evict past ``size``, answer the
     settings in Redis and the evicted digests) on the index's node, the entry's ``SET ... PX``
     on its own with those settings, and, only when something was evicted, one pipeline of
     ``DEL`` (one batch per node). The entry is indexed before it is SET (so that its TTL is
     the one in Redis), and so outlives its index entry: a process that dies between the two
     leaves an index entry without an entry, which counts towards ``size`` until it expires or
     is evicted.
-    ``clear`` empties the index in one script (``lua.CACHE_DRAIN``, answering every digest
-    it held) and deletes those entries, one batch per node; an entry whose set raced the
+    ``clear`` empties the index in one script (its ``drain``, answering every digest it
+    held) and deletes those entries, one batch per node; an entry whose set raced the
     clear (SET before it, indexed after) survives it, as a set just after the clear would.
     ``forget(key)`` is the entry's ``DEL`` and its index entry's ``ZREM``: one round trip
     (a ``MULTI`` on one Redis; on a Cluster one batch per node, not atomic: an index entry
@@ -49,8 +49,8 @@ design:
 
     Settings are data in Redis: ``ttl``, ``stale`` and ``size`` are the cache's settings hash
     (``C:settings``), written by every process when it starts using the cache (its first
-    call), the newest start winning, with one INFO line naming a change; the set script reads
-    them there (``lua/cache_settings.lua``, which also re-creates a hash Redis lost), so the
+    call), the newest start winning, with one INFO line naming a change; a set reads them
+    there (``lua/cache.lua``, which also re-creates a hash Redis lost), so the
     TTL of an entry in Redis and the size of the index are the cache's, whatever this
     process was given, and a difference is never an error. What stays this process's own:
     its first level (``local_ttl``, ``local_size``), whether it serves stale answers at all
@@ -79,9 +79,14 @@ design:
     (measured from a reading taken before the request was sent, so never later than Redis's,
     and at most ``local_ttl`` ahead): it never answers an entry past its freshness, let alone
     past its stale window. A stale answer always comes from Redis, so a refresh's recheck
-    sees what another process stored. A value Redis sends without its PTTL (the cold lead's
-    HIT) is answered but not held. Without a stale window nothing changes: one plain ``GET``,
-    values as they are, in the first level as they are.
+    sees what another process stored. Without a stale window nothing changes: one plain
+    ``GET``, values as they are, in the first level as they are.
+
+    The cold lead (``_lead``: through the extension, on one Redis) reads an entry in its own
+    script, GET and PTTL, once the first level has missed (``lookup_near``, ``lead_key``):
+    :meth:`RedisCache.found` answers what it read as ``fetch_entry`` would, and holds it in
+    the first level the same way; its freshness is known from that PTTL with or without a
+    stale window.
 """
 
 from __future__ import annotations
@@ -158,7 +163,7 @@ class _Held(NamedTuple):
 
 
 def _with_header(data: bytes, build_ms: int, stale_ms: int) -> bytes:
-    """The stored bytes of an entry with a stale window, as ``lua/cache_set.lua`` writes
+    """The stored bytes of an entry with a stale window, as ``lua/cache.lua``'s set writes
     them (a Cluster's set writes the entry itself): the header first."""
     return b"t%d,%d;" % (build_ms, stale_ms) + data
 
@@ -228,14 +233,13 @@ class RedisCache(Named):
         self._entry_prefix = f"{prefix}:{name}:cache:e:" if self._spread else f"{tag}:e:"
         self._ttl_ms = ms(self._ttl)
         self._local: TTLCache[Any] = TTLCache(local_size, local_ttl, clock=clock)
-        self._set_script = client.register_script(lua.CACHE_SET)
-        self._clear_script = client.register_script(lua.CACHE_CLEAR)
-        self._index_script = client.register_script(lua.CACHE_INDEX)  # a Cluster's
-        self._drain_script = client.register_script(lua.CACHE_DRAIN)  # a Cluster's
+        # Every operation of lua/cache.lua: set and clear on one Redis; index and drain,
+        # their halves that stay on the index's node, on a Cluster.
+        self._script = client.register_script(lua.CACHE)
         self._settings_key = f"{tag}:settings"
         self._checked = False  # racy: set once this process's settings were written to Redis
-        # The first arguments of the set scripts (lua/cache_settings.lua): this process's
-        # settings, which count only where Redis has none.
+        # The arguments of a set after its operation (ARGV[2..4] of lua/cache.lua): this
+        # process's settings, which count only where Redis has none.
         self._own = list(self.settings().values())
         self._undecodable = LogOnce()
         # A miss the cold lead saw, for the recheck that follows in the same thread.
@@ -243,6 +247,7 @@ class RedisCache(Named):
 
     ttl: float = shown("_ttl")
     size: int = shown("_size")
+    clock: Callable[[], float] = shown("_clock", "The monotonic clock of the first level.")
     local: TTLCache[Any] = shown("_local", "The in-process first level.")
 
     def key_of(self, key: Any) -> str:
@@ -271,6 +276,12 @@ class RedisCache(Named):
         ``fresh_for`` from Redis's ``PTTL``; one round trip unless the first level holds it
         fresh). Without a stale window: the fresh entry, its freshness not known
         (``fresh_for`` infinite: one plain GET, as ``get``)."""
+        held = self.lookup_near(key)
+        return held if held is not None else self.fetch_entry(key)
+
+    def lookup_near(self, key: Hashable) -> Entry | None:
+        """:meth:`lookup` of the first level only (no round trip): what ColdPath asks when
+        the flight reads Redis's entry itself (the cold lead: ``reachlimit.redis._lead``)."""
         try:
             held = self._local.get(key)
         except TypeError:
@@ -282,7 +293,30 @@ class RedisCache(Named):
             left = held.fresh_until - self._clock()
             if left > 0:
                 return Entry(held.value, left, held.build_time)
-        return self.fetch_entry(key)
+        return None
+
+    def lead_key(self, key: Hashable) -> tuple[str, float]:
+        """For a script that reads the entry of ``key`` (the cold lead): its Redis key, and
+        this cache's clock read now, before it is sent (:meth:`found` takes it). The first
+        call of this object records its settings in Redis first, as :meth:`fetch` does."""
+        if not self._checked:
+            self._check()
+        return self.key_of(key), self._clock()
+
+    def found(self, key: Hashable, data: Any, pttl: int, sent: float) -> Entry | None:
+        """The entry of ``key`` that a script read (``data``, and Redis's ``pttl`` of it,
+        read at ``sent`` on this cache's clock: :meth:`lead_key`), as :meth:`fetch_entry`
+        answers it: a fresh one is copied into the first level; None for one that does not
+        decode (logged once) or, without a stale window here, one past its freshness. Its
+        freshness is known here: ``fresh_for`` from the PTTL (infinite without an expiry),
+        with or without a stale window."""
+        entry = self.key_of(key)
+        if self._stale_ms:
+            return self._entry(key, entry, data, pttl, sent)
+        value = self._adopt(key, entry, data, pttl)
+        if value is None:
+            return None
+        return Entry(value, math.inf if pttl == -1 else pttl / 1000, 0.0)
 
     def missed(self, key: Hashable) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`get` of ``key`` in this thread
@@ -309,9 +343,9 @@ class RedisCache(Named):
         if self._spread:
             ttl_ms = self._set_spread(digest, data, build_ms)
         else:
-            _, ttl_ms, _ = self._set_script(
+            _, ttl_ms, _ = self._script(
                 keys=[self._settings_key, self._index, self._entry_prefix + digest],
-                args=[*self._own, self._entry_prefix, digest, data, build_ms],
+                args=["set", *self._own, digest, data, build_ms],
             )
         # Fresh for the cache's TTL, as Redis holds it (the first level bounds it anyway).
         self._hold(key, value, sent + int(ttl_ms) / 1000, build_time)
@@ -320,8 +354,8 @@ class RedisCache(Named):
         """A set on a Cluster (module design): the index script on the index's node, the
         entry's SET on its own with the settings the script answered, then the evicted
         entries deleted on theirs. Returns the cache's TTL (ms) as Redis holds it."""
-        reply = self._index_script(
-            keys=[self._settings_key, self._index], args=[*self._own, digest]
+        reply = self._script(
+            keys=[self._settings_key, self._index], args=["index", *self._own, digest]
         )
         ttl_ms, stale_ms, evicted = int(reply[0]), int(reply[1]), reply[2:]
         if stale_ms > 0:
@@ -346,9 +380,9 @@ class RedisCache(Named):
         for at most ``local_ttl``."""
         self._local.clear()
         if self._spread:  # a Cluster: the index emptied in one script, the entries on theirs
-            self._delete(self._drain_script(keys=[self._index]))
+            self._delete(self._script(keys=[self._settings_key, self._index], args=["drain"]))
         else:
-            self._clear_script(keys=[self._index], args=[self._entry_prefix])
+            self._script(keys=[self._settings_key, self._index], args=["clear"])
         self._local.clear()  # a get that raced the script may have copied an entry back
 
     def forget(self, key: Hashable) -> bool:
@@ -404,25 +438,19 @@ class RedisCache(Named):
         data, pttl = pipe.execute()
         return self._entry(key, entry, data, pttl, sent)
 
-    def adopt(self, key: Hashable, data: Any) -> Any:
-        """The value of an entry of ``key`` that Redis sent (``data``, None for none), as
-        :meth:`fetch` answers it: decoded, copied into the first level; None for a miss or
-        an entry that does not decode (logged once)."""
-        return self._adopt(key, self.key_of(key), data)
-
-    def _adopt(self, key: Hashable, entry: str, data: Any) -> Any:
-        """A value Redis sent without its PTTL (a plain GET, or the cold lead's recheck).
-        Without a stale window it is copied into the first level; with one it is not: its
-        freshness is not known, and the first level never holds what may be stale. Without
-        a window of this process's own, an entry set with one (module design) is asked its
-        PTTL: past its freshness, it is a miss."""
+    def _adopt(self, key: Hashable, entry: str, data: Any, pttl: int | None = None) -> Any:
+        """A value Redis sent (a plain GET: its PTTL not known, ``pttl`` None; or the cold
+        lead's read, with it). Without a stale window it is copied into the first level;
+        with one it is not: its freshness is not known, and the first level never holds what
+        may be stale. Without a window of this process's own, an entry set with one (module
+        design) is asked its PTTL (unless it came with it): past its freshness, a miss."""
         decoded = self._decode(entry, data)
         if decoded is None:
             return None
         value, _, window = decoded
         if not self._stale_ms:
             if window:
-                left_ms = int(self._client.pttl(entry))
+                left_ms = int(self._client.pttl(entry)) if pttl is None else pttl
                 if left_ms != -1 and left_ms <= window:  # stale, or gone (-2) meanwhile
                     return None
             self._local.set(key, value)

@@ -133,10 +133,11 @@ def registry_key(prefix: str) -> str:
     return f"{prefix}:budgets"
 
 
-#: The fixed keys of a limiter, after its hash tag, in the order its scripts read KEYS
-#: (``lua/limiter_keys.lua``): the last one is the budget's settings hash.
+#: The fixed keys of a limiter, after its hash tag, in the order its script reads KEYS
+#: (``lua/limiter.lua``; the ninth is the budget's settings hash).
 LIMITER_KEY_SUFFIXES = (
     "holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients", "settings",
+    "gone", "since", "took",
 )
 
 

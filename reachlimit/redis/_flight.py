@@ -12,7 +12,7 @@ design:
       F:w:<n>       STR   how many followers (one per process and key) wait on flight n
       F:bell:<n>    LIST  flight n's doorbell: the publish pushes one element per follower
 
-    Scripts (each EVALSHA, one round trip):
+    Operations of one script, ``lua/flight.lua`` (each one EVALSHA, one round trip):
       join      a claim exists -> follow its flight (its outcome already there -> take it;
                 else count ourselves in ``w``); no claim -> INCR the counter, claim, lead
       check     run by a follower after its doorbell rang and every ``POLL_EVERY`` seconds:
@@ -23,6 +23,8 @@ design:
       publish   SET the outcome NX (the first outcome of a flight wins), drop the claim if it
                 is still ours, and push the doorbell once per counted follower
       renew     push the claim's lease end if the claim is still ours
+      drop      drop a claim made by a dead process (its parent's ``release_claims``), or by
+                a token of ours whose reply was lost (below)
 
     Why a taken-over flight keeps its number: its followers read the outcome of the flight
     they joined, so a flight finished by a follower that took over is found by the others,
@@ -38,8 +40,12 @@ design:
     of threads of one process makes one Redis join and one Redis wait; its local leader
     shares the outcome with the others. A local leader whose own client leaves while it
     follows in Redis raises ``Cancelled``; the threads that followed it locally get ColdPath's
-    leader-cancelled marker and go round. A daemon thread per object renews the claims held
-    here every ``lease / 3`` seconds, in one pipelined round trip.
+    leader-cancelled marker and go round. The cold lead (``do_cold``, fused) has an
+    in-process flight of its own: its round trip may answer the entry the cache holds, stale
+    included, which a refresh (``do``) must never be handed, and a stale answer must never
+    wait behind a refresh's build; the two meet in Redis instead, as two processes would. A
+    daemon thread per object renews the claims held here every ``lease / 3`` seconds, in
+    one pipelined round trip.
 
     Outcomes across processes: a value (the codec), ``NOT_FOUND``, ``None``, ``Busy`` (its
     reason and retry-after), ``Cancelled``, ColdPath's leader-cancelled marker (followers go
@@ -67,7 +73,7 @@ design:
     claim the flight (the join, the cold lead, a follower's check) whose reply is lost (a
     timeout: it ran, or will run once a paused Redis resumes, and its caller has gone on
     with the fallback) may leave a claim of ours that nobody renews or publishes: the
-    republisher drops it (``lua/flight_drop_owner.lua``, by our token) as soon as it finds
+    republisher drops it (``drop``, by our token) as soon as it finds
     it, tried every ``POLL_EVERY`` seconds for up to ``lease``, so that the followers who
     joined it take the flight over at their next check.
 """
@@ -86,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed
 from .._flight import SingleFlight
-from .._path import LEADER_CANCELLED, NOT_FOUND
+from .._path import LEADER_CANCELLED, NOT_FOUND, Found
 from . import lua
 from ._cache import Codec
 from ._common import (
@@ -101,7 +107,7 @@ from ._common import (
     positive,
     socket_timeout,
 )
-from ._lead import DONE, FOLLOW, HIT, LEAD, UNCLAIMED
+from ._lead import CLAIMED, DONE, FOLLOW, HIT, LEAD
 from ._renewer import LeaseRenewer
 from ._republish import Republisher
 
@@ -119,11 +125,12 @@ MESSAGE_LIMIT = 1000
 
 
 class _Claim:
-    """A flight this process leads: what the renewer needs to renew it."""
+    """A flight this process leads (or may: ``flight`` 0): its two keys, their base (the
+    prefix of its other keys), our token, and what the renewer needs to renew it."""
 
     __slots__ = ("keys", "base", "token", "flight")
 
-    def __init__(self, keys: list[str], base: str, token: str, flight: int) -> None:
+    def __init__(self, keys: list[str], base: str, token: str, flight: int = 0) -> None:
         self.keys = keys
         self.base = base
         self.token = token
@@ -178,13 +185,15 @@ class RedisSingleFlight(Leased):
         self._outcome_ms = ms(self._outcome_ttl)
         # The counter outlives every claim and outcome that carries its numbers.
         self._keep_ms = 2 * (self._lease_ms + self._outcome_ms)
-        self._join_script = client.register_script(lua.FLIGHT_JOIN)
-        self._check_script = client.register_script(lua.FLIGHT_CHECK)
-        self._publish_script = client.register_script(lua.FLIGHT_PUBLISH)
-        self._renew_script = client.register_script(lua.FLIGHT_RENEW)
+        # Every operation on a key's flights (lua/flight.lua: its first argument names which).
+        self._script = client.register_script(lua.FLIGHT)
         read_timeout = socket_timeout(client)
         self._block_cap = read_timeout / 2 if read_timeout else math.inf
         self._local: SingleFlight[tuple[Any, bool, bool]] = SingleFlight()
+        # The cold lead's own (``do_cold``, fused): its leader's round trip may answer the
+        # entry the cache holds, stale included, which a refresh (``do``) must never be
+        # handed, and a stale answer must never wait for a refresh's build in ``_local``.
+        self._local_cold: SingleFlight[tuple[Any, bool, bool]] = SingleFlight()
         self._undecodable = LogOnce()
         # The claims of the flights led here, renewed every lease / 3 seconds.
         self._claims: LeaseRenewer[_Claim] = LeaseRenewer(
@@ -201,7 +210,6 @@ class RedisSingleFlight(Leased):
             describe=lambda late: ("published a flight outcome" if late[1] is not None
                                    else "dropped a flight claim a lost reply left"),
         )
-        self._drop_script = client.register_script(lua.FLIGHT_DROP_OWNER)
         #: Called with the error when publishing an outcome or renewing claims fails (both
         #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
         self.on_redis_error: Callable[[BaseException], None] | None = None
@@ -209,7 +217,7 @@ class RedisSingleFlight(Leased):
 
     def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> bool:
         """Lead cold paths in one round trip (:meth:`do_cold`; ``reachlimit.redis._lead``):
-        ``cache`` and ``limiter`` must be the very ones the path's recheck and acquire end
+        ``cache`` and ``limiter`` must be the very ones the path's reads and acquire end
         in, on the same Redis as this flight. Returns whether it fused: not on a Cluster
         (three hash tags), where the steps go one by one."""
         if is_cluster(self._client):
@@ -218,6 +226,12 @@ class RedisSingleFlight(Leased):
         return True
 
     fused = property(lambda self: self._fused is not None, doc="Whether fuse() fused.")
+
+    def reads_cache(self, cache: Any) -> bool:
+        """Whether :meth:`do_cold` reads ``cache``'s entry in Redis itself (fused with it:
+        the cold lead), so that ColdPath asks only its first level before (``Flight``)."""
+        fused = self._fused
+        return fused is not None and cache is fused[0]
 
     def base_of(self, key: Any) -> str:
         """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""
@@ -234,29 +248,32 @@ class RedisSingleFlight(Leased):
         while it waited, or ``LeaderFailed`` when the leader raised anything else (in this
         process: the very exception). Errors of Redis propagate.
         """
-        return self._do(key, lambda: self._shared_do(key, fn, cancel), cancel)
+        return self._do(self._local, key, lambda: self._shared_do(key, fn, cancel), cancel)
 
     def do_cold(
         self, key: Hashable, lead: Callable[[], Any], cancel: CancelToken | None = None,
         client: Hashable = None,
     ) -> tuple[Any, bool]:
         """:meth:`do` for a cold path's leader step ``lead`` (ColdPath's: recheck the cache,
-        acquire for ``client``, build): once fused (:meth:`fuse`), the flight's claim, the
-        recheck and the acquire are one round trip, and a refused leader claims nothing
-        and publishes nothing. Unfused, just :meth:`do`."""
+        acquire for ``client``, build): once fused (:meth:`fuse`), the cache's read in
+        Redis, the flight's claim and the acquire are one round trip (an entry found is
+        answered as ``reachlimit._path.Found``), and a refused leader claims nothing and
+        publishes nothing. Unfused, just :meth:`do`."""
         if self._fused is None:
             return self.do(key, lead, cancel)
-        return self._do(key, lambda: self._shared_lead(key, lead, cancel, client), cancel)
+        return self._do(
+            self._local_cold, key, lambda: self._shared_lead(key, lead, cancel, client), cancel
+        )
 
     def _do(
-        self, key: Hashable, shared: Callable[[], tuple[Any, bool, bool]],
-        cancel: CancelToken | None,
+        self, local: SingleFlight[tuple[Any, bool, bool]], key: Hashable,
+        shared: Callable[[], tuple[Any, bool, bool]], cancel: CancelToken | None,
     ) -> tuple[Any, bool]:
-        """The local flight over ``shared`` (this process's part of the shared flight)."""
+        """The ``local`` flight over ``shared`` (this process's part of the shared flight)."""
         if self._claims.closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("flight closed")
         key_digest(key)  # a key with no encoding fails here, before any flight
-        (value, shared_, gave_up), local_shared = self._local.do(key, shared, cancel)
+        (value, shared_, gave_up), local_shared = local.do(key, shared, cancel)
         if gave_up:
             if not local_shared:
                 raise Cancelled()  # our own client left while we followed in Redis
@@ -287,11 +304,20 @@ class RedisSingleFlight(Leased):
         self, key: Hashable, fn: Callable[[], Any], cancel: CancelToken | None
     ) -> tuple[Any, bool, bool]:
         """Run by the local leader: (value or _Outcome, shared, gave up waiting)."""
-        keys, common = self._flight_keys(key)
-        reply = self._claiming(keys, common, lambda: self._join_script(keys=keys, args=common))
-        return self._joined(reply, keys, common, fn, cancel)
+        ours = self._attempt(key)
+        return self._joined(self._claiming(ours, lambda: self._call("join", ours)), ours, fn,
+                            cancel)
 
-    def _claiming(self, keys: list[str], common: list[str | int], call: Callable[[], Any]) -> Any:
+    def _call(self, op: str, ours: _Claim, *more: Any, client: Any = None) -> Any:
+        """One operation of the flight's script on the keys of ``ours``, as its token (and
+        with the lease and counter life every operation takes); ``more``: its own arguments.
+        ``client``: a pipeline to queue it on."""
+        return self._script(
+            keys=ours.keys, args=[op, ours.token, self._lease_ms, self._keep_ms, *more],
+            client=client,
+        )
+
+    def _claiming(self, ours: _Claim, call: Callable[[], Any]) -> Any:
         """``call()``: a script that may claim the flight for our token (the join, the cold
         lead, a follower's check). If its reply is lost (a Redis error: it may have run, or
         may still run, say on a Redis that was paused), the claim it may have left is
@@ -301,68 +327,66 @@ class RedisSingleFlight(Leased):
         try:
             return call()
         except REDIS_ERRORS:
-            self._late.add((_Claim(keys, str(common[0]), str(common[1]), 0), None))
+            self._late.add((_Claim(ours.keys, ours.base, ours.token), None))
             raise
 
     def _shared_lead(
         self, key: Hashable, lead: Callable[[], Any], cancel: CancelToken | None,
         client: Hashable,
     ) -> tuple[Any, bool, bool]:
-        """``_shared_do`` through the cold lead (:meth:`do_cold`)."""
+        """``_shared_do`` through the cold lead (:meth:`do_cold`): the cache read, the
+        flight's claim and the acquire in one round trip."""
         assert self._fused is not None
         cache, limiter = self._fused
-        keys, common = self._flight_keys(key)
-        reply = self._claiming(
-            keys, common, lambda: limiter.lead(keys, common, cache.key_of(key), client)
-        )
+        ours = self._attempt(key)
+        entry, sent = cache.lead_key(key)
+        args: list[str | int] = [ours.token, self._lease_ms, self._keep_ms]
+        reply = self._claiming(ours, lambda: limiter.lead(entry, ours.keys, args, client))
         if reply.status == HIT:
-            value = cache.adopt(key, reply.data)
-            if value is not None:
-                return value, False, False
-            # An entry that does not decode: the general path (which will build it again).
+            found = cache.found(key, reply.data, reply.pttl, sent)
+            if found is not None:
+                return Found(found), False, False
+            # An entry that does not decode (or, to a cache without a stale window, one past
+            # its freshness): the general path (which will build it again).
             return self._shared_do(key, lead, cancel)
-        if reply.status in (LEAD, UNCLAIMED):
-            assert reply.admitted is not None
-            with cache.missed(key), limiter.hand_over(reply):
-                if reply.status == UNCLAIMED:  # refused: nobody follows, nothing to publish
-                    return lead(), False, False
-                claim = _Claim(keys, str(common[0]), str(common[1]), reply.flight)
-                return self._lead(claim, lead), False, False
-        return self._joined([reply.status, reply.flight, reply.data], keys, common, lead, cancel)
+        if reply.status == CLAIMED:  # somebody leads it: join (follow, or take its outcome)
+            return self._shared_do(key, lead, cancel)
+        assert reply.admitted is not None
+        with cache.missed(key), limiter.hand_over(reply):
+            if reply.status != LEAD:  # refused: nobody follows, nothing to publish
+                return lead(), False, False
+            ours.flight = reply.flight
+            return self._lead(ours, lead), False, False
 
-    def _flight_keys(self, key: Hashable) -> tuple[list[str], list[str | int]]:
-        """The two keys and four arguments every script of ``key``'s flight starts with (the
-        last: a fresh token of ours)."""
+    def _attempt(self, key: Hashable) -> _Claim:
+        """A new attempt at ``key``'s flight: its keys, their base and a fresh token of ours
+        (the flight is not claimed yet)."""
         base = self.base_of(key)
         # Owned, as the limiter's tokens are: the parent of a process that died drops its
         # claims at once (``release_claims``), so their followers take over without waiting
         # for the lease.
-        token = owner_prefix() + secrets.token_hex(12)
-        return [base + "lead", base + "n"], [base, token, self._lease_ms, self._keep_ms]
+        return _Claim([base + "lead", base + "n"], base, owner_prefix() + secrets.token_hex(12))
 
     def _joined(
-        self, reply: Any, keys: list[str], common: list[str | int], fn: Callable[[], Any],
-        cancel: CancelToken | None,
+        self, reply: Any, ours: _Claim, fn: Callable[[], Any], cancel: CancelToken | None,
     ) -> tuple[Any, bool, bool]:
         """After the join's ``reply``: lead, take the outcome, or follow until one of those."""
-        base, token = str(common[0]), str(common[1])
         while True:
             status, flight = int(reply[0]), int(reply[1])
             if status == LEAD:
-                return self._lead(_Claim(keys, base, token, flight), fn), False, False
+                ours.flight = flight
+                return self._lead(ours, fn), False, False
             if status == DONE:
-                return self._decode_outcome(reply[2], base), True, False
+                return self._decode_outcome(reply[2], ours.base), True, False
             try:
-                reply = self._follow(keys, common, flight, cancel)
+                reply = self._follow(ours, flight, cancel)
             except Cancelled:
                 return None, True, True
 
-    def _follow(
-        self, keys: list[str], common: list[str | int], flight: int, cancel: CancelToken | None
-    ) -> Any:
+    def _follow(self, ours: _Claim, flight: int, cancel: CancelToken | None) -> Any:
         """Wait on ``flight`` until its outcome comes, another flight is to be followed, or we
-        are to lead; return the check script's reply. Raises Cancelled."""
-        bell = f"{common[0]}bell:{flight}"
+        are to lead; return the check's reply. Raises Cancelled."""
+        bell = f"{ours.base}bell:{flight}"
         slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
         slice_cap = min(slice_cap, self._block_cap)
         next_check = time.monotonic() + self.POLL_EVERY
@@ -374,9 +398,7 @@ class RedisSingleFlight(Leased):
             rang = self._client.blpop([bell], timeout=block)
             if rang is None and time.monotonic() < next_check:
                 continue
-            reply = self._claiming(
-                keys, common, lambda: self._check_script(keys=keys, args=[*common, flight])
-            )
+            reply = self._claiming(ours, lambda: self._call("check", ours, flight))
             if int(reply[0]) != FOLLOW or int(reply[1]) != flight:
                 return reply
             next_check = time.monotonic() + self.POLL_EVERY
@@ -466,17 +488,13 @@ class RedisSingleFlight(Leased):
             self._report(exc)
 
     def _publish_once(self, late: tuple[_Claim, bytes | None]) -> bool:
-        """One try of the publish script (Redis errors propagate); with no outcome, of
+        """One try of the publish (Redis errors propagate); with no outcome, of
         dropping the claim a lost reply may have left (``_claiming``): False while there is
         none of ours (the script that was lost may yet run: tried again)."""
         claim, outcome = late
         if outcome is None:
-            return bool(self._drop_script(keys=claim.keys[:1], args=[claim.token]))
-        self._publish_script(
-            keys=claim.keys,
-            args=[claim.base, claim.token, self._lease_ms, self._keep_ms,
-                  claim.flight, outcome, self._outcome_ms],
-        )
+            return bool(self._script(keys=claim.keys[:1], args=["drop", claim.token]))
+        self._call("publish", claim, claim.flight, outcome, self._outcome_ms)
         return True
 
     def _report(self, exc: BaseException) -> None:
@@ -491,15 +509,9 @@ class RedisSingleFlight(Leased):
         (on a Cluster one script a claim: its pipelines take no scripts, and each claim has
         a slot of its own); the tokens of the claims found gone (never revived)."""
         if is_cluster(self._client):
-            return [c.token for c in claims if not int(self._renew_script(
-                keys=c.keys, args=[c.base, c.token, self._lease_ms, self._keep_ms, c.flight]
-            ))]
+            return [c.token for c in claims if not int(self._call("renew", c, c.flight))]
         pipe = self._client.pipeline(transaction=False)
         for c in claims:
-            self._renew_script(
-                keys=c.keys,
-                args=[c.base, c.token, self._lease_ms, self._keep_ms, c.flight],
-                client=pipe,
-            )
+            self._call("renew", c, c.flight, client=pipe)
         replies = pipe.execute()
         return [c.token for c, kept in zip(claims, replies, strict=True) if not int(kept)]

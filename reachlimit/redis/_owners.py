@@ -2,27 +2,25 @@
 
 design:
 
-    Every token starts with its owner, ``"<hostname>:<boot id>:<pid>:"``, so that the parent
-    of a process that died (the gunicorn master) can free its slots and queue places at once
-    instead of waiting for their leases and presence periods to end: :func:`release_owner`,
-    one script; a second one (``lua/members.lua``) takes the process out of the budget's
-    live processes (``_members``) at once rather than one announce period later, so the
-    fallbacks that remain count one process fewer. The boot id tells apart hosts that share
-    a hostname.
+    Every token starts with its owner, ``"<hostname>:<boot id>:<pid>:"``, so that the parent of
+    a process that died (the gunicorn master) can free its slots and queue places at once
+    instead of waiting for their leases and presence periods to end: :func:`release_owner`, one
+    script (the limiter's ``release_owner``); a second one (``lua/members.lua``) takes the
+    process out of the budget's live processes (``_members``) at once rather than one announce
+    period later, so the fallbacks that remain count one process fewer. The boot id tells apart
+    hosts that share a hostname.
 
     Flight claims (``_flight``) carry the owner too, but live under one key per flight: the
     parent finds them with ``SCAN`` (:func:`release_claims`: every ``{<prefix>:...}:lead``
     key, in batches, on every primary of a Cluster) and drops those of the dead owner with a
-    self-contained script (``lua/flight_drop_owner.lua``), so the followers of a flight whose
+    script (the flight's ``drop``, ``lua/flight.lua``), so the followers of a flight whose
     leader was SIGKILLed take it over at their next check (a quarter of a second) rather than
     when its lease ends. A SCAN reads every key name of the Redis once: on a Redis of a
     million keys that is about a second of the master's time per dead worker (Redis itself
     answers other clients between batches).
-
-    The parent is no process of the budget: the script reads the budget's settings from
-    Redis, as every limiter script does (``lua/limiter_settings.lua``), and records none of
-    its own; the key names are built here from the prefix and the name, as the limiter
-    builds them (``limiter_keys``).
+ The parent is no process of the budget: the script reads the budget's settings from Redis, as
+every operation of ``lua/limiter.lua`` does, and records none of its own; the key names are
+built here from the prefix and the name, as the limiter builds them (``limiter_keys``).
 """
 
 from __future__ import annotations
@@ -65,12 +63,12 @@ def release_owner(
     check_names(name, prefix)
     if isinstance(active, bool) or not isinstance(active, int) or active < 1:
         raise ValueError("active >= 1")
-    # The arguments every limiter script starts with: the presence period a promoted waiter
-    # has to claim its slot, then the figures used where Redis has none (queue and wait are
-    # not used here).
+    # The arguments every limiter operation takes after its name: the presence period a
+    # promoted waiter has to claim its slot, then the figures used where Redis has none
+    # (queue and wait are not used here).
     mine = script_settings(RedisColdLimiter.PRESENCE, active, 0, 0.001, positive("lease", lease))
-    script = client.register_script(lua.RELEASE_OWNER)
-    freed, dropped = script(keys=limiter_keys(prefix, name), args=[*mine, owner])
+    script = client.register_script(lua.LIMITER)
+    freed, dropped = script(keys=limiter_keys(prefix, name), args=["release_owner", *mine, owner])
     client.register_script(lua.MEMBERS)(keys=[members_key(prefix, name)], args=[owner, "0"])
     return int(freed), int(dropped)
 
@@ -93,11 +91,11 @@ def release_claims(client: Client, owner: str, *, prefix: str = "reachlimit") ->
     if not isinstance(owner, str) or not owner.endswith(":") or owner.count(":") < 3:
         raise ValueError(f"owner must look like '<host>:<boot id>:<pid>:', got {owner!r}")
     check_names("flight", prefix)
-    drop = client.register_script(lua.FLIGHT_DROP_OWNER)
+    drop = client.register_script(lua.FLIGHT)
     match = "{" + _glob_escaped(prefix) + ":*}:lead"
     # On a Cluster: every primary (``RedisCluster.PRIMARIES``), each slot's keys once.
     nodes: dict[str, Any] = {"target_nodes": "primaries"} if is_cluster(client) else {}
     dropped = 0
     for key in client.scan_iter(match=match, count=SCAN_BATCH, **nodes):
-        dropped += int(drop(keys=[key], args=[owner]))
+        dropped += int(drop(keys=[key], args=["drop", owner]))
     return dropped

@@ -62,10 +62,10 @@ design:
     active + (N - 1) x ceil(active / N) at once until those end (5 for 4 processes and
     active 2). Its end: every fallback grant is kept (``_FallbackGrant``, in ``_running``)
     until released, and ``adopt`` tells Redis about those it does not count yet, in one
-    script (``RedisColdLimiter.adopt``, ``lua/limiter_adopt.lua``) that makes each a holder
-    of the budget with a lease, over the capacity if need be, so that Redis gives no slot
-    to anyone beside them until enough have ended; the grant's release frees that holder
-    too (a Redis error there is swallowed: its lease ends it). ``adopt`` runs in the
+    script (``RedisColdLimiter.adopt``, ``adopt`` of ``lua/limiter.lua``) that makes each a
+    holder of the budget with a lease, over the capacity if need be, so that Redis gives no
+    slot to anyone beside them until enough have ended; the grant's release frees that
+    holder too (a Redis error there is swallowed: its lease ends it). ``adopt`` runs in the
     health's probe thread before it marks Redis up (``RedisHealth.before_up``: a failure
     fails the probe), before the first shared acquire after an outage (a health without a
     probe thread), and for a fallback grant handed out while Redis is up (a waiter queued
@@ -109,7 +109,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from .._attrs import shown
 from .._cache import forget_in, lookup_in, put_into
@@ -565,6 +565,11 @@ class ResilientCache:
                 return entry
         return lookup_in(self.local, key)
 
+    def lookup_near(self, key: Any) -> Any:
+        """The shared cache's first level only (no round trip): what ColdPath asks while the
+        flight reads the shared entry itself (:meth:`ResilientFlight.reads_cache`)."""
+        return cast(Any, self.remote).lookup_near(key)
+
     def set(self, key: Any, value: Any) -> None:
         self.put(key, value, 0.0)
 
@@ -656,11 +661,22 @@ class ResilientFlight(Generic[T]):
         client: Hashable = None,
     ) -> tuple[T, bool]:
         """``do`` for ColdPath's leader step: the shared flight's ``do_cold`` when it has one
-        (the cold lead), so a cold request stays at two round trips."""
+        (the cold lead: a cold request's one round trip)."""
         do_cold = getattr(self.remote, "do_cold", None)
         if do_cold is None:
             return self.do(key, lead, cancel)
         return self._do(key, lead, cancel, lambda tracked: do_cold(key, tracked, cancel, client))
+
+    def reads_cache(self, cache: Any) -> bool:
+        """Whether :meth:`do_cold` reads the shared entry of ``cache`` (a ResilientCache)
+        itself now: the shared flight reads its shared cache (the cold lead) and Redis is up,
+        so ``do_cold`` goes there. Should Redis fail in between, ``do_cold`` falls back to
+        the in-process flight, whose leader step rechecks the fallback cache."""
+        reads = getattr(self.remote, "reads_cache", None)
+        return (
+            reads is not None and isinstance(cache, ResilientCache) and self.health.up
+            and bool(reads(cache.remote))
+        )
 
     def _do(
         self,
