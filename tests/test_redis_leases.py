@@ -191,15 +191,6 @@ class _Fleeting(RedisColdLimiter):
     PRESENCE = 0.2  # its ghost waiters are gone (their process "died") after 0.2 s
 
 
-def admit(lim: RedisColdLimiter, token: str, refusing: bool) -> int:
-    """The acquire's answer for ``token``: the usual one, or the one sent after a refusal
-    (which checks for the refusal first, then goes on as the usual one)."""
-    if refusing:
-        reply = lim._evalsha(lim._heads["acquire_after_refusal"], token)
-        return int(reply[0] if isinstance(reply, list) else reply)  # queued: {2, wait ms}
-    return lim._admit(token)[0]
-
-
 def holder_and_two_waiters(
     client: CountingRedis, holder: RedisColdLimiter, first: RedisColdLimiter,
     second: RedisColdLimiter, tokens: tuple[str, str, str],
@@ -215,9 +206,8 @@ def holder_and_two_waiters(
     return start
 
 
-@pytest.mark.parametrize("refusing", [False, True])
 def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     """Every slot held and every place taken, but one waiter no longer present: the acquire
     script reaps it and admits the newcomer to its place."""
@@ -226,16 +216,15 @@ def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
     start = holder_and_two_waiters(client, lasting, fleeting, lasting, ("holder", "dead", "live"))
     assert lasting._admit("refused")[0] == FULL
     wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
-    assert admit(lasting, "next", refusing) == QUEUED
+    assert lasting._admit("next")[0] == QUEUED
     assert client.zrange(lasting.keys[1], 0, -1) == [b"live", b"next"]
     assert client.zrange(lasting.keys[0], 0, -1) == [b"holder"]
     s = lasting.stats()
     assert (s.queued, s.rejected_full, s.lease_lost) == (2, 1, 0)
 
 
-@pytest.mark.parametrize("refusing", [False, True])
 def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], refusing: bool
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     """Every place taken and the one slot held by a lease that ended: the acquire script
     reaps the holder (counted lost), promotes the oldest waiter (its doorbell rings) and
@@ -244,7 +233,7 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
     start = holder_and_two_waiters(client, short, lasting, lasting, ("holder", "w1", "w2"))
     wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
-    assert admit(lasting, "next", refusing) == QUEUED
+    assert lasting._admit("next")[0] == QUEUED
     assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
     assert client.llen(lasting._bell + "w1") == 1
     assert client.zrange(lasting.keys[1], 0, -1) == [b"w2", b"next"]

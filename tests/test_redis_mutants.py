@@ -45,9 +45,10 @@ no wasted waits (took)    the estimate is never made (it waits for    a_taught_b
 clock                     Redis's clock read in seconds, not ms       a_taught_budget_refuses_a_
                           (``CLOCK_IN_SECONDS``: every time it        late_leader
                           measures is 1000 times too short)
-acquire (common cases,    after a refusal, every acquire is refused   a_refusal_ends_with_the_
-after a refusal)          while the slots are held, full queue or     full_queue
-                          not (``REFUSAL_STICKS``)
+acquire (common cases:    the refusal counts the waiters whose        a_dead_waiters_place_comes_
+the refusal)              presence ended too, so a queue of the dead  back
+                          refuses instead of being reaped
+                          (``REFUSAL_COUNTS_THE_DEAD``)
 give_up                   a lost reply's slot is counted freed and    a_lost_release_frees_its_
                           kept (``GIVE_UP_KEEPS_SLOT``)               slot
 settings (record)         a process's start writes nothing            every_process_follows_the_
@@ -285,9 +286,8 @@ def check_a_taught_budget_refuses_a_late_leader(
 def check_a_refusal_ends_with_the_full_queue(
     make: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
-    """active=1, queue=1: a limiter refused once sends its next acquire through the script
-    that checks for the refusal first; once its waiter has left, the queue has room again
-    and that acquire is admitted."""
+    """active=1, queue=1: once the waiter that filled the queue has left, the queue has
+    room again and the next acquire of a limiter just refused is admitted."""
     lim = make(active=1, queue=1, wait=60.0)
     with lim.acquire():
         cancel = threading.Event()
@@ -472,11 +472,10 @@ CLOCK_IN_SECONDS = mutant(
     in_file("limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
                         "tonumber(t[1])")),
 )
-REFUSAL_STICKS = mutant(
+REFUSAL_COUNTS_THE_DEAD = mutant(
     in_file("limiter", (
         "  if full and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap\n",
-        "  if full and (op == 'acquire_after_refusal'\n"
-        "      or redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap)\n",
+        "  if full and redis.call('ZCARD', alive) >= queue_cap\n",
     )),
 )
 GIVE_UP_KEEPS_SLOT = mutant(
@@ -559,8 +558,8 @@ NEWEST_START = check_every_process_follows_the_newest_start
         pytest.param(NO_ESTIMATE, LATE_LEADER, "no refusal by the estimate", id="no-estimate"),
         pytest.param(CLOCK_IN_SECONDS, LATE_LEADER, "no refusal by the estimate",
                      id="clock-in-seconds"),
-        pytest.param(REFUSAL_STICKS, check_a_refusal_ends_with_the_full_queue,
-                     "a refusal outlasted the full queue", id="refusal-sticks"),
+        pytest.param(REFUSAL_COUNTS_THE_DEAD, check_a_dead_waiters_place_comes_back,
+                     "a dead waiter kept its place", id="refusal-counts-the-dead"),
         pytest.param(GIVE_UP_KEEPS_SLOT, check_a_lost_release_frees_its_slot,
                      "a lost release kept its slot", id="give-up-keeps-slot"),
         pytest.param(RECORD_WRITES_NOTHING, NEWEST_START,

@@ -355,6 +355,29 @@ def test_owners_carry_a_boot_id_so_hosts_sharing_a_hostname_stay_apart(
     lim.close()
 
 
+def test_tokens_are_owned_of_one_length_and_never_repeat_in_a_forked_child() -> None:
+    """A token is its owner's prefix, a random part drawn once per process and a counter: a
+    forked child (its own pid) draws its own, so its tokens never meet its parent's, nor
+    those of a dead process whose pid it was given (a fork of the same parent)."""
+    first, second = _common.new_token(), _common.new_token()
+    assert first != second and len(first) == len(second)
+    assert first.startswith(owner_prefix()) and first[:-12] == second[:-12]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next token, then out at once
+        os.write(write, _common.new_token().encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        child = os.read(read, 200).decode()
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    mine = _common.new_token()
+    assert child.startswith(owner_prefix(pid)) and len(child) == len(owner_prefix(pid)) + 24
+    assert child[-24:-12] != mine[-24:-12]  # its own draw
+
+
 # -- the shared cache's clear() --------------------------------------------------------------
 
 

@@ -24,13 +24,14 @@ design:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from hashlib import sha256
 from typing import Any, TypeAlias
 
@@ -46,7 +47,7 @@ __all__ = [
     "Leased", "Named",
     "BOOT_ID", "BOOT_ID_VARIABLE", "Client", "LogOnce", "REDIS_ERRORS", "check_client",
     "LIMITER_KEY_SUFFIXES", "check_names", "client_id", "is_cluster", "key_digest", "limiter_keys",
-    "members_key", "ms", "owner_id", "owner_prefix",
+    "members_key", "ms", "new_token", "owner_id", "owner_prefix",
     "positive", "record_settings", "settings_changed", "socket_timeout", "warn_eviction",
 ]
 
@@ -79,6 +80,26 @@ def owner_prefix(pid: int | None = None) -> str:
     places (``release_owner``), and two hosts that share a hostname (containers given the same
     ``hostname:``) never free each other's: their boot ids differ."""
     return f"{_HOSTNAME}:{BOOT_ID}:{os.getpid() if pid is None else pid}:"
+
+
+#: ``new_token``'s state: the pid it was drawn in, the owner prefix and a random part, and a
+#: counter. Replaced whole (never changed in place), so a thread reads one consistent state.
+_tokens: tuple[int, str, Iterator[int]] = (0, "", itertools.count())
+
+
+def new_token() -> str:
+    """A token no other attempt ever had: this process's owner prefix, 12 hex digits drawn at
+    random once per process, then a counter (12 hex digits: every token of a process has one
+    length). Drawn again in a process that is new (a forked child, its pid another), so a
+    process given a dead one's pid never repeats its tokens. Thread-safe: two threads that
+    draw at once each use their own draw. A quarter of the cost of 12 random bytes a token,
+    on every acquire."""
+    global _tokens
+    pid = os.getpid()
+    state = _tokens
+    if state[0] != pid:
+        state = _tokens = (pid, owner_prefix(pid) + secrets.token_hex(6), itertools.count())
+    return state[1] + format(next(state[2]), "012x")
 
 
 def _encode_key(key: Any, out: list[bytes]) -> None:

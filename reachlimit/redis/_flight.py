@@ -83,7 +83,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -103,7 +102,7 @@ from ._common import (
     is_cluster,
     key_digest,
     ms,
-    owner_prefix,
+    new_token,
     positive,
     socket_timeout,
 )
@@ -365,7 +364,7 @@ class RedisSingleFlight(Leased):
         # Owned, as the limiter's tokens are: the parent of a process that died drops its
         # claims at once (``release_claims``), so their followers take over without waiting
         # for the lease.
-        return _Claim([base + "lead", base + "n"], base, owner_prefix() + secrets.token_hex(12))
+        return _Claim([base + "lead", base + "n"], base, new_token())
 
     def _joined(
         self, reply: Any, ours: _Claim, fn: Callable[[], Any], cancel: CancelToken | None,

@@ -18,8 +18,8 @@
 --      (Settings, below, says how the lease counts), and its other settings, used only for
 --      what the budget's settings hash lacks (Settings)
 -- and each operation's own, from ARGV[3]
---   acquire, acquire_after_refusal   3 token, 4 client id (none: '-', the anonymous client)
---   lead, lead_after_refusal         3 token, 4 client id, 5 the flight's token (whose
+--   acquire                          3 token, 4 client id (none: '-', the anonymous client)
+--   lead                             3 token, 4 client id, 5 the flight's token (whose
 --                                    claim it is), 6 the claim's lease (ms), 7 how long the
 --                                    flight counter outlives its last write (ms)
 --   release                          3 token, 4 "t" for a timed grant (none: not timed)
@@ -29,8 +29,6 @@
 --   record                           3 who writes (the process's owner id)
 --   release_owner                    3 the owner's prefix, "<host>:<boot id>:<pid>:"
 --   stats                            none
--- An operation "_after_refusal" is its plain one, sent while this process's last acquire of
--- the budget was refused: it checks for the refusal first (one count; it is likely again).
 --
 -- Run on its own (README.md has an example): redis-cli --eval limiter.lua <12 keys> , <args>
 
@@ -40,9 +38,9 @@ local holders, queue, alive, deadlines, stats, seq =
 local clientof, clients, settings, gone, since, durations =
     KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local tag = string.sub(holders, 1, -8)  -- "T:" of "T:holders"
-local of_client, bell = tag .. 'c:', tag .. 'w:'  -- .. client id, .. token
-local leading = op == 'lead' or op == 'lead_after_refusal'
-local acquiring = leading or op == 'acquire' or op == 'acquire_after_refusal'
+local of_client = tag .. 'c:'  -- .. client id (T:w:, a doorbell's: `bell`, with the steps)
+local leading = op == 'lead'
+local acquiring = leading or op == 'acquire'
 local token = ARGV[3]
 
 -- The cold lead: a cold request's one round trip once its process's own cache missed. First
@@ -63,8 +61,6 @@ end
 -- re-creates the hash; but by release_owner, run by a parent that is no process of the
 -- budget: it uses its figures and does not record them. A process's start (record) empties
 -- the hash first, so that every setting is then written, as any missing one is.
--- A grant's lease is the budget's, or its holder's own when that is longer: a process renews
--- its grants every third of its own lease, so they must outlast that.
 local before  -- record: what was recorded before this start (its reply)
 if op == 'record' then
   before = redis.call('HMGET', settings, 'by', 'active', 'queue', 'wait_ms', 'lease_ms',
@@ -72,8 +68,6 @@ if op == 'record' then
   redis.call('DEL', settings)
   redis.call('HSET', settings, 'by', ARGV[3])
 end
-local presence_ms, own_lease = string.match(ARGV[2], '^(%d+) (%d+)')
-presence_ms = tonumber(presence_ms)
 local recorded = redis.call('HMGET', settings, 'active', 'queue', 'wait_ms', 'lease_ms',
                             'deadline')
 local capacity, queue_cap = tonumber(recorded[1]), tonumber(recorded[2])
@@ -84,9 +78,9 @@ local deadline_on = tonumber(recorded[5])  -- no wasted waits (refuse_late, belo
 local lean = acquiring or op == 'release'
 if not (capacity and queue_cap and wait_ms and lease_ms and deadline_on) then
   local names = {'active', 'queue', 'wait_ms', 'lease_ms', 'deadline'}
-  local mine_active, mine_queue, mine_wait, mine_deadline =
-      string.match(ARGV[2], '^%d+ %d+ (%d+) (%d+) (%d+) (%d+)$')
-  local own = {mine_active, mine_queue, mine_wait, own_lease, mine_deadline}
+  local mine_lease, mine_active, mine_queue, mine_wait, mine_deadline =
+      string.match(ARGV[2], '^%d+ (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local own = {mine_active, mine_queue, mine_wait, mine_lease, mine_deadline}
   for i = 1, 5 do
     if tonumber(recorded[i]) then
       recorded[i] = tonumber(recorded[i])
@@ -100,7 +94,9 @@ if not (capacity and queue_cap and wait_ms and lease_ms and deadline_on) then
   lean = false
 end
 deadline_on = deadline_on == 1
-lease_ms = math.max(lease_ms, tonumber(own_lease))
+-- A grant's lease is the budget's, or its holder's own when that is longer: a process renews
+-- its grants every third of its own lease, so they must outlast that. Taken where a grant is
+-- made, from ARGV[2] (its second figure), with the presence period (its first).
 
 -- Redis's clock, in ms: every deadline and lease is decided by it.
 local t = redis.call('TIME')
@@ -141,9 +137,8 @@ if acquiring then
   -- queued, also when this call reaches Redis after the give-up: give_up, below).
   local admitted
   -- Every slot held under a lease that has not ended: nothing to reap, nobody to promote.
-  local full = (op == 'acquire_after_refusal' or op == 'lead_after_refusal') and lean
-      and redis.call('ZCOUNT', holders, '(' .. now, '+inf') >= capacity
-  if not full and lean then
+  local full = false
+  if lean then
     held = redis.call('ZCARD', holders)
     if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then
       if held >= capacity then
@@ -151,7 +146,8 @@ if acquiring then
       elseif redis.call('ZSCORE', gone, token) then
         admitted = 3
       else
-        redis.call('ZADD', holders, now + lease_ms, token)
+        local own_lease = tonumber(string.match(ARGV[2], '^%d+ (%d+)'))
+        redis.call('ZADD', holders, now + math.max(lease_ms, own_lease), token)
         redis.call('HINCRBY', stats, 'acquired', 1)
         -- A peak of one needs no write: any grant implies it (stats reads it so).
         if held > 0 and held + 1 > (tonumber(redis.call('HGET', stats, 'peak_active')) or 0) then
@@ -193,8 +189,11 @@ end
 --
 -- The fair queue: each waiter's client in `clientof`, each client's waiters (by ticket) in
 -- T:c:<id>, the waiting clients in turn order in `clients`.
+local bell = tag .. 'w:'  -- .. token: a waiter's doorbell
 held = held or redis.call('ZCARD', holders)
 local queued = 0  -- never more than queue_cap, but just after the budget was given fewer
+local presence_ms, own_lease = string.match(ARGV[2], '^(%d+) (%d+)')
+presence_ms, lease_ms = tonumber(presence_ms), math.max(lease_ms, tonumber(own_lease))
 
 local function recount()
   held = redis.call('ZCARD', holders)
