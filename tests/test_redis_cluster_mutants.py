@@ -13,10 +13,11 @@ passes with the real scripts and fails with the mutant of its row.
 ==================  =============================================  ==============================
 script (section)    mutant                                         the check that catches it
 ==================  =============================================  ==============================
-limiter (its keys)  the tag the script builds its own keys from    slots_come_back (of
-                    (a client's waiters, doorbells) loses its      ``limiter_checks``): every
-                    opening brace (``TAG_LOSES_BRACE``)            acquire that queues fails,
-                                                                   its key in another slot
+limiter (its keys)  the tag the script builds its own keys from    gate_place_returned_after_
+                    (a client's waiters, doorbells) loses its      timeout (of ``limiter_
+                    opening brace (``TAG_LOSES_BRACE``)            checks``): an acquire that
+                                                                   queues fails, its client's
+                                                                   queue in another slot
 cache (set and      the digest indexed is the size argument        the_size_bound_evicts_the_
 index)              (``SPREAD_WRONG_DIGEST``: one index entry for  oldest
                     every key, nothing evicted)
@@ -38,7 +39,7 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisCache, RedisColdLimiter
-from tests.support.limiter_checks import check_slots_come_back
+from tests.support.limiter_checks import check_gate_place_returned_after_timeout
 from tests.support.redis_cluster import redis_cluster_fixture  # noqa: F401 (a fixture)
 from tests.support.redis_mutants import Change, in_file
 from tests.support.threads import ThreadRunner
@@ -70,14 +71,14 @@ CACHE_CHECKS = (check_the_size_bound_evicts_the_oldest,
 def test_the_limiter_check_passes_on_a_cluster(
     factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
 ) -> None:
-    check_slots_come_back(factory(RedisColdLimiter), threads)
+    check_gate_place_returned_after_timeout(factory(RedisColdLimiter), threads)
 
 
 def test_a_tag_without_its_brace_fails_every_script_that_builds_a_key(
     factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
 ) -> None:
     with pytest.raises(redis.ResponseError, match="non local key"):
-        check_slots_come_back(factory(TAG_LOSES_BRACE), threads)
+        check_gate_place_returned_after_timeout(factory(TAG_LOSES_BRACE), threads)
 
 
 @pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
