@@ -99,7 +99,7 @@ print(json.dumps({
                 for r in (first, second)],
     "builds": builds,
     "py_typed": package.joinpath("py.typed").is_file(),
-    "lua_loaded": bool(lua.CACHE_SET.strip()),
+    "lua_loaded": bool(lua.CACHE.strip()),
 }))
 '''
 

@@ -48,7 +48,7 @@ design:
                  ``RedisSingleFlight.fuse`` does nothing and ``RedisColdLimiter.lead``
                  refuses, so a cold request's steps go one by one: its cache miss, the
                  flight's join, the recheck, the acquire (four round trips before its
-                 build instead of two; a refusal is also published to the flight: five)
+                 build instead of one; a refusal is also published to the flight: five)
       cache      entries spread over slots (``_cache``'s design note): a set is up to
                  three round trips, ``clear`` drains the index and deletes per node
       flight     each key's keys share a tag of their own; claims are renewed one script
