@@ -314,7 +314,7 @@ def test_the_clock_given_is_the_first_levels_and_a_lead_hit_is_not_held(
     # stale, not held (the first level never holds what may be stale).
     age(client, cache, "k", int(STALE * 1000) - 100)
     key, sent = cache.lead_key("k")
-    found = cache.found("k", client.get(key), client.pttl(key), sent)
+    found = cache.found("k", key, client.get(key), client.pttl(key), sent)
     assert found is not None and found.value == "v" and found.fresh_for <= 0
     assert cache.local.get("k") is None and cache.get("k") is None
 

@@ -303,14 +303,15 @@ class RedisCache(Named):
             self._check()
         return self.key_of(key), self._clock()
 
-    def found(self, key: Hashable, data: Any, pttl: int, sent: float) -> Entry | None:
-        """The entry of ``key`` that a script read (``data``, and Redis's ``pttl`` of it,
-        read at ``sent`` on this cache's clock: :meth:`lead_key`), as :meth:`fetch_entry`
-        answers it: a fresh one is copied into the first level; None for one that does not
-        decode (logged once) or, without a stale window here, one past its freshness. Its
-        freshness is known here: ``fresh_for`` from the PTTL (infinite without an expiry),
-        with or without a stale window."""
-        entry = self.key_of(key)
+    def found(
+        self, key: Hashable, entry: str, data: Any, pttl: int, sent: float
+    ) -> Entry | None:
+        """The entry of ``key`` that a script read (its Redis key ``entry``, ``data``, and
+        Redis's ``pttl`` of it, read at ``sent`` on this cache's clock: :meth:`lead_key`), as
+        :meth:`fetch_entry` answers it: a fresh one is copied into the first level; None for
+        one that does not decode (logged once) or, without a stale window here, one past its
+        freshness. Its freshness is known here: ``fresh_for`` from the PTTL (infinite
+        without an expiry), with or without a stale window."""
         if self._stale_ms:
             return self._entry(key, entry, data, pttl, sent)
         value = self._adopt(key, entry, data, pttl)

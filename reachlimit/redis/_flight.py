@@ -342,7 +342,7 @@ class RedisSingleFlight(Leased):
         args: list[str | int] = [ours.token, self._lease_ms, self._keep_ms]
         reply = self._claiming(ours, lambda: limiter.lead(entry, ours.keys, args, client))
         if reply.status == HIT:
-            found = cache.found(key, reply.data, reply.pttl, sent)
+            found = cache.found(key, entry, reply.data, reply.pttl, sent)
             if found is not None:
                 return Found(found), False, False
             # An entry that does not decode (or, to a cache without a stale window, one past

@@ -94,9 +94,6 @@ if not (capacity and queue_cap and wait_ms and lease_ms and deadline_on) then
   lean = false
 end
 deadline_on = deadline_on == 1
--- A grant's lease is the budget's, or its holder's own when that is longer: a process renews
--- its grants every third of its own lease, so they must outlast that. Taken where a grant is
--- made, from ARGV[2] (its second figure), with the presence period (its first).
 
 -- Redis's clock, in ms: every deadline and lease is decided by it.
 local t = redis.call('TIME')
@@ -136,8 +133,7 @@ if acquiring then
   -- `rejected_full` and writing nothing else; a token given up -> 3 (never granted or
   -- queued, also when this call reaches Redis after the give-up: give_up, below).
   local admitted
-  -- Every slot held under a lease that has not ended: nothing to reap, nobody to promote.
-  local full = false
+  local full = false  -- every slot held, no lease ended: nothing to reap, nobody to promote
   if lean then
     held = redis.call('ZCARD', holders)
     if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then
@@ -146,7 +142,7 @@ if acquiring then
       elseif redis.call('ZSCORE', gone, token) then
         admitted = 3
       else
-        local own_lease = tonumber(string.match(ARGV[2], '^%d+ (%d+)'))
+        local own_lease = tonumber(string.match(ARGV[2], '^%d+ (%d+)'))  -- as below
         redis.call('ZADD', holders, now + math.max(lease_ms, own_lease), token)
         redis.call('HINCRBY', stats, 'acquired', 1)
         -- A peak of one needs no write: any grant implies it (stats reads it so).
@@ -192,6 +188,9 @@ end
 local bell = tag .. 'w:'  -- .. token: a waiter's doorbell
 held = held or redis.call('ZCARD', holders)
 local queued = 0  -- never more than queue_cap, but just after the budget was given fewer
+-- This process's presence period and lease, ARGV[2]'s first two figures (read only here
+-- and in a fast grant). A grant's lease is the budget's, or its holder's own when that is
+-- longer: a process renews its grants every third of its own lease, so they must outlast it.
 local presence_ms, own_lease = string.match(ARGV[2], '^(%d+) (%d+)')
 presence_ms, lease_ms = tonumber(presence_ms), math.max(lease_ms, tonumber(own_lease))
 
