@@ -1,7 +1,6 @@
 -- The live processes of one budget (reachlimit/redis/_members.py): each process using the
 -- budget with an in-process fallback announces itself every second or so, and a process that
--- stops announcing drops out one period after its last announce. Self-contained: no fragment
--- of the limiter's scripts, no key but its own.
+-- stops announcing drops out one period after its last announce. No key but its own.
 --
 -- KEYS[1]  T:members   ZSET  member id -> when its period ends (ms, Redis time)
 -- ARGV[1]  with a period: the announcing member's id ("<host>:<boot id>:<pid>:<random>");
