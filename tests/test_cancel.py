@@ -6,6 +6,7 @@ request's connection: what the client does to its end is what the watch must see
 from __future__ import annotations
 
 import logging
+import select
 import socket
 from collections.abc import Iterator
 
@@ -48,6 +49,35 @@ def test_a_watch_never_reads_what_the_client_sent(
     watch = SocketWatch(server_end)
     assert watch.is_set() is False  # readable data is not a departure
     assert server_end.recv(64) == b"GET / HTTP/1.1\r\n\r\n"  # still there for the server
+
+
+def test_asking_a_watch_never_waits_on_the_socket(
+    connection: tuple[socket.socket, socket.socket],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``is_set()`` runs between a waiter's slices: each poll has a zero timeout, so asking
+    while the client stays costs no time of its own (the slice is the only wait)."""
+    server_end, client_end = connection
+    timeouts: list[object] = []
+    real_poll = select.poll
+
+    class RecordingPoll:
+        def __init__(self) -> None:
+            self._poll = real_poll()
+
+        def register(self, fd: int, mask: int) -> None:
+            self._poll.register(fd, mask)
+
+        def poll(self, timeout: object = None) -> list[tuple[int, int]]:
+            timeouts.append(timeout)
+            return self._poll.poll(0)
+
+    monkeypatch.setattr(select, "poll", RecordingPoll)
+    watch = SocketWatch(server_end)
+    assert watch.is_set() is False
+    client_end.close()
+    assert watch.is_set() is True
+    assert timeouts == [0, 0]
 
 
 def test_a_client_that_shuts_its_side_counts_as_gone(
