@@ -315,7 +315,9 @@ class ColdPath:
         self._refreshes = [0, 0, 0]
         # Refreshes ended without a value: backed off, logged once per key and episode.
         self._backoff = RefreshBackoff()
-        self._cannot_forget_logged = False  # racy: logged once per path
+        # racy: logged once per path. Only tested for truth: a mutant to None is equivalent
+        # (not marked: a pragma would hide the line's other mutants, which tests kill).
+        self._cannot_forget_logged = False
         reset_after_fork(self, ColdPath._forked)
 
     def _forked(self) -> None:
@@ -433,6 +435,8 @@ class ColdPath:
             finally:
                 lock.release()
         while True:
+            # Only tested for truth: mutants to None are equivalent (not marked: a pragma
+            # would hide the lines' other mutants, which tests kill).
             led = False
             found = False
 
@@ -501,12 +505,14 @@ class ColdPath:
             lease_lost=getattr(limiter_stats, "lease_lost", 0),
         )
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> None:  # pragma: no mutate (the bound's seconds)
         """Stop the refresher's threads (a refresh running finishes first); refreshes asked
         for afterwards are not run. Safe to call more than once."""
         with self._lock:
             refresher = self._refresher
             if refresher is None:  # none made: make sure none is made later
+                # Closed at once, it never runs a job: a mutant of its number of threads is
+                # equivalent (not marked: a pragma would hide the line's other mutants).
                 refresher = self._refresher = Refresher(1)
         refresher.close(timeout)
 
@@ -604,9 +610,12 @@ class ColdPath:
                 return
             if not self._cannot_forget_logged:
                 self._cannot_forget_logged = True
+                # no mutate: the words of a log line; that it is logged, once, is tested.
                 log.warning(
-                    "reachlimit: the refresh of %r found nothing, but %s; its stale entry is "
-                    "served until its stale window ends (logged once for this cache)", key, exc,
+                    "reachlimit: the refresh of %r found nothing, but %s; "  # pragma: no mutate
+                    "its stale entry is served until its stale window ends "  # pragma: no mutate
+                    "(logged once for this cache)",  # pragma: no mutate
+                    key, exc,
                 )
         self._refresh_ended(key, _GONE, None)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from reachlimit import (
     SingleFlight,
     TTLCache,
 )
+from tests.support.caches import DictCache
 from tests.support.limiter import LIMITER_FIELDS, PATH_FIELDS, start_acquire
 from tests.support.threads import Outcome, ThreadRunner, leader_and_followers, start_call
 from tests.support.waiting import wait_until
@@ -116,22 +118,6 @@ class SpyLimiter:
         return self.inner.stats()
 
 
-class DictCache:
-    """A duck-typed cache: a plain dict behind get/set, recording each call."""
-
-    def __init__(self) -> None:
-        self.data: dict[Any, Any] = {}
-        self.calls: list[tuple[str, Any]] = []
-
-    def get(self, key: Any) -> Any:
-        self.calls.append(("get", key))
-        return self.data.get(key)
-
-    def set(self, key: Any, value: Any) -> None:
-        self.calls.append(("set", key))
-        self.data[key] = value
-
-
 def limiter_diff(before: Any, after: Any) -> dict[str, tuple[Any, Any]]:
     b, a = before.as_dict(), after.as_dict()
     return {k: (b[k], a[k]) for k in b if b[k] != a[k]}
@@ -216,11 +202,26 @@ def test_cache_recheck_leader_finds_the_value_and_builds_nothing() -> None:
     spy = SpyLimiter(ColdLimiter())
     path = ColdPath(spy, cache=FilledMeanwhile())
     log = BuildLog()
-    assert path.get("k", log.build("k")) == "published by another leader"
+    answer = path.fetch("k", log.build("k"))
+    # Found in the cache, by the leader's recheck: a hit, not a value this call stored.
+    assert answer == ("published by another leader", "hit", None)
     assert log.count() == 0
     assert spy.acquire_calls == 0  # the limiter was never asked
     s = path.stats()
     assert (s.misses, s.builds, s.acquired) == (1, 0, 0)
+
+
+def test_a_plain_caches_warm_answers_are_hits_counted_one_each() -> None:
+    """A cache without ``lookup`` (get/set only): its warm answers are hits, with no
+    freshness known, and each is counted once."""
+    path = ColdPath(ColdLimiter(), cache=DictCache())
+    log = BuildLog()
+    assert path.fetch("k", log.build("k")) == ("report:k", "stored", None)
+    assert path.fetch("k", log.build("k")) == ("report:k", "hit", None)
+    assert path.fetch("k", log.build("k")) == ("report:k", "hit", None)
+    counts = path.counts()
+    assert (counts.hits, counts.misses, counts.builds) == (2, 1, 1)
+    assert path.stats().hits == 2 and log.count() == 1
 
 
 @pytest.mark.parametrize("result", [NOT_FOUND, None], ids=["NOT_FOUND", "None"])
@@ -559,6 +560,57 @@ def test_a_single_flight_passed_in_is_the_one_used() -> None:
     assert path.flight is flight
     assert path.get("k", lambda: "v") == "v"
     assert flight.calls == 1
+
+
+class ColdFlight:
+    """A flight with ``do_cold`` (what a shared flight may have): it records what ColdPath
+    hands it and leads through a SingleFlight; its plain ``do`` must not be used."""
+
+    def __init__(self) -> None:
+        self.inner: SingleFlight[Any] = SingleFlight()
+        self.calls: list[tuple[Any, Any, Any]] = []
+
+    def do(self, key: Any, fn: Callable[[], Any], cancel: Any = None) -> tuple[Any, bool]:
+        raise AssertionError("ColdPath called do() on a flight that has do_cold()")
+
+    def do_cold(
+        self, key: Any, lead: Callable[[], Any], cancel: Any, client: Any
+    ) -> tuple[Any, bool]:
+        self.calls.append((key, cancel, client))
+        return self.inner.do(key, lead, cancel)
+
+
+def test_a_flight_with_do_cold_gets_the_key_the_cancel_token_and_the_client() -> None:
+    asked: list[Any] = []
+
+    class ClientLimiter(SpyLimiter):
+        def acquire(self, cancel: Any = None, client: Any = None) -> Any:
+            asked.append((cancel, client))
+            return super().acquire(cancel, client)
+
+    flight = ColdFlight()
+    path = ColdPath(ClientLimiter(ColdLimiter()), flight=flight)  # type: ignore[arg-type]
+    cancel = threading.Event()
+    answer = path.fetch("k", lambda: "v", cancel, client="10.0.0.1")
+    assert answer == ("v", "stored", None)
+    assert flight.calls == [("k", cancel, "10.0.0.1")]
+    assert asked == [(cancel, "10.0.0.1")]  # its lead is the path's: the limiter, the client
+
+
+def test_a_shared_limiters_backend_degraded_and_lost_leases_reach_the_paths_figures() -> None:
+    inner = ColdLimiter(active=2, queue=3)
+
+    class SharedFigures(SpyLimiter):
+        def stats(self) -> Any:
+            figures = self.inner.stats().as_dict()
+            return types.SimpleNamespace(
+                **figures, backend="redis", degraded=True, lease_lost=3, extra="not copied"
+            )
+
+    stats = ColdPath(SharedFigures(inner)).stats()  # type: ignore[arg-type]
+    assert (stats.backend, stats.degraded, stats.lease_lost) == ("redis", True, 3)
+    assert (stats.capacity_active, stats.capacity_queue) == (2, 3)
+    assert "extra" not in stats.as_dict()
 
 
 def test_a_fresh_path_and_limiter_report_all_zero_figures() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from reachlimit import NOT_FOUND, ColdLimiter, ColdPath, TTLCache
+from reachlimit import NOT_FOUND, ColdLimiter, ColdPath, Refresher, TTLCache
 from reachlimit._refresh import RefreshBackoff
 from reachlimit.flask import ReachLimit
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
@@ -96,11 +96,13 @@ def paths() -> Iterator[list[ColdPath]]:
 
 def make_path(
     paths: list[ColdPath], clock: FakeClock, cache: Any = None, *, active: int = 2,
-    queue: int = 8, stale: float = STALE,
+    queue: int = 8, stale: float = STALE, refresher: Refresher | None = None,
 ) -> ColdPath:
     if cache is None:
         cache = TTLCache(16, TTL, stale=stale, clock=clock)
-    path = ColdPath(ColdLimiter(active, queue, wait=1.0), cache, clock=clock)
+    path = ColdPath(
+        ColdLimiter(active, queue, wait=1.0), cache, refresher=refresher, clock=clock
+    )
     paths.append(path)
     return path
 
@@ -108,6 +110,14 @@ def make_path(
 def settle(path: ColdPath, key: Any = "k") -> None:
     """Wait until no refresh of ``key`` waits or runs (every one asked for has ended)."""
     wait_until(f"the refresh of {key!r} to end", lambda: not refreshing(path.refresher, key))
+
+
+def stale_entry(path: ColdPath, clock: FakeClock) -> Build:
+    """A build whose value ("v1") was stored under "k" and is now 1 s past its TTL."""
+    build = Build()
+    assert path.fetch("k", build).value == "v1"
+    clock.now += TTL + 1.0
+    return build
 
 
 def stale_hit(path: ColdPath, build: Build, key: Any = "k") -> Any:
@@ -146,9 +156,7 @@ def test_a_cache_that_cannot_forget_keeps_serving_stale_logs_once_and_backs_off(
     clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
 ) -> None:
     path = make_path(paths, clock, NoForget(TTLCache(16, TTL, stale=STALE, clock=clock)))
-    build = Build()
-    path.fetch("k", build)
-    clock.now += TTL + 1.0
+    build = stale_entry(path, clock)
     build.gone = [NOT_FOUND]
     with caplog.at_level(logging.WARNING, logger="reachlimit"):
         assert stale_hit(path, build) == "v1"
@@ -165,14 +173,94 @@ def test_a_cache_that_cannot_forget_keeps_serving_stale_logs_once_and_backs_off(
     assert (counts.refreshed, counts.refresh_failed, counts.stale) == (2, 0, 11)
 
 
+class ForgetFails(NoForget):
+    """A cache with ``forget`` that raises ``error`` (a shared cache whose store is down,
+    say): it could not remove the entry, which is not the same as having no ``forget``."""
+
+    def __init__(self, inner: TTLCache[Any], error: BaseException) -> None:
+        super().__init__(inner)
+        self.error = error
+        self.forgets = 0
+
+    def forget(self, key: Any) -> bool:
+        self.forgets += 1
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("store down"), TypeError("bad key")],
+                         ids=["RuntimeError", "TypeError"])
+def test_a_refresh_whose_entry_cannot_be_removed_is_a_failure_held_back(
+    clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture,
+    error: BaseException,
+) -> None:
+    """Even a TypeError: the cache has ``forget``, so it is a failure to remove the entry,
+    logged with the cache's error (not the warning of a cache that cannot forget)."""
+    cache = ForgetFails(TTLCache(16, TTL, stale=STALE, clock=clock), error)
+    path = make_path(paths, clock, cache)
+    build = stale_entry(path, clock)
+    build.gone = [NOT_FOUND]
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        assert stale_hit(path, build) == "v1"
+        assert cache.forgets == 1
+        clock.now += TTL - 0.5  # within the backoff (the TTL): the entry still served
+        assert stale_hit(path, build) == "v1"
+        assert build.runs == 2
+    counts = path.counts()
+    assert (counts.refresh_failed, counts.refreshed, counts.stale) == (1, 0, 2)
+    logged = [r.getMessage() for r in caplog.records if "refresh of 'k'" in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert f"could not be removed: {type(error).__name__}: {error}" in logged[0]
+    assert "has no forget" not in logged[0]
+    clock.now += 0.5  # the backoff over: tried again
+    assert stale_hit(path, build) == "v1"
+    assert (build.runs, cache.forgets, path.counts().refresh_failed) == (3, 2, 2)
+
+
+def test_a_refresh_that_finds_a_fresher_entry_ends_the_keys_episode(
+    clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing built, but the key has a value again (somebody else refreshed it): its next
+    failure starts a new episode, logged again. The path runs its refreshes on the
+    refresher it was given, whose one thread the test holds to order the steps."""
+    refresher = Refresher(1)
+    path = make_path(paths, clock, refresher=refresher)
+    assert path.refresher is refresher
+    build = stale_entry(path, clock)
+    build.error = RuntimeError("database down")
+
+    def logged() -> int:
+        return len([r for r in caplog.records if "refresh of 'k'" in r.getMessage()])
+
+    with caplog.at_level(logging.WARNING, logger="reachlimit"):
+        assert stale_hit(path, build) == "v1"
+        assert (logged(), path.counts().refresh_failed) == (1, 1)
+        clock.now += TTL  # the backoff over
+        gate, started = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            assert gate.wait(JOIN_TIMEOUT)
+
+        assert refresher.submit("held", hold)  # the refresher's one thread, held
+        assert started.wait(JOIN_TIMEOUT)
+        try:
+            assert path.fetch("k", build).status == "stale"  # its refresh waits its turn
+            path.cache.set("k", "someone else's")  # refreshed meanwhile (another process)
+        finally:
+            gate.set()
+        settle(path, "k")
+        assert build.runs == 2 and path.counts().refreshed == 1  # found, not built
+        clock.now += TTL + 1.0  # stale again, and the refresh fails again: a new episode
+        assert stale_hit(path, build) == "someone else's"
+        assert (logged(), path.counts().refresh_failed) == (2, 2)
+
+
 @pytest.mark.parametrize("how", ["raises", "refused"])
 def test_a_refresh_that_fails_is_tried_once_per_backoff(
     clock: FakeClock, paths: list[ColdPath], caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
     path = make_path(paths, clock, active=1, queue=0)
-    build = Build()
-    path.fetch("k", build)
-    clock.now += TTL + 1.0
+    build = stale_entry(path, clock)
     held = None
     if how == "raises":
         build.error = RuntimeError("database down")
@@ -207,9 +295,7 @@ def test_a_key_built_again_ends_its_backoff(clock: FakeClock, paths: list[ColdPa
     # entry's TTL plus its stale window, so only the build can end it here.
     path = make_path(paths, clock, NoForget(TTLCache(16, TTL, stale=5.0, clock=clock), ttl=False))
     assert path.refresh_backoff == ColdPath.REFRESH_BACKOFF_CAP == 60.0
-    build = Build()
-    path.fetch("k", build)
-    clock.now += TTL + 1.0
+    build = stale_entry(path, clock)
     build.error = RuntimeError("database down")
     stale_hit(path, build)
     assert path.counts().refresh_failed == 1

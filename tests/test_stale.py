@@ -184,6 +184,16 @@ def test_a_stale_entry_is_answered_at_once_and_refreshed_once(
     assert path.stats().stale == 21
 
 
+def test_at_the_exact_end_of_its_ttl_an_entry_is_answered_stale(
+    clock: FakeClock, paths: list[ColdPath]
+) -> None:
+    path = stale_path(paths, clock, 10.0, ttl=10.0)  # no freshness left: 0.0 exactly
+    answer = path.fetch("k", Builds())
+    assert (answer.value, answer.status, answer.fresh_for) == ("v1", "stale", 0.0)
+    settle(path, "k")
+    assert (path.counts().stale, path.counts().hits) == (1, 0)
+
+
 def test_past_ttl_plus_stale_the_next_request_is_a_cold_miss(
     clock: FakeClock, paths: list[ColdPath]
 ) -> None:
@@ -290,12 +300,45 @@ def test_early_refresh_is_drawn_only_near_the_ttls_end(
 ) -> None:
     draws = Draws(0.0)
     path = make_path(paths, clock, ttl=100.0, draws=draws)
+    stored = clock.now
     path.cache.put("k", "v", 1.0)  # built in 1 s
-    clock.now += 100.0 - EARLY_SPAN * 1.0 - 0.01  # just outside the span: no draw at all
+    clock.now = stored + 100.0 - EARLY_SPAN * 1.0 - 0.01  # just outside the span: no draw
     assert path.fetch("k", Builds()).status == "hit" and draws.calls == 0
-    clock.now += 0.02  # inside it: a draw
+    clock.now = stored + 100.0 - EARLY_SPAN * 1.0  # its edge: not under it, no draw either
+    assert path.fetch("k", Builds()) == ("v", "hit", EARLY_SPAN) and draws.calls == 0
+    clock.now += 0.01  # inside it: a draw
     path.fetch("k", Builds())
     assert draws.calls == 1
+
+
+def test_a_refresh_drawn_exactly_at_the_xfetch_edge_is_run(
+    clock: FakeClock, paths: list[ColdPath]
+) -> None:
+    # -build_time * ln(1 - u) >= fresh_for: at equality the refresh is run. With a build
+    # time of 1 s and 1 s left, u = 1 - exp(-1) lands on the edge exactly in floats.
+    u = 1.0 - math.exp(-1.0)
+    assert -1.0 * math.log(1.0 - u) == 1.0
+    draws = Draws(u)
+    path = make_path(paths, clock, ttl=100.0, draws=draws)
+    path.cache.put("k", "v", 1.0)
+    clock.now += 99.0
+    refresh = Builds()
+    assert path.fetch("k", refresh) == ("v", "hit", 1.0) and draws.calls == 1
+    settle(path, "k")
+    assert refresh.runs == 1
+
+
+def test_a_stale_window_under_a_second_still_refreshes_early(
+    clock: FakeClock, paths: list[ColdPath]
+) -> None:
+    draws = Draws(0.999)  # a draw that refreshes wherever one is drawn
+    path = make_path(paths, clock, ttl=10.0, stale=0.5, draws=draws)
+    path.cache.put("k", "v", 1.0)
+    clock.now += 9.0
+    refresh = Builds()
+    assert path.fetch("k", refresh).status == "hit"
+    settle(path, "k")
+    assert (draws.calls, refresh.runs) == (1, 1)
 
 
 @pytest.mark.parametrize("fresh_for", [0.5, 2.0, 5.0])
@@ -396,6 +439,23 @@ def test_closing_a_path_that_never_refreshed_starts_no_thread_later(
     assert path.fetch("k", Builds()).status == "stale"
     assert not refreshing(path.refresher, "k")  # the closed refresher took no job
     assert set(threads_named("reachlimit-refresher")) <= before
+
+
+def test_closing_a_path_waits_for_a_running_refresh_no_longer_than_its_timeout(
+    clock: FakeClock, paths: list[ColdPath], threads: ThreadRunner
+) -> None:
+    path = make_path(paths, clock)
+    jobs = HeldJobs()
+    try:
+        assert path.refresher.submit("held", jobs.job("held"))
+        jobs.wait_for("the refresh to run", 1)
+        closing: Outcome = start_call(threads, lambda: path.close(0.01), name="close")
+        closing.wait_done()  # returned although the refresh still holds its thread
+        assert closing.error is None and path.refresher.busy("held")
+    finally:
+        jobs.gate.set()
+        path.close(JOIN_TIMEOUT)
+    assert path.refresher.alive == 0
 
 
 def test_refresher_threads_default_to_the_limiters_active(
