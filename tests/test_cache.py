@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reachlimit import TTLCache
+from reachlimit import ColdLimiter, ColdPath, Entry, TTLCache
+from reachlimit.redis import RedisHealth, ResilientCache
 from tests.support.arguments import assert_value_error, invalid_arguments
+from tests.support.caches import DictCache
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -18,6 +22,8 @@ pytestmark = pytest.mark.timeout(30)
 @invalid_arguments(
     maxsize=("maxsize >= 1", [0, -3, True, 2.0]),
     ttl=("ttl > 0", [0, -1.0, True, "300", float("nan")]),
+    stale=("stale >= 0 (seconds a stale entry may still be served)",
+           [-1, -0.5, True, "30", float("inf"), float("nan")]),
 )
 def test_invalid_arguments_raise_value_error_with_exact_message(
     kwargs: dict[str, Any], message: str
@@ -190,3 +196,46 @@ def test_ttls_below_one_second_are_accepted_and_honoured(fake_clock: Any) -> Non
     assert cache.get("k") == "v"
     fake_clock.advance(0.05)
     assert cache.get("k") is None
+
+
+# -- what ColdPath and ResilientCache ask of any cache: lookup, put, or get and set only ----
+
+
+class PutCache(DictCache):
+    """A cache that also takes a value's build time (``put``)."""
+
+    def put(self, key: Any, value: Any, build_time: float) -> None:
+        self.calls.append(("put", key, build_time))
+        self.data[key] = value
+
+
+def test_a_path_gives_a_cache_that_has_put_the_time_its_build_took() -> None:
+    cache = PutCache()
+    path = ColdPath(ColdLimiter(), cache)
+    assert path.fetch("k", lambda: "v").status == "stored"
+    assert [call[:2] for call in cache.calls] == [("get", "k"), ("get", "k"), ("put", "k")]
+    took = cache.calls[-1][2]
+    assert isinstance(took, float) and took >= 0.0
+    assert path.fetch("k", lambda: "other") == ("v", "hit", None)
+
+
+def test_a_plain_cache_under_a_resilient_one_answers_entries_of_unknown_freshness() -> None:
+    """ResilientCache.lookup asks its shared cache, and then its fallback, for an entry: a
+    cache with only ``get`` answers its value as one fresh for an unknown time (infinite),
+    built in an unknown time (0), and a miss as None. No Redis is reached."""
+    remote, local = DictCache(), DictCache()
+    health = RedisHealth("redis://127.0.0.1")  # up until a call fails; no probe thread
+    cache = ResilientCache(remote, local, health)
+    remote.data["k"] = "shared"
+    assert cache.lookup("k") == Entry("shared", math.inf, 0.0)
+    assert cache.lookup("other") is None
+    assert remote.calls == [("get", "k"), ("get", "other")]
+
+    class Down(DictCache):
+        def get(self, key: Any) -> Any:
+            raise redis.ConnectionError("Redis is down")
+
+    local.data["k"] = "fallback"
+    cache = ResilientCache(Down(), local, RedisHealth("redis://127.0.0.1"))
+    assert cache.lookup("k") == Entry("fallback", math.inf, 0.0)
+    assert local.calls == [("get", "k")]
