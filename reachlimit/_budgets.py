@@ -119,7 +119,9 @@ class BudgetState:
             else None
         )
         #: The app's budgets, this one included (set when the app's set is made).
-        self.budgets: AppBudgets | None = None
+        # (no mutate: AppBudgets.add sets it before the state can be found, so its start is
+        # never read)
+        self.budgets: AppBudgets | None = None  # pragma: no mutate
         # (reason, retry_after) -> the refusal's answer, rendered once. No lock, on purpose:
         # two threads may render the same refusal at once, and either copy is right.
         self._refusals: dict[tuple[str, int], Refusal] = {}

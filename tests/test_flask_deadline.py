@@ -115,6 +115,32 @@ def test_a_budget_may_turn_it_off(make: Callable[..., App], threads: ThreadRunne
     assert app.state.settings.deadline is True  # the default budget keeps it
 
 
+def test_a_metered_budget_gets_every_setting_of_its_own_limiter(
+    make: Callable[..., App], threads: ThreadRunner
+) -> None:
+    """With metrics on, the limiter is the metered one the metrics make: each budget's still
+    gets that budget's figures, its deadline choice, and its own name."""
+    app = make(CONFIG, metrics=True)
+    reports = app.rl.budget(
+        "reports", active=1, queue=5, wait=1.5, retry_after=4, deadline=False
+    )
+    with app.app.app_context():
+        limiter = reports.path.limiter
+        stats = reports.stats()
+    assert isinstance(limiter, ColdLimiter)
+    assert (stats.capacity_active, stats.capacity_queue, stats.wait) == (1, 5, 1.5)
+    assert limiter.retry_after == 4
+    clock = FakeClock()
+    limiter._clock = clock
+    learn(limiter, clock, threads, [2.0] * 4)
+    assert limiter.build_estimate is None  # deadline=False: nothing timed
+    # The default budget is still its own (a queue of 4, the deadline on), not replaced by it.
+    assert app.stats()["capacity_queue"] == 4 and app.limiter is not limiter
+    assert app.state.settings.deadline is True
+    health = app.app.test_client().get("/health").get_json()
+    assert health["budgets"]["reports"]["capacity_queue"] == 5
+
+
 def test_the_option_is_checked() -> None:
     from flask import Flask
 

@@ -158,6 +158,23 @@ def test_a_metered_path_on_redis_counts_the_shared_limiters_admissions() -> None
         links.close()
 
 
+def test_with_metrics_each_budget_on_redis_is_metered_under_its_own_name() -> None:
+    app = Flask("wiring-metrics")
+    rl = ReachLimit(redis_url=URL, metrics=True)
+    rl.budget("reports", active=1)
+    rl.init_app(app)
+    try:
+        states = app.extensions["reachlimit"].budgets.states
+        assert set(states) == {"default", "reports"}
+        for name, state in states.items():
+            assert state.name == name
+            assert isinstance(state.metrics, ReachMetrics) and state.metrics.budget == name
+            assert state.metrics.path is state.path and state.metrics.shared
+            assert isinstance(state.metrics.limiter.inner, ResilientLimiter)
+    finally:
+        rl.close(app)
+
+
 def test_redis_without_redis_py_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "reachlimit.redis", None)  # the import fails
     monkeypatch.delattr(reachlimit, "redis")  # (imported already by this process)
