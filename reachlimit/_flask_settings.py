@@ -113,9 +113,12 @@ def _stale(key: str, value: Any) -> float:
             f"{key} must be a number of seconds >= 0 (0: no stale answers), got {value!r}"
         )
     if number > SUSPICIOUS_STALE:
+        # no mutate: the words of a log line; when it is logged, and its figures, are tested.
         log.warning(
-            "%s is %g s, more than a day: an entry may then be served that long past its "
-            "TTL while its refreshes fail; is that meant?", key, number,
+            "%s is %g s, more than a day: an entry may then be "  # pragma: no mutate
+            "served that long past its TTL while its refreshes fail; "  # pragma: no mutate
+            "is that meant?",  # pragma: no mutate
+            key, number,
         )
     return number
 
@@ -170,7 +173,7 @@ def _client(key: str, value: Any) -> str | ClientFunc:
     decision, made in its callable or by ProxyFix."""
     if callable(value):
         if key.endswith(_ARGUMENT_END):
-            return cast("ClientFunc", value)
+            return cast("ClientFunc", value)  # pragma: no mutate (cast's type: no run-time effect)
         raise ValueError(
             f"{key} must be 'remote_addr' or 'none' (a callable only as the ReachLimit "
             f"argument client=), got {value!r}"
@@ -215,6 +218,8 @@ def _refusal_message(key: str, value: Any) -> str | None:
     if not isinstance(value, str):
         raise ValueError(f"{key} must be a text, got {value!r}")
     try:
+        # Any budget name and whole number would do (mutants that keep the types are
+        # equivalent); a format spec of the wrong type (budget:d) is refused.
         value.format(budget="default", retry_after=2)
     except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(
@@ -331,8 +336,10 @@ def _nearest(key: str) -> str:
     """"; did you mean <the nearest known key>?", or "" when none is near."""
     # Compared without the prefix every key shares (it would make any two look close).
     cut = len(_CONFIG_PREFIX)
-    # n=1: only the best is shown (any n >= 1 has the same best first)
-    near = difflib.get_close_matches(key[cut:], sorted(k[cut:] for k in _KNOWN_NAMES), n=1)
+    near = difflib.get_close_matches(
+        key[cut:], sorted(k[cut:] for k in _KNOWN_NAMES),
+        n=1,  # pragma: no mutate (only the best is shown: any n >= 1 has the same best first)
+    )
     return f"; did you mean {_CONFIG_PREFIX}{near[0]}?" if near else ""
 
 
@@ -376,7 +383,9 @@ def _checked(client: ClientFunc) -> ClientFunc:
 
     def client_of(request: Any) -> Hashable:
         name = client(request)
-        if type(name) is str:  # the common case: no call (checked_client passes a str too)
+        # The common case: no call. A shortcut: checked_client passes a str too, so a mutant
+        # that never takes it is equivalent (not marked: a pragma would hide `is not`'s).
+        if type(name) is str:
             return name
         return checked_client(name, client)
 

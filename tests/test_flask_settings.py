@@ -91,6 +91,82 @@ def test_enabled_reads_like_every_flag(value: object, enabled: bool) -> None:
     assert "REACHLIMIT_ENABLED" in CONFIG_KEYS
 
 
+# -- each option's check: the whole message of a refused value -------------------------------
+
+SCHEMES = ("redis://, rediss:// or unix:// (one server), redis+sentinel:// (Sentinel), "
+           "redis+cluster:// (Cluster)")
+PREFIX = "REACHLIMIT_REDIS_PREFIX must be a non-empty string without braces, got "
+MESSAGE = "REACHLIMIT_REFUSAL_MESSAGE "
+
+REFUSED = [
+    ("REACHLIMIT_WAIT", True, "REACHLIMIT_WAIT must be a number of seconds > 0, got True"),
+    ("REACHLIMIT_LEASE", False, "REACHLIMIT_LEASE must be a number of seconds > 0, got False"),
+    ("REACHLIMIT_LEASE", "0", "REACHLIMIT_LEASE must be a number of seconds > 0, got '0'"),
+    ("REACHLIMIT_LEASE", "soon", "REACHLIMIT_LEASE must be a number of seconds > 0, got 'soon'"),
+    ("REACHLIMIT_REDIS_FALLBACK", "queue",
+     "REACHLIMIT_REDIS_FALLBACK must be 'local' or 'refuse', got 'queue'"),
+    ("REACHLIMIT_REDIS_URL", "http://h:6379",
+     f"REACHLIMIT_REDIS_URL must be a {SCHEMES} URL (or empty for in-process limits), "
+     "got 'http://h:6379'"),
+    # The URL's password masked; a value that is no URL at all is not shown.
+    ("REACHLIMIT_REDIS_URL", "http://u:secret@h:6379",
+     f"REACHLIMIT_REDIS_URL must be a {SCHEMES} URL (or empty for in-process limits), "
+     "got 'http://u:***@h:6379'"),
+    ("REACHLIMIT_REDIS_URL", 6379,
+     f"REACHLIMIT_REDIS_URL must be a {SCHEMES} URL (or empty for in-process limits), "
+     "got '<unparseable url>'"),
+    ("REACHLIMIT_REDIS_PREFIX", 7, PREFIX + "7"),
+    ("REACHLIMIT_REDIS_PREFIX", "", PREFIX + "''"),
+    ("REACHLIMIT_REDIS_PREFIX", "  ", PREFIX + "'  '"),
+    ("REACHLIMIT_REDIS_PREFIX", "a{b", PREFIX + "'a{b'"),
+    ("REACHLIMIT_REDIS_PREFIX", "a}b", PREFIX + "'a}b'"),
+    ("REACHLIMIT_REFUSAL_MESSAGE", 7, MESSAGE + "must be a text, got 7"),
+    ("REACHLIMIT_REFUSAL_MESSAGE", "Busy {who}",
+     MESSAGE + "may use only the fields {budget} and {retry_after} (write {{ and }} for "
+     "braces), got 'Busy {who}': KeyError: 'who'"),
+    ("REACHLIMIT_REFUSAL_MESSAGE", "{budget:d}",
+     MESSAGE + "may use only the fields {budget} and {retry_after} (write {{ and }} for "
+     "braces), got '{budget:d}': ValueError: Unknown format code 'd' for object of type 'str'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"), REFUSED, ids=[f"{k[11:]}={v!r}" for k, v, _ in REFUSED]
+)
+def test_a_refused_value_is_a_value_error_naming_the_key_the_rule_and_the_value(
+    key: str, value: object, message: str
+) -> None:
+    app = Flask("refused")
+    app.config[key] = value
+    with pytest.raises(ValueError) as info:
+        ReachLimit(app)
+    assert str(info.value) == message
+
+
+def test_a_refusal_message_may_give_its_fields_a_format_of_their_type() -> None:
+    text = "{budget:s} is busy; retry in {retry_after:d} s ({retry_after:02d})."
+    app = Flask("formats")
+    app.config["REACHLIMIT_REFUSAL_MESSAGE"] = text
+    ReachLimit(app)
+    assert app.extensions["reachlimit"].settings.refusal_message == text
+
+
+def test_a_stale_window_of_more_than_a_day_is_warned_about_but_a_day_is_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for stale, warned in ((86_400, False), (86_400.5, True)):
+        app = Flask("stale")
+        app.config["REACHLIMIT_STALE"] = stale
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="reachlimit"):
+            ReachLimit(app)
+        assert app.extensions["reachlimit"].settings.stale == stale
+        lines = warnings_of(caplog, "more than a day")
+        assert len(lines) == (1 if warned else 0), lines
+        if warned:
+            assert lines[0].startswith("REACHLIMIT_STALE is 86400.5 s, more than a day")
+
+
 # -- the threads a gunicorn worker needs ------------------------------------------------------
 
 
