@@ -451,11 +451,11 @@ def test_closing_a_path_waits_for_a_running_refresh_no_longer_than_its_timeout(
         jobs.wait_for("the refresh to run", 1)
         closing: Outcome = start_call(threads, lambda: path.close(0.01), name="close")
         closing.wait_done()  # returned although the refresh still holds its thread
-        assert closing.error is None and path.refresher.busy("held")
+        assert closing.error is None and refreshing(path.refresher, "held")
     finally:
         jobs.gate.set()
         path.close(JOIN_TIMEOUT)
-    assert path.refresher.alive == 0
+    assert threads_of(path.refresher) == []
 
 
 def test_refresher_threads_default_to_the_limiters_active(
