@@ -18,6 +18,11 @@ design:
                 (so it admits nobody beside them), a fallback waiter granted after that
                 too; one alone keeps the whole budget; an outage with fewer processes than the
                 last one gives a larger share; ``fallback="refuse"`` announces nothing.
+    reserved    the first process back from an outage reserves the share of a process still
+                on its fallback, so Redis admits nobody beside what that fallback may run
+                until it is back too (restarted empty, so its share was reserved by name or
+                anonymously: the same outcome); a reservation ends with its time without
+                counting a lost lease, and with the death of its process (``release_owner``).
     gunicorn    the real claim: 2 servers x 2 workers (``tests.apps.share_app``, whose held
                 builds write to one build log), every worker knowing N = 4, Redis paused
                 with SIGSTOP, a burst of 40 distinct cold keys: at most one build at once in
@@ -43,8 +48,8 @@ import pytest
 import redis
 
 from reachlimit import Busy, Cancelled
-from reachlimit.redis import FAILURES, connect, owner_prefix, release_owner
-from reachlimit.redis._common import members_key
+from reachlimit.redis import FAILURES, RedisColdLimiter, connect, owner_prefix, release_owner
+from reachlimit.redis._common import limiter_keys, members_key
 from reachlimit.redis._members import Members
 from tests.apps.build_log_app import at_once_along
 from tests.support.clients import Herd, Reply, check_refusal
@@ -381,6 +386,98 @@ def test_an_outage_with_fewer_processes_than_the_last_gives_a_larger_share(
     assert (stats.degraded, stats.capacity_active, stats.capacity_queue) == (True, 2, 8)
     with stays.limiter.acquire(), stays.limiter.acquire():  # grown: both slots at once
         assert stays.local.stats().active == 2
+
+
+def reservations(client: Any, name: str = "fb", prefix: str = "reachlimit") -> list[str]:
+    """The reservations among a budget's holders (``lua/limiter.lua``'s Reservations)."""
+    holders = limiter_keys(prefix, name)[0]
+    return [h.decode() for h in client.zrange(holders, 0, -1) if h.startswith(b"#")]
+
+
+def test_redis_back_admits_nobody_beside_a_process_still_on_its_fallback(
+    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+) -> None:
+    # The outage's end, when the processes learn at different moments that Redis is back
+    # (the soak saw them 50-175 ms apart after a restart): the first one back reserves the
+    # share of the other, which may still run it on its fallback, so that Redis does not
+    # admit its whole budget beside it. The other process is held on its fallback here (its
+    # health has no probe thread any more) until the test brings it back.
+    back, behind = stacks = [make_stack(server.url(), active=2, queue=8) for _ in range(2)]
+    every_stack_knows(stacks, 2)
+    back.limiter.RESERVE = 60.0  # long enough for any machine: it ends by the recovery below
+    behind.health.close()
+    port = server.port
+    server.stop()
+    running = behind.limiter.acquire()  # its fallback's share: 1 build
+    assert behind.local.stats().active == 1
+    assert back.limiter.stats().degraded  # the first process saw the outage too
+    server.start(port=port, attempts=1)  # empty: the members too
+    wait_until("the first process back on Redis", lambda: back.health.up)
+    assert len(reservations(back.client)) == 1  # the other's share (ceil(2 / 2) = 1)
+    assert back.remote.stats().active == 0  # a reservation is no build
+    first = back.limiter.acquire()
+    waiting = start_call(runner, lambda: back.limiter.acquire(), name="beside-the-fallback")
+    wait_until("a second newcomer queued, not granted beside the reserved share",
+               lambda: back.remote.stats().queued == 1)
+    assert not waiting.done.is_set()
+    behind.limiter.recover()  # back too: its reservation ends, its running build is told
+    assert reservations(back.client) == []
+    assert back.remote.stats().active == 2 and not waiting.done.is_set()
+    running.release()  # the fallback's build ends, and its holder in Redis with it
+    waiting.wait_done()
+    assert waiting.error is None and waiting.value.held
+    first.release()
+    waiting.value.release()
+    stats = back.remote.stats()
+    assert (stats.active, stats.queued, stats.lease_lost) == (0, 0, 0)
+
+
+def test_a_reservation_ends_with_its_time_and_with_its_process(
+    client: redis.Redis, members: Callable[..., Members]
+) -> None:
+    lim = RedisColdLimiter(client, "unit", prefix="share", active=2, queue=2)
+    try:
+        mine, other, dead = (members(owner=f"h{i}:b:{i}:") for i in range(3))
+        for m in (mine, other, dead):
+            m.announce()
+        lim.adopt(0, recovery=(mine.id, 3, 60.0))
+        assert sorted(reservations(client, "unit", "share")) == sorted(
+            [f"#{other.id}#1", f"#{dead.id}#1"])
+        release_owner(client, "h2:b:2:", name="unit", prefix="share", active=2)
+        assert reservations(client, "unit", "share") == [f"#{other.id}#1"]
+        client.delete(limiter_keys("share", "unit")[0])  # a new outage's first recovery
+        client.hdel(limiter_keys("share", "unit")[4], "reserved_until")
+        lim.adopt(0, recovery=(mine.id, 2, 0.2))
+        assert reservations(client, "unit", "share") == [f"#{other.id}#1"]
+
+        def ended() -> bool:
+            lim.stats()  # every operation reaps what ended
+            return reservations(client, "unit", "share") == []
+
+        wait_until("the reservation's time over on Redis's clock", ended)
+        assert lim.stats().lease_lost == 0  # it was no build: nothing was lost
+    finally:
+        lim.close()
+
+
+def test_redis_restarted_empty_reserves_the_others_anonymously(
+    client: redis.Redis, members: Callable[..., Members]
+) -> None:
+    # Redis lost its members (restarted empty): the first back reserves N - 1 shares under
+    # no name, and each other process back takes one share of them as its own.
+    lim = RedisColdLimiter(client, "unit", prefix="share", active=4, queue=2)
+    try:
+        lim.adopt(0, recovery=("h0:b:0:m", 3, 60.0))
+        assert sorted(reservations(client, "unit", "share")) == [
+            "#?#1", "#?#2", "#?#3", "#?#4"]  # 2 processes x ceil(4 / 3) = 2 slots each
+        lim.adopt(0, recovery=("h1:b:1:m", 3, 60.0))
+        assert len(reservations(client, "unit", "share")) == 2
+        with lim.acquire(), lim.acquire():  # the two slots the second one's share gave back
+            assert lim.stats().active == 2
+        lim.adopt(0, recovery=("h2:b:2:m", 3, 60.0))
+        assert reservations(client, "unit", "share") == []
+    finally:
+        lim.close()
 
 
 def test_refuse_mode_announces_nothing(

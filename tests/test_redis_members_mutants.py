@@ -19,6 +19,10 @@ members             a member whose period ended is never dropped   a_silent_memb
 members             leaving removes the exact id only, not every   release_owner_removes_a_dead_
                     member of an owner prefix (``LEAVE_EXACT_      owners_members
                     ONLY``: a dead worker stays counted a period)
+members             an announce of a member on Redis keeps the     an_announce_on_redis_ends_
+                    reservation of its share (``RESERVATION_       its_reservation
+                    KEPT``: Redis admits less than its budget
+                    until the reservation's time is over)
 ==================  =============================================  ==============================
 """
 
@@ -30,7 +34,7 @@ import pytest
 import redis
 
 from reachlimit.redis import lua, release_owner
-from reachlimit.redis._common import members_key
+from reachlimit.redis._common import limiter_keys, members_key
 from reachlimit.redis._members import Members
 from tests.support.redis_limiters import server_ms
 from tests.support.redis_mutants import Change, broken, in_file, install
@@ -40,6 +44,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 NAME = "shared"
 KEY = members_key("reachlimit", NAME)
+HOLDERS = limiter_keys("reachlimit", NAME)[0]
 DEAD, LIVE = "deadhost:0000:4242:", "livehost:0000:7:"
 
 MakeMembers = Callable[..., Members]
@@ -52,7 +57,7 @@ def make_members_fixture(client: redis.Redis) -> Iterator[MakeMembers]:
     made: list[Members] = []
 
     def make(owner: str, period: float) -> Members:
-        member = Members(client, KEY, owner=owner, period=period)
+        member = Members(client, KEY, owner=owner, period=period, holders=HOLDERS)
         made.append(member)
         return member
 
@@ -88,11 +93,32 @@ def check_release_owner_removes_a_dead_owners_members(
     assert count == 1, f"a dead owner's members outlived release_owner: {count} live, not 1"
 
 
+def check_an_announce_on_redis_ends_its_reservation(
+    make: MakeMembers, client: redis.Redis
+) -> None:
+    """A member whose share another member's recovery reserved (``lua/limiter.lua``'s
+    Reservations) ends that reservation with its next announce once it uses Redis (it admits
+    nothing on a fallback), and keeps it while it does not; another member's stays."""
+    mine, other = make(LIVE, 60.0), make(DEAD, 60.0)
+    ends = server_ms(client) + 60_000
+    client.zadd(HOLDERS, {f"#{mine.id}#1": ends, f"#{other.id}#1": ends})
+    mine.uses_redis = lambda: False
+    mine.announce()
+    assert len(client.zrange(HOLDERS, 0, -1)) == 2, "a member on its fallback lost its share"
+    mine.uses_redis = lambda: True
+    mine.announce()
+    left = [h.decode() for h in client.zrange(HOLDERS, 0, -1)]
+    assert left == [f"#{other.id}#1"], f"an announce on Redis kept its reservation: {left}"
+
+
 ENDED_KEPT = in_file(
     "members", ("redis.call('ZREMRANGEBYSCORE', members, '-inf', now)", "local _ = now")
 )
 LEAVE_EXACT_ONLY = in_file(
     "members", ("if string.sub(id, 1, n) == who then", "if id == who then")
+)
+RESERVATION_KEPT = in_file(
+    "members", ("then redis.call('ZREM', KEYS[2], holder) end", "then local _ = holder end")
 )
 
 
@@ -106,7 +132,8 @@ def mutant_members(make: MakeMembers, changes: tuple[Change, ...]) -> MakeMember
 
 
 @pytest.mark.parametrize(
-    "check", [check_a_silent_member_drops_out, check_release_owner_removes_a_dead_owners_members],
+    "check", [check_a_silent_member_drops_out, check_release_owner_removes_a_dead_owners_members,
+              check_an_announce_on_redis_ends_its_reservation],
     ids=lambda c: c.__name__.removeprefix("check_"),
 )
 def test_each_check_passes_with_the_real_script(
@@ -130,3 +157,11 @@ def test_a_leave_by_exact_id_only_fails_the_check_for_it(
     monkeypatch.setattr(lua, "MEMBERS", broken(lua.MEMBERS, LEAVE_EXACT_ONLY, "MEMBERS"))
     with pytest.raises(AssertionError, match="a dead owner's members outlived release_owner"):
         check_release_owner_removes_a_dead_owners_members(make_members, client)
+
+
+def test_a_script_that_keeps_a_reservation_fails_the_check_for_it(
+    make_members: MakeMembers, client: redis.Redis
+) -> None:
+    with pytest.raises(AssertionError, match="an announce on Redis kept its reservation"):
+        check_an_announce_on_redis_ends_its_reservation(
+            mutant_members(make_members, RESERVATION_KEPT), client)

@@ -67,6 +67,9 @@ release_owner             a dead owner's slot is counted freed and    release_ow
 adopt                     a fallback's build, adopted as Redis comes  adopted_builds_hold_their_
                           back, is counted and holds nothing          slots
                           (``ADOPT_HOLDS_NOTHING``)
+adopt (a recovery)        the first process back reserves nothing     a_recovery_reserves_the_
+                          for the others, still on their fallbacks    other_processes_shares
+                          (``RECOVERY_RESERVES_NOTHING``)
 ========================  ==========================================  ===========================
 
 The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
@@ -412,6 +415,38 @@ def check_adopted_builds_hold_their_slots(
         assert lim.stats().active == 1
 
 
+def check_a_recovery_reserves_the_other_processes_shares(
+    make: Make, client: redis.Redis, threads: ThreadRunner
+) -> None:
+    """active=2, three live processes (members of other owners): the first back from an
+    outage reserves the other two's shares (a slot each), so Redis grants nobody beside what
+    their fallbacks may still run; a reservation is no build in the figures. The second's
+    recovery ends its own reservation, which frees a slot at once; the third, which never
+    left Redis, ends its own with its next announce. No lease was lost on the way."""
+    lim = make(active=2, queue=0)
+    first, second, third = (lim.members(owner=f"host-{i}:boot:{i}:") for i in range(3))
+    for member in (first, second, third):
+        member.announce()
+    lim.adopt(0, recovery=(first.id, 3, 60.0))
+    assert lim.stats().active == 0, "a reservation counted among the builds"
+    extra = try_acquire_now(lim)
+    if extra is not None:
+        extra.release()
+    assert extra is None, "a recovery reserved nothing: a newcomer granted beside the others"
+    lim.adopt(0, recovery=(second.id, 3, 60.0))  # the second process is back: its share ends
+    granted = try_acquire_now(lim)
+    assert granted is not None, "a process back from the outage kept its reservation"
+    assert try_acquire_now(lim) is None, "the third process's reservation ended early"
+    third.uses_redis = lambda: True
+    third.announce()  # it never left Redis: its reservation has no reason left
+    last = try_acquire_now(lim)
+    assert last is not None, "an announce of a process on Redis kept its reservation"
+    granted.release()
+    last.release()
+    s = lim.stats()
+    assert (s.active, s.acquired, s.lease_lost) == (0, 2, 0)
+
+
 def check_a_dead_waiters_place_comes_back(
     make: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
@@ -502,6 +537,12 @@ ADOPT_HOLDS_NOTHING = mutant(
     in_file("limiter", ("      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n"
                         "      adopted = adopted + 1\n", "      adopted = adopted + 1\n")),
 )
+RECOVERY_RESERVES_NOTHING = mutant(
+    in_file("limiter", (
+        "          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i)"
+        " end\n", "",
+    )),
+)
 REAP_KEEPS_DEAD_WAITERS = mutant(
     in_file("limiter", (
         "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
@@ -521,6 +562,7 @@ RELEASE_OWNER_KEEPS_SLOT = broken(
 
 MORE_CHECKS = (
     check_adopted_builds_hold_their_slots,
+    check_a_recovery_reserves_the_other_processes_shares,
     check_no_more_grants_than_slots,
     check_a_full_queue_stays_full,
     check_a_taught_budget_refuses_a_late_leader,
@@ -572,6 +614,9 @@ NEWEST_START = check_every_process_follows_the_newest_start
                      "a renewed grant lost its lease", id="renew-does-not-extend"),
         pytest.param(ADOPT_HOLDS_NOTHING, check_adopted_builds_hold_their_slots,
                      "an adopted build holds no slot", id="adopt-holds-nothing"),
+        pytest.param(RECOVERY_RESERVES_NOTHING,
+                     check_a_recovery_reserves_the_other_processes_shares,
+                     "a recovery reserved nothing", id="recovery-reserves-nothing"),
         pytest.param(REAP_KEEPS_DEAD_WAITERS, check_a_dead_waiters_place_comes_back,
                      "a dead waiter kept its place", id="reap-keeps-dead-waiters"),
     ],

@@ -259,6 +259,11 @@ class RedisColdLimiter(Leased, LimiterFigures):
             op: (str(len(encoded_keys)).encode(), *encoded_keys, op.encode(), *encoded_common)
             for op in OPERATIONS
         }
+        # adopt's: the budget's live processes too (a recovery reserves their shares).
+        self._heads["adopt"] = (
+            str(len(encoded_keys) + 1).encode(), *encoded_keys, self._members_key.encode(),
+            b"adopt", *encoded_common,
+        )
         # The cold lead's: its three keys of the request's come after these, then the rest.
         self._lead_head = (str(len(encoded_keys) + 3).encode(), *encoded_keys)
         self._encoded_common = encoded_common
@@ -296,7 +301,7 @@ class RedisColdLimiter(Leased, LimiterFigures):
         ``options`` are :class:`~reachlimit.redis._members.Members`'s (``owner``,
         ``every``, ``period``). Nothing is sent to Redis until it announces; this limiter's
         :meth:`close` stops it (and leaves) if it was not closed before."""
-        members = Members(self._client, self._members_key, **options)
+        members = Members(self._client, self._members_key, holders=self._keys[0], **options)
         with self._lock:
             self._members.append(members)
         return members
@@ -358,22 +363,33 @@ class RedisColdLimiter(Leased, LimiterFigures):
         )
         return LeadReply.of(reply, token)
 
-    def adopt(self, count: int) -> list[RedisGrant]:
+    def adopt(
+        self, count: int, *, recovery: tuple[str, int, float] | None = None
+    ) -> list[RedisGrant]:
         """``count`` builds this process's fallback admitted while Redis was away, still
         running as Redis comes back, made holders of the budget (the ``adopt`` operation:
         over its capacity if need be), so that Redis gives no slot to anyone beside them
         until enough of them have ended: their grants, renewed as any other's, each to be
         released when its build ends. Not counted as acquired. One round trip; errors of
-        Redis propagate (what the script may have done is given up at the next one)."""
-        if count <= 0:
+        Redis propagate (what the script may have done is given up at the next one).
+
+        ``recovery``: this process is back from an outage, as member ``id`` of ``N`` live
+        processes (``(id, N, reserve)``): its own reservation ends, or, the first member
+        back, it reserves every other member's share for ``reserve`` seconds, while those
+        may still admit it on their fallbacks (``lua/limiter.lua``'s Reservations). Sent
+        also with no build to adopt."""
+        if count <= 0 and recovery is None:
             return []
         if self._leases.closed:  # racy read, as in _attempt
             raise RuntimeError("limiter closed")
         if not self._checked:
             self._check()
         tokens = [new_token() for _ in range(count)]
+        back = "-" if recovery is None else (
+            f"{recovery[0]} {max(1, int(recovery[1]))} {ms(recovery[2])}"
+        )
         try:
-            self._evalsha(self._heads["adopt"], *tokens)
+            self._evalsha(self._heads["adopt"], back, *tokens)
         except REDIS_ERRORS:
             for token in tokens:
                 self._lose(token)

@@ -73,6 +73,7 @@ class Members(Daemon):
         owner: str | None = None,
         every: float | None = None,
         period: float | None = None,
+        holders: str | None = None,
     ) -> None:
         super().__init__(self.THREAD_NAME)
         if owner is not None and (not isinstance(owner, str) or not owner.endswith(":")):
@@ -81,6 +82,9 @@ class Members(Daemon):
         self._period = positive("period", self.PERIOD if period is None else period)
         self._client = client
         self._key = key
+        # The limiter's slots (its ``holders`` key), where an announce drops a reservation
+        # of this member's share once it uses Redis again (``uses_redis``); None: never.
+        self._holders = holders
         self._owner = owner
         self._script = client.register_script(lua.MEMBERS)
         self._id = self._new_id()  # guarded by lock
@@ -88,6 +92,11 @@ class Members(Daemon):
         #: Called (in the thread) after each announce that worked: a ``ResilientLimiter``
         #: sets its health's ``probe_soon``, so that Redis back is noticed within a period.
         self.on_answer: Callable[[], object] | None = None
+        #: Whether this process uses Redis now (on no fallback): a ``ResilientLimiter`` sets
+        #: its health's ``is_up``. An announce made while it says so drops a reservation of
+        #: this member's share that another member's recovery made (``lua/limiter.lua``'s
+        #: Reservations): this member admits nothing on a fallback.
+        self.uses_redis: Callable[[], bool] | None = None
 
     @property
     def count(self) -> int:
@@ -117,7 +126,13 @@ class Members(Daemon):
         :attr:`count`. Errors of Redis propagate (:attr:`count` unchanged)."""
         with self.lock:
             member = self._id
-        live = max(1, int(self._script(keys=[self._key], args=[member, ms(self._period)])))
+        uses_redis = self.uses_redis
+        if self._holders is not None and uses_redis is not None and uses_redis():
+            reply = self._script(keys=[self._key, self._holders],
+                                 args=[member, ms(self._period), "1"])
+        else:
+            reply = self._script(keys=[self._key], args=[member, ms(self._period)])
+        live = max(1, int(reply))
         if live != self._count:
             log.debug("reachlimit: %s: %d live process(es) share the budget", self._key, live)
         self._count = live

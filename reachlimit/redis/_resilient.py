@@ -69,11 +69,15 @@ design:
     health's probe thread before it marks Redis up (``RedisHealth.before_up``: a failure
     fails the probe), before the first shared acquire after an outage (a health without a
     probe thread), and for a fallback grant handed out while Redis is up (a waiter queued
-    in the fallback when Redis came back). What stays open: each process learns on its own
-    that Redis is back (its probe, brought forward by its members' next announce, every
-    second: ``RedisHealth.probe_soon``), so until the last has, Redis admits beside that
-    process's fallback, which still admits its share (for about a second at most); and a
-    holder lost meanwhile (Redis restarted empty again) is not told again.
+    in the fallback when Redis came back). Each process learns on its own that Redis is
+    back (its probe, brought forward by its members' next announce, every second:
+    ``RedisHealth.probe_soon``), so the first one back (``recover``, in that same script)
+    also reserves in Redis the share of every other live process, which may still admit it
+    on its fallback, for ``RESERVE`` seconds: Redis admits nobody beside those shares until
+    each process is back too (its own recovery ends its reservation, and so does an
+    announce of a process that never left Redis; ``lua/limiter.lua``'s Reservations). A
+    process that learns it later than that may still run its share beside Redis's budget
+    until it does; a holder lost meanwhile (Redis restarted empty again) is not told again.
     With ``fallback="refuse"`` nothing is announced or told: such a process admits
     nothing while Redis is away.
 
@@ -268,6 +272,8 @@ class ResilientLimiter(FiguresOf):
             members = remote.members()
         if members is not None and members.on_answer is None:
             members.on_answer = health.probe_soon  # Redis back noticed within a period
+        if members is not None and members.uses_redis is None:
+            members.uses_redis = self._uses_redis  # its reservation dropped once it does
         self.members = members
         # The figures the share is taken of (read-only), and the N the local limiter is
         # sized for now (written under _share_lock with the resize, read racily first).
@@ -280,7 +286,7 @@ class ResilientLimiter(FiguresOf):
         self._to_adopt = False  # guarded by _running_lock (racy reads)
         self._running_lock = threading.Lock()
         if fallback == "local":
-            health.before_up(self.adopt)
+            health.before_up(self.recover)
         reset_after_fork(self, ResilientLimiter._forked)
 
     @property
@@ -370,23 +376,47 @@ class ResilientLimiter(FiguresOf):
                 health.succeeded(since)
         return grant
 
-    def adopt(self) -> int:
+    #: How long the first process back from an outage reserves the other processes' shares
+    #: in Redis (``recover``): about how long they take to learn that Redis is back (each
+    #: probes every 0.25 s through an outage's first seconds, and at once after an announce
+    #: that worked, which comes every second), so that Redis admits nobody beside the builds
+    #: their fallbacks may still admit until then; a process back sooner, or one that never
+    #: left Redis (its next announce), ends its reservation at once.
+    RESERVE = 1.5
+
+    def _uses_redis(self) -> bool:
+        """Racy read: whether this process goes to Redis now (its health is up)."""
+        return self.health.up
+
+    def recover(self) -> int:
+        """This process is back from an outage (the health's probe thread, before it marks
+        Redis up): :meth:`adopt`, and in the same script the reservation of this process's
+        share ends, or, if it is the first process back, every other live process's share
+        is reserved for :attr:`RESERVE` seconds, since those may still admit it on their
+        fallbacks until they learn that Redis is back (module design: the outage's end).
+        How many builds it told; errors of Redis propagate (the probe fails)."""
+        members = self.members
+        if members is None:
+            return self.adopt()
+        return self.adopt(recovery=(members.id, self.processes, self.RESERVE))
+
+    def adopt(self, recovery: tuple[str, int, float] | None = None) -> int:
         """Tell Redis about the fallback's builds still running here that it does not count
         (module design: the outage's end), in one script that makes each a holder of the
         budget, over its capacity if need be: Redis gives no slot to anyone beside them
-        until enough have ended. Run by the health's probe thread before it marks Redis up,
-        by the first shared acquire after an outage, and for a fallback grant handed out
-        while Redis is up. How many it told; errors of Redis propagate (those builds are
-        told next time)."""
+        until enough have ended. Run by the health's probe thread before it marks Redis up
+        (:meth:`recover`, which passes ``recovery``), by the first shared acquire after an
+        outage, and for a fallback grant handed out while Redis is up. How many it told;
+        errors of Redis propagate (those builds are told next time)."""
         with self._running_lock:
             todo = [grant for grant in self._running if grant.adopted is None]
             for grant in todo:
                 grant.adopted = _ADOPTING
             self._to_adopt = False
-        if not todo:
+        if not todo and recovery is None:
             return 0
         try:
-            made = self.remote.adopt(len(todo))
+            made = self.remote.adopt(len(todo), recovery=recovery)
         except BaseException:
             with self._running_lock:
                 for grant in todo:

@@ -8,8 +8,21 @@
 --    7 T:clientof   8 T:clients   9 T:settings  10 T:gone      11 T:since   12 T:took
 -- and the cold lead's (three hash tags: a single Redis only, never a Cluster)
 --   13 the cache entry of the key   14 the key's flight claim, F:lead   15 its counter, F:n
+-- and adopt's
+--   13 T:members   the budget's live processes (members.lua): whose shares a recovery reserves
 -- Keys built from T, the text of KEYS[1] before "holders" (same hash tag, same slot)
 --   T:c:<client id>   one client's waiters         T:w:<token>   a waiter's doorbell
+--
+-- Reservations. A process back from an outage (adopt with a recovery) that finds no other
+-- recovery under way reserves, for `reserve ms`, the share ceil(active / N) of every other
+-- live member of the budget (T:members; N-1 members in all, those Redis no longer lists -
+-- it restarted empty - anonymously): holders "#<member id>#<i>" ("#?#<i>"), since those
+-- processes may still admit their share on their in-process fallbacks until they learn that
+-- Redis is back; so Redis admits nobody beside those shares meanwhile. Each member's own
+-- recovery (or its announce while it uses Redis: members.lua) drops its reservation, and one
+-- that finds none drops an anonymous share; the rest simply end. A reservation is no build:
+-- it is never counted as acquired, its end is no lost lease, and `stats` does not count it
+-- among the slots held.
 --
 -- ARGV, every operation
 --    1 the operation (below)
@@ -24,7 +37,9 @@
 --                                    flight counter outlives its last write (ms)
 --   release                          3 token, 4 "t" for a timed grant (none: not timed)
 --   poll                             3 token, 4 0 stay / 1 give up (cancelled) / 2 abandon
---   renew, adopt                     3.. tokens
+--   renew                            3.. tokens
+--   adopt                            3 "-", or a recovery: "<member id> <N> <reserve ms>"
+--                                    (Reservations, below), 4.. tokens
 --   give_up                          3 how long a token is remembered (ms), 4.. tokens
 --   record                           3 who writes (the process's owner id)
 --   release_owner                    3 the owner's prefix, "<host>:<boot id>:<pid>:"
@@ -223,14 +238,18 @@ local function reap()
   local nobody_waits = lean and held < capacity  -- the rule above
   -- Counted first, removed only if there is something to remove: a refusal writes nothing.
   if held > 0 then
-    local lost = redis.call('ZCOUNT', holders, '-inf', now)
-    if lost > 0 then
-      for _, ended in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
-        redis.call('HDEL', since, ended)
+    local ended = redis.call('ZCOUNT', holders, '-inf', now)
+    if ended > 0 then
+      local lost = 0  -- a reservation that ends (Reservations, above) is no lost lease
+      for _, holder in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
+        if string.sub(holder, 1, 1) ~= '#' then
+          lost = lost + 1
+          redis.call('HDEL', since, holder)
+        end
       end
       redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-      redis.call('HINCRBY', stats, 'lease_lost', lost)
-      held = held - lost
+      if lost > 0 then redis.call('HINCRBY', stats, 'lease_lost', lost) end
+      held = held - ended
     end
   end
   if nobody_waits then
@@ -588,7 +607,13 @@ end
 
 if op == 'stats' then
   -- The figures, after the reap and fill, with the budget's settings as Redis holds them.
-  -- Replies {held, queued, HGETALL stats, {active, queue, wait (ms)}}.
+  -- Replies {held, queued, HGETALL stats, {active, queue, wait (ms)}}, `held` without the
+  -- reservations (Reservations, above): they are no builds.
+  if held > 0 then
+    for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+      if string.sub(holder, 1, 1) == '#' then held = held - 1 end
+    end
+  end
   return {held, queued, redis.call('HGETALL', stats), {capacity, queue_cap, wait_ms}}
 end
 
@@ -623,16 +648,56 @@ if op == 'adopt' then
   -- already: over the capacity if need be), so that no slot is given to anyone while fewer
   -- than `capacity` of them have ended; their release is the release's general path. A
   -- token held already or given up is left as it is. Not counted as acquired (the fallback
-  -- admitted it). Replies how many were adopted.
+  -- admitted it). A recovery (ARGV[3]: the process is back from an outage) then ends this
+  -- member's reservation (its builds are holders now), or reserves the other members' shares
+  -- (Reservations, above). Replies how many were adopted.
   local adopted = 0
-  for i = 3, #ARGV do
+  for i = 4, #ARGV do
     if not redis.call('ZSCORE', holders, ARGV[i])
         and not redis.call('ZSCORE', gone, ARGV[i]) then
       redis.call('ZADD', holders, now + lease_ms, ARGV[i])
       adopted = adopted + 1
     end
   end
-  if adopted > 0 then raise_peak('peak_active', held + adopted) end
+  local me, processes, reserve_ms = string.match(ARGV[3], '^(%S+) (%d+) (%d+)$')
+  if me then
+    local share = math.ceil(capacity / math.max(1, tonumber(processes)))
+    local mine = '#' .. me .. '#'
+    local dropped = 0
+    for i = 1, share do dropped = dropped + redis.call('ZREM', holders, mine .. i) end
+    local until_ms = tonumber(redis.call('HGET', stats, 'reserved_until'))
+    if until_ms and until_ms > now then  -- another member's recovery reserved the shares
+      if dropped == 0 then  -- reserved anonymously: one share of those is this member's
+        for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+          if dropped >= share then break end
+          if string.sub(holder, 1, 3) == '#?#' then
+            dropped = dropped + redis.call('ZREM', holders, holder)
+          end
+        end
+      end
+    else  -- the first member back: every other one's share is reserved
+      local ends = now + tonumber(reserve_ms)
+      redis.call('HSET', stats, 'reserved_until', ends)
+      local others = 0
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[13], '(' .. now, '+inf')) do
+        if id ~= me and others < tonumber(processes) - 1 then
+          others = others + 1
+          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i) end
+        end
+      end
+      for i = 1, (tonumber(processes) - 1 - others) * share do
+        redis.call('ZADD', holders, ends, '#?#' .. i)
+      end
+    end
+    if dropped > 0 then fill() end  -- the slots its reservation held go to the waiters
+  end
+  if adopted > 0 then
+    local builds = redis.call('ZCARD', holders)
+    for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+      if string.sub(holder, 1, 1) == '#' then builds = builds - 1 end
+    end
+    raise_peak('peak_active', builds)
+  end
   return adopted
 end
 
@@ -652,7 +717,9 @@ if op == 'release_owner' then
   local n = #owner
   local freed, dropped = 0, 0
   for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
-    if string.sub(holder, 1, n) == owner then
+    if string.sub(holder, 1, n + 1) == '#' .. owner then  -- its reservation: no slot of its
+      redis.call('ZREM', holders, holder)
+    elseif string.sub(holder, 1, n) == owner then
       redis.call('ZREM', holders, holder)
       redis.call('HDEL', since, holder)
       redis.call('DEL', bell .. holder)
