@@ -25,6 +25,7 @@ from tests.support.clients import close_one_by_one
 from tests.support.limiter import LIMITER_FIELDS
 from tests.support.processes import free_port
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import threads_named
 from tests.support.waiting import DEADLINE, wait_until
 from tests.support.werkzeug_server import werkzeug_serving
 
@@ -277,14 +278,18 @@ def test_webapp_on_redis_shares_everything_and_keeps_its_metrics(
 def test_close_stops_every_thread_an_app_on_redis_started(url: str, apps: list[Flask]) -> None:
     app = make_app(apps, REACHLIMIT_REDIS_URL=url)
     client = app.test_client()
+    renewers = ("reachlimit-lease-renewer", "reachlimit-flight-renewer")
+    before = {name: threads_named(name) for name in renewers}
     assert client.get(f"/report/{key()}").status_code == 200  # a build: claims, a slot
     state = app.extensions["reachlimit"]
-    remote_limiter = shared(app).remote
-    remote_flight = state.path.flight.remote
+    started = {  # the app's renewers: started by that build (its slot, its flight's claim)
+        name: [t for t in threads_named(name) if t not in before[name]] for name in renewers
+    }
+    assert all(len(made) == 1 for made in started.values()), started
     threads = {
         "counters": state.counters._thread,
-        "limiter renewer": remote_limiter._renewer,
-        "flight renewer": remote_flight._renewer,
+        "limiter renewer": started["reachlimit-lease-renewer"][0],
+        "flight renewer": started["reachlimit-flight-renewer"][0],
     }
     assert all(t is not None and t.is_alive() for t in threads.values()), threads
     ReachLimit().close(app)

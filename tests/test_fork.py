@@ -33,7 +33,7 @@ import redis
 from reachlimit import Busy, ColdLimiter, ColdPath, Refresher, TTLCache
 from reachlimit.redis import RedisColdLimiter, RedisGrant, SharedPathCounters
 from tests.support.clock import FakeClock
-from tests.support.redis_clients import CountingRedis
+from tests.support.redis_clients import CountingRedis, PausedRenewals
 from tests.support.redis_limiters import server_ms
 from tests.support.refreshes import refreshing, threads_named
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
@@ -234,12 +234,13 @@ PAST_LEASE_MS = int(LEASE * 1500)
 @pytest.mark.redis
 @pytest.mark.parametrize("at_fork", ["idle", "lock held"])
 def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
-    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], threads: ThreadRunner,
-    at_fork: str,
+    client: CountingRedis, make_client: Callable[..., PausedRenewals],
+    make_limiter: Callable[..., RedisColdLimiter], threads: ThreadRunner, at_fork: str,
 ) -> None:
     # Renewed every 0.5 s: a renewal a loaded machine delays by up to a second still lands
     # in time (with 0.6 s a 0.4 s stall of the renewer's thread lost the lease once).
-    lim = make_limiter(active=2, queue=1, lease=LEASE)
+    renewing = make_client(PausedRenewals)
+    lim = make_limiter(client=renewing, active=2, queue=1, lease=LEASE)
     first = lim.acquire()
     start = server_ms(client)
     wait_until("the parent's grant past its lease",
@@ -248,10 +249,10 @@ def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
     assert end is not None and end > server_ms(client)  # renewed in the parent
     first.release()
     parents = lim.acquire()  # held across the fork by a thread of the parent
-    lim._renewal_paused.set()  # the parent stops renewing it: only the child could
+    renewing.paused.set()  # the parent's renewals stop: only the child could renew it
 
     def child() -> dict[str, Any]:
-        lim._renewal_paused.clear()  # (the parent's Event, copied) the child renews its own
+        renewing.paused.clear()  # (the parent's client, copied) the child renews its own
         mine = lim.acquire()
         since = server_ms(client)
         wait_until("the child's grant past its lease",
@@ -267,7 +268,7 @@ def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
         with held(threads, lim._leases.lock, at_fork == "lock held"):
             report = in_child(child)
     finally:
-        lim._renewal_paused.clear()
+        renewing.paused.clear()
         parents.release()
     # The child renewed its own grant, and left the parent's alone: it ended with its lease.
     assert report == {"renewed": True, "lost": False, "parents_end": None}

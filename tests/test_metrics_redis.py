@@ -6,7 +6,7 @@ design:
     service. The promise under test: the gauges are the *service's* figures, read from Redis
     when a scrape arrives, so both "workers" answer the same whichever one is scraped and
     nothing is counted once per worker; admissions are still counted where they happened.
-    A lost lease is made by pausing a holder's renewals (the limiter's own test seam), and
+    A lost lease is made by pausing a holder's renewals (its client's, ``PausedRenewals``), and
     every wait is for a state of Redis (``wait_until``), never a sleep.
     The same figures across real gunicorn workers and servers are in
     ``tests/test_redis_gunicorn.py``.
@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from reachlimit import Busy
 from reachlimit.prometheus import MeteredSharedLimiter, ReachMetrics
 from reachlimit.redis import RedisColdLimiter, RedisLimiterStats
+from tests.support.redis_clients import PausedRenewals
+from tests.support.redis_limiters import LimiterScript
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -34,7 +36,7 @@ def make_limiter(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter
     made: list[RedisColdLimiter] = []
 
     def make(**kwargs: Any) -> RedisColdLimiter:
-        lim = RedisColdLimiter(client, **kwargs)
+        lim = RedisColdLimiter(kwargs.pop("client", client), **kwargs)
         made.append(lim)
         return lim
 
@@ -79,7 +81,7 @@ def test_gauges_are_the_services_whichever_worker_is_scraped(
 
 
 def test_a_refusal_and_a_waiter_are_seen_by_every_worker(
-    make_limiter: Callable[..., RedisColdLimiter],
+    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
     one = ReachMetrics(limiter=make_limiter(active=1, queue=1, wait=30.0))
     two = ReachMetrics(limiter=make_limiter(active=1, queue=1, wait=30.0))
@@ -89,7 +91,7 @@ def test_a_refusal_and_a_waiter_are_seen_by_every_worker(
     # A waiter admitted by the script itself (it never polls: a "ghost" that stays until its
     # presence ends), so the test decides when the queue is full.
     token = "ghost-token"
-    assert waiter._admit(token)[0] == 2  # queued
+    assert LimiterScript(client, waiter).acquire(token)[0] == 2  # queued
     with pytest.raises(Busy) as refused:
         two.limiter.acquire()
     assert refused.value.reason == Busy.QUEUE_FULL
@@ -103,15 +105,16 @@ def test_a_refusal_and_a_waiter_are_seen_by_every_worker(
 
 
 def test_a_lost_lease_is_counted_once_for_the_service(
-    make_limiter: Callable[..., RedisColdLimiter],
+    make_client: Callable[..., PausedRenewals], make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
-    paused = make_limiter(active=1, queue=0, lease=0.5)
+    stopped = make_client(PausedRenewals)
+    paused = make_limiter(client=stopped, active=1, queue=0, lease=0.5)
     one = ReachMetrics(limiter=paused)
     two = ReachMetrics(limiter=make_limiter(active=1, queue=0, lease=0.5))
-    paused._renewal_paused.set()  # the holder stops renewing, as a paused process would
+    stopped.paused.set()  # the holder's renewals stop, as a paused process's would
     stale = one.limiter.acquire()
     wait_until("the lease ran out", lambda: paused.stats().lease_lost == 1)
-    paused._renewal_paused.clear()
+    stopped.paused.clear()
     for metrics in (one, two):
         assert scrape(metrics)["reachlimit_lease_lost_total"] == 1
     stale.release()  # late: frees nothing, counts nothing more

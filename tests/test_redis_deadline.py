@@ -12,10 +12,10 @@ design:
     Redis's own clock has moved a given time (``server_ms``, a state waited for) - the
     timings are then only known from below - or written straight into the budget's stats hash
     (``estimate_ms``, where the scripts keep it) when a test is about the decision and not the
-    estimate. Queued leaders are ghosts (``_admit``: queued by the script, never polling, with
-    a presence of minutes) unless a test needs a waiter to be woken; holders are ghosts too.
-    Margins are whole seconds against a few milliseconds of script time, so no outcome depends
-    on the machine's speed.
+    estimate. Queued leaders are ghosts (``LimiterScript``: queued by the script, never
+    polling, with a presence of minutes) unless a test needs a waiter to be woken; holders
+    are ghosts too. Margins are whole seconds against a few milliseconds of script time, so
+    no outcome depends on the machine's speed.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import redis
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import start_acquire
-from tests.support.redis_limiters import GRANTED, QUEUED, server_ms
+from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript, doorbell, server_ms
 from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
@@ -55,17 +55,17 @@ def teach(client: redis.Redis, lim: RedisColdLimiter, estimate_ms: int) -> None:
 
 def late_of(client: redis.Redis, lim: RedisColdLimiter, token: str) -> int | None:
     """A ghost refused late: its doorbell's Retry-After (s); None if it was not."""
-    rung = client.lrange(tag(lim) + ":w:" + token, 0, -1)
+    rung = client.lrange(doorbell(lim, token), 0, -1)
     late = [r for r in rung if r.startswith(b"l")]
     return int(late[0][1:]) if late else None
 
 
-def promoted_ghost(lim: RedisColdLimiter, token: str) -> None:
+def promoted_ghost(ghosts: LimiterScript, token: str) -> None:
     """``token`` holds the only slot as a promoted (timed) grant: a ghost queued behind a
     fast-path ghost that then releases."""
-    assert lim._admit("fast-" + token)[0] == GRANTED
-    assert lim._admit(token)[0] == QUEUED
-    assert lim._free("fast-" + token) == 1  # promoted: its grant is timed from now
+    assert ghosts.acquire("fast-" + token)[0] == GRANTED
+    assert ghosts.acquire(token)[0] == QUEUED
+    assert ghosts.release("fast-" + token) == 1  # promoted: its grant is timed from now
 
 
 def held_for(client: redis.Redis, since_ms: int, ms: int) -> None:
@@ -80,20 +80,21 @@ def test_promoted_grants_are_timed_in_redis_and_the_estimate_is_the_smallest_of_
     client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="taught", active=1, queue=4, wait=60.0)
+    ghosts = LimiterScript(client, lim)
     stats = tag(lim) + ":stats"
     for _ in range(3):  # fast-path grants are never timed
-        assert lim._admit("fast")[0] == GRANTED
-        assert lim._free("fast") == 1
+        assert ghosts.acquire("fast")[0] == GRANTED
+        assert ghosts.release("fast") == 1
     assert client.llen(tag(lim) + ":took") == 0
     held = [400, 100, 300, 200]
     for i, ms in enumerate(held):
-        promoted_ghost(lim, f"g{i}")
+        promoted_ghost(ghosts, f"g{i}")
         start = server_ms(client)
         held_for(client, start, ms)
         if i < 3:
-            assert lim._free(f"g{i}", True) == 1
+            assert ghosts.release(f"g{i}", True) == 1
             assert client.hget(stats, "estimate_ms") is None  # fewer than four: none
-    assert lim._free("g3", True) == 1
+    assert ghosts.release("g3", True) == 1
     took = sorted(int(t) for t in client.lrange(tag(lim) + ":took", 0, -1))
     assert len(took) == 4 and all(t >= ms for t, ms in zip(took, sorted(held), strict=True))
     assert int(client.hget(stats, "estimate_ms")) == took[0]  # the smallest of four
@@ -108,12 +109,13 @@ def test_exactly_at_the_wait_is_in_time(
     client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="boundary", active=1, queue=8, wait=3.0)
-    assert lim._admit("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
     teach(client, lim, 1500)
     # p = 0, 1, 2 start 0, 1.5 and 3.0 s from now; the third, worked out in its own script
     # (one clock reading for its deadline and its start), is exactly in time.
     for p in range(3):
-        assert lim._admit(f"w{p}")[0] == QUEUED
+        assert ghosts.acquire(f"w{p}")[0] == QUEUED
     assert lim.stats().deadline == 0
 
 
@@ -122,13 +124,14 @@ def test_a_newcomer_that_cannot_start_in_time_is_refused_at_once(
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="at-once", active=1, queue=8, wait=3.2,
                        retry_after=1)  # fmt: skip
-    assert lim._admit("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
     teach(client, lim, 1500)
     # p = 0, 1, 2 start 0, 1.5 and 3.0 s from now: in time (with 0.2 s to spare for the
     # third, while the next leaders arrive).
     for p in range(3):
-        assert lim._admit(f"w{p}")[0] == QUEUED
-    assert lim._admit("w3") == (LATE, 2)  # 4.5 s: refused, Retry-After ceil(4.5 - 3.2)
+        assert ghosts.acquire(f"w{p}")[0] == QUEUED
+    assert ghosts.acquire("w3") == (LATE, 2)  # 4.5 s: refused, Retry-After ceil(4.5 - 3.2)
     with pytest.raises(Busy) as info:
         lim.acquire()  # the same through acquire(), in one round trip
     assert (info.value.reason, info.value.retry_after) == ("deadline", 2)
@@ -141,32 +144,35 @@ def test_a_timed_holder_counts_what_it_still_needs(
     client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="holder-left", active=1, queue=8, wait=3.0)
-    promoted_ghost(lim, "holder")  # promoted just now: it needs about the estimate still
+    ghosts = LimiterScript(client, lim)
+    promoted_ghost(ghosts, "holder")  # promoted just now: it needs about the estimate still
     teach(client, lim, 10_000)
     # Its slot frees in about 10 s, far past the wait: even the first place is late.
-    status, retry = lim._admit("w0")
+    status, retry = ghosts.acquire("w0")
     assert status == LATE and retry >= 2
     # The same after a fast-path holder (counted as ending now): the first place is in time.
     other = make_limiter(cls=Ghostly, name="holder-fast", active=1, queue=8, wait=3.0)
-    assert other._admit("holder")[0] == GRANTED
+    other_ghosts = LimiterScript(client, other)
+    assert other_ghosts.acquire("holder")[0] == GRANTED
     teach(client, other, 10_000)
-    assert other._admit("w0")[0] == QUEUED
-    assert other._admit("w1")[0] == LATE
+    assert other_ghosts.acquire("w0")[0] == QUEUED
+    assert other_ghosts.acquire("w1")[0] == LATE
 
 
 def test_the_budgets_deadline_setting_turns_it_off(
     client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="off", active=1, queue=8, wait=3.0, deadline=False)
-    assert lim._admit("holder")[0] == GRANTED
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED
     teach(client, lim, 10_000)
     for p in range(8):
-        assert lim._admit(f"w{p}")[0] == QUEUED  # never refused for its place
+        assert ghosts.acquire(f"w{p}")[0] == QUEUED  # never refused for its place
     assert client.hget(tag(lim) + ":settings", "deadline") == b"0"
     assert lim.stats().deadline == 0
     # Off, nothing is timed either: a promotion leaves no start, its release no time.
-    assert lim._free("holder") == 1  # w0 promoted
-    assert lim._free("w0", True) == 1
+    assert ghosts.release("holder") == 1  # w0 promoted
+    assert ghosts.release("w0", True) == 1
     assert client.exists(tag(lim) + ":since", tag(lim) + ":took") == 0
 
 
@@ -178,24 +184,25 @@ def test_waiters_are_refused_when_a_timed_release_finds_them_late(
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="grown", active=1, queue=8, wait=10.0,
                        retry_after=1)  # fmt: skip
-    promoted_ghost(lim, "holder")
+    ghosts = LimiterScript(client, lim)
+    promoted_ghost(ghosts, "holder")
     teach(client, lim, 1000)
     # free <= 1 s: places 0..4 start within 1 + 4 = 5 s of now, well within 10 s.
     for p in range(4):
-        assert lim._admit(f"w{p}")[0] == QUEUED
+        assert ghosts.acquire(f"w{p}")[0] == QUEUED
     real = start_acquire(threads, lim, threading.Event(), name="real")  # p = 4
     wait_until("the real waiter queued", lambda: lim.stats().queued == 5)
     teach(client, lim, 6000)  # the estimate grew (fewer than four timings: it stays)
     # The timed release: w0 promoted (6 s to go), w1 at 6 s (in time), w2 at 12 s and the
     # rest later: past their deadlines (10 s less the moment they have waited), refused.
-    assert lim._free("holder", True) == 1
+    assert ghosts.release("holder", True) == 1
     assert [t.decode() for t in client.zrange(lim.keys[0], 0, -1)] == ["w0"]
     assert [t.decode() for t in client.zrange(tag(lim) + ":queue", 0, -1)] == ["w1"]
     assert late_of(client, lim, "w1") is None
     for token in ("w2", "w3"):
         retry = late_of(client, lim, token)
         assert retry is not None and retry >= 2, token
-        assert lim._poll(token, 0) == (LATE, retry)  # its next poll says so, once
+        assert ghosts.poll(token, 0) == (LATE, retry)  # its next poll says so, once
     real.wait_done()  # woken by its doorbell, not at the end of its 10 s wait
     assert isinstance(real.error, Busy), real.error
     assert real.error.reason == "deadline" and real.error.retry_after >= 2
@@ -208,20 +215,21 @@ def test_places_are_round_robin_across_clients(
 ) -> None:
     lim = make_limiter(cls=Ghostly, name="turns", active=1, queue=8, wait=3.5,
                        retry_after=1)  # fmt: skip
-    assert lim._admit("holder")[0] == GRANTED
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED
     teach(client, lim, 1000)
     for i in range(4):  # a's places 0..3 start 0..3 s from now: all in time
-        assert lim._admit(f"a{i}", "a")[0] == QUEUED
+        assert ghosts.acquire(f"a{i}", "a")[0] == QUEUED
     # b0 is served second (1 s, in time): a3 goes from 3 to 4 s, past its wait, and is
     # refused for it (Retry-After ceil(0.5 s + the moments it waited)).
-    assert lim._admit("b0", "b")[0] == QUEUED
+    assert ghosts.acquire("b0", "b")[0] == QUEUED
     assert late_of(client, lim, "a3") == 1
-    assert lim._admit("b1", "b")[0] == QUEUED  # a0 b0 a1 b1: 3 s; a2 goes to 4 s
+    assert ghosts.acquire("b1", "b")[0] == QUEUED  # a0 b0 a1 b1: 3 s; a2 goes to 4 s
     assert late_of(client, lim, "a2") == 1
-    assert lim._admit("b2", "b") == (LATE, 1)  # a0 b0 a1 b1 b2: 4 s
+    assert ghosts.acquire("b2", "b") == (LATE, 1)  # a0 b0 a1 b1 b2: 4 s
     order = []
     for holder in ("holder", "a0", "b0", "a1"):
-        assert lim._free(holder) == 1
+        assert ghosts.release(holder) == 1
         order.append(client.zrange(lim.keys[0], 0, -1)[0].decode())
     assert order == ["a0", "b0", "a1", "b1"]
     assert lim.stats().deadline == 3
@@ -249,12 +257,13 @@ def test_the_extension_on_redis_answers_429_at_once(
         return rl.cold(key, lambda: built.append(key) or {"key": key})
 
     # The budget's state, made by a limiter of the test's on the same keys and settings.
-    ghosts = make_limiter(cls=Ghostly, name="cold", prefix="dl", active=1, queue=8, wait=3.0)
-    assert ghosts._admit("holder")[0] == GRANTED
-    teach(client, ghosts, 1000)
+    lim = make_limiter(cls=Ghostly, name="cold", prefix="dl", active=1, queue=8, wait=3.0)
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED
+    teach(client, lim, 1000)
     for p in range(2):  # 0 and 1 s: in time
-        assert ghosts._admit(f"w{p}")[0] == QUEUED
-    teach(client, ghosts, 2500)
+        assert ghosts.acquire(f"w{p}")[0] == QUEUED
+    teach(client, lim, 2500)
     refused = app.test_client().get("/r/late")  # the third place: 5 s
     assert refused.status_code == 429, refused.data
     assert refused.headers["Retry-After"] == "2"

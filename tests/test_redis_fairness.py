@@ -18,6 +18,7 @@ from reachlimit.redis import RedisColdLimiter, client_id
 from tests.support import fairness
 from tests.support.limiter import assert_exact_capacity, start_acquire
 from tests.support.redis_clients import CountingRedis
+from tests.support.redis_limiters import LimiterScript, doorbell
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 
@@ -92,11 +93,12 @@ def test_a_victim_whose_process_is_gone_loses_nothing(
     holder = lim.acquire(None, "a")
     # Two waiters of client "a" that never poll: a process that died after queueing them.
     a = client_id("a")
-    assert lim._admit("ghost-1", a)[0] == 2
-    assert lim._admit("ghost-2", a)[0] == 2
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("ghost-1", a)[0] == 2
+    assert ghosts.acquire("ghost-2", a)[0] == 2
     newcomer = start_acquire(threads, lim, threading.Event(), name="b1", client="b")
     wait_until("ghost-2 displaced", lambda: lim.stats().displaced == 1)
-    assert client.lindex(lim._bell + "ghost-2", 0) == b"d"
+    assert client.lindex(doorbell(lim, "ghost-2"), 0) == b"d"
     wait_until("ghost-1's presence ended", lambda: lim.stats().queued == 1, timeout=10.0)
     holder.release()
     newcomer.wait_done()

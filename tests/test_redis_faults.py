@@ -34,8 +34,8 @@ from redis.retry import Retry
 
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter import assert_exact_capacity, start_acquire
-from tests.support.redis_clients import RETRIED_ERRORS
-from tests.support.redis_limiters import server_ms
+from tests.support.redis_clients import RETRIED_ERRORS, PausedRenewals
+from tests.support.redis_limiters import LimiterScript, doorbell, server_ms
 from tests.support.redis_procs import (
     DEADLINE,
     Worker,
@@ -52,13 +52,15 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 @pytest.fixture
 def make_watch(client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
     """``watch(active, queue, **kwargs)``: the test process's own limiter on the workers'
-    name ``procs``, to read the global figures and hold slots; closed at teardown. It takes
-    the workers' settings (one budget, one set of settings: a limiter whose settings differ
-    from those recorded for the budget raises ``ValueError`` at its first call)."""
+    name ``procs`` (on the test's client, or on ``client=``), to read the global figures and
+    hold slots; closed at teardown. It takes the workers' settings (one budget, one set of
+    settings: a limiter whose settings differ from those recorded for the budget raises
+    ``ValueError`` at its first call)."""
     made: list[RedisColdLimiter] = []
 
-    def make(active: int, queue: int, **kwargs: object) -> RedisColdLimiter:
-        lim = RedisColdLimiter(client, "procs", active, queue, **kwargs)  # type: ignore[arg-type]
+    def make(active: int, queue: int, **kwargs: Any) -> RedisColdLimiter:
+        on = kwargs.pop("client", client)
+        lim = RedisColdLimiter(on, "procs", active, queue, **kwargs)
         made.append(lim)
         return lim
 
@@ -79,7 +81,7 @@ def assert_no_state_left(client: redis.Redis, lim: RedisColdLimiter) -> None:
     assert client.zcard(keys[1]) == 0, "waiters left"
     assert client.zcard(keys[2]) == 0, "presence entries left"
     assert client.hlen(keys[3]) == 0, "deadlines left"
-    assert client.keys(lim._bell + "*") == [], "doorbells left"
+    assert client.keys(doorbell(lim, "*")) == [], "doorbells left"
 
 
 # -- 1. a holder paused past its lease --------------------------------------------------------
@@ -180,27 +182,30 @@ def test_a_waiter_paused_when_the_slot_is_handed_to_it_loses_it_to_the_next_one(
     assert (s.active, s.queued, s.lease_lost, s.rejected_timeout) == (0, 0, 1, 1), s
     assert_exact_capacity(watch)
     wait_until(
-        "the unclaimed doorbell expired", lambda: client.keys(watch._bell + "*") == [],
+        "the unclaimed doorbell expired", lambda: client.keys(doorbell(watch, "*")) == [],
         timeout=DEADLINE,
     )
     assert_no_state_left(client, watch)
 
 
 def test_a_renewal_of_a_reaped_grant_reports_it_lost_and_does_not_revive_it(
-    client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
+    client: redis.Redis,
+    make_client: Callable[..., PausedRenewals],
+    make_watch: Callable[..., RedisColdLimiter],
 ) -> None:
     """The renewal on its own: a reaped token comes back as lost and stays gone, while a
     token still held in the same call is renewed."""
-    lim = make_watch(2, 0, wait=60.0, lease=0.3)
-    lim._renewal_paused.set()  # this limiter's renewer stays out of the way
+    paused = make_client(PausedRenewals)
+    paused.paused.set()  # this limiter's renewer stays out of the way
+    lim = make_watch(2, 0, client=paused, wait=60.0, lease=0.3)
     doomed = lim.acquire()
     kept_end = server_ms(client) + 60_000
     survivor = lim.acquire()
     client.zadd(lim.keys[0], {survivor.token: kept_end})  # type: ignore[attr-defined]
     wait_until("the first lease reaped", lambda: lim.stats().lease_lost == 1, timeout=DEADLINE)
     tokens = [doomed.token, survivor.token]  # type: ignore[attr-defined]
-    lost = lim._evalsha(lim._heads["renew"], *tokens)
-    assert [t.decode() for t in lost] == [doomed.token]  # type: ignore[attr-defined]
+    lost = LimiterScript(client, lim).renew(*tokens)
+    assert lost == [doomed.token]  # type: ignore[attr-defined]
     now = server_ms(client)
     assert set(holders(client, lim)) == {survivor.token}  # type: ignore[attr-defined]
     renewed_end = holders(client, lim)[survivor.token]  # type: ignore[attr-defined]
@@ -482,7 +487,7 @@ def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
         assert list(ends) == [grant.token]  # type: ignore[attr-defined]
         now = server_ms(client)
         assert ends[grant.token] > now + RedisColdLimiter.PRESENCE * 1000, "a claim lease"  # type: ignore[attr-defined]
-        assert client.keys(watch._bell + "*") == []
+        assert client.keys(doorbell(watch, "*")) == []
         s = watch.stats()
         assert (s.active, s.queued, s.acquired) == (1, 0, 2), s
         grant.release()

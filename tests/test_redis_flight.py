@@ -33,8 +33,9 @@ from reachlimit._path import LEADER_CANCELLED
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.processes import free_port
-from tests.support.redis_clients import CountingRedis
+from tests.support.redis_clients import CountingRedis, LostReply, PausedRenewals, ScriptTrap
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import threads_named
 from tests.support.threads import HeldCall, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
@@ -347,11 +348,15 @@ def test_a_renewed_claim_outlives_many_leases(
 
 
 def test_a_follower_takes_over_from_a_leader_that_stopped_renewing(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner,
+    client: CountingRedis,
+    make_client: Callable[..., CountingRedis],
+    make_flight: Callable[..., RedisSingleFlight],
 ) -> None:
-    leader, follower = make_flight(lease=0.3), make_flight(lease=0.3)
+    paused = make_client(PausedRenewals)
+    leader, follower = make_flight(client=paused, lease=0.3), make_flight(lease=0.3)
     stalled = Gate(result="late")
-    leader._renewal_paused.set()  # a paused process: its claim ends
+    paused.paused.set()  # a paused process: its renewals never reach Redis, its claim ends
     lead = start_call(threads, lambda: leader.do(KEY, stalled))
     assert stalled.started.wait(10)
     second = Gate(result="fresh")
@@ -437,9 +442,11 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
     flight = make_flight()
     gate = Gate(result="v")
     gate.finish.set()
-    assert flight.do(KEY, gate) == ("v", False)
-    renewer = flight._renewer
-    assert renewer is not None and renewer.is_alive()
+    before = threads_named("reachlimit-flight-renewer")
+    assert flight.do(KEY, gate) == ("v", False)  # its first flight led starts its renewer
+    started = [t for t in threads_named("reachlimit-flight-renewer") if t not in before]
+    assert len(started) == 1
+    renewer = started[0]
     flight.close()
     assert not renewer.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
@@ -447,27 +454,6 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 
 
 # -- Redis failing ----------------------------------------------------------------------------
-
-
-class ScriptTrap(CountingRedis):
-    """A client whose calls of one operation of a script (``trap``: its name, the script's
-    first argument, once set) go to ``trapped``, which a subclass makes fail as Redis
-    would; every EVALSHA is counted by its operation too (``"EVALSHA <operation>"``)."""
-
-    trap = ""
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        if args[0] == "EVALSHA":
-            # EVALSHA <sha> <number of keys> <keys...> <operation> <arguments...>
-            op = args[3 + int(args[2])]
-            op = op.decode() if isinstance(op, bytes) else str(op)
-            self.sent[f"EVALSHA {op}"] += 1
-            if self.trap and op == self.trap:
-                return self.trapped(args, options)
-        return super().execute_command(*args, **options)
-
-    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-        return super().execute_command(*args, **options)
 
 
 Trap = TypeVar("Trap", bound=ScriptTrap)
@@ -553,24 +539,6 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     assert client.get(leader.base_of(KEY) + "lead") is None  # the claim went with it
     assert any("published a flight outcome late" in r.getMessage() for r in caplog.records)
     failing.close()
-
-
-class LostReply(ScriptTrap):
-    """The next call of the operation ``trap`` loses its reply: it runs in Redis, then the
-    caller gets a timeout (``deferred`` False); or it is kept in ``late`` and raises without
-    running, for the test to send later, as a paused Redis runs what was sent to it once it
-    resumes (``deferred`` True)."""
-
-    deferred = False
-    late: tuple[Any, ...] = ()
-
-    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
-        self.trap = ""
-        if self.deferred:
-            self.late = args
-        else:
-            super().trapped(args, options)
-        raise redis.exceptions.TimeoutError("reply lost")
 
 
 def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(

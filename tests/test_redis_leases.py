@@ -6,7 +6,7 @@ This is the second half of the limiter's tests; the first half (construction, th
 waiting) is ``tests/test_redis_limiter.py``, whose docstring says how both run: one server for
 the module, flushed before each test, several limiter objects on one name standing for several
 processes, *ghosts* (attempts the acquire script admitted that never poll nor renew) driven
-through the scripts directly, and waits for states, never sleeps.
+through the script directly (``LimiterScript``), and waits for states, never sleeps.
 """
 
 from __future__ import annotations
@@ -32,24 +32,27 @@ from redis.retry import Retry
 
 from reachlimit import Busy, Cancelled, ColdPath
 from reachlimit.redis import RedisColdLimiter
-from reachlimit.redis._limiter import _GIVE_UP as GIVE_UP
-from reachlimit.redis._limiter import _STAY as STAY
 from tests.support.limiter import (
     ProbeCancel,
     assert_exact_capacity,
     start_acquire,
 )
-from tests.support.redis_clients import RETRIED_ERRORS, CountingRedis
+from tests.support.redis_clients import RETRIED_ERRORS, CountingRedis, PausedRenewals
 from tests.support.redis_limiters import (
     FULL,
+    GIVE_UP,
     GRANTED,
     POLL_CANCELLED,
     POLL_GRANTED,
     POLL_WAITING,
     QUEUED,
+    STAY,
+    LimiterScript,
+    doorbell,
     server_ms,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import threads_named
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -74,13 +77,14 @@ def test_grants_are_renewed_while_held(
 
 
 def test_a_lost_lease_is_counted_and_its_late_release_frees_nothing(
-    make_limiter: Callable[..., RedisColdLimiter],
+    make_client: Callable[..., CountingRedis], make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
-    lim = make_limiter(active=1, queue=0, lease=0.5)
-    lim._renewal_paused.set()  # the holder is "paused": it stops renewing
+    paused = make_client(PausedRenewals)
+    lim = make_limiter(client=paused, active=1, queue=0, lease=0.5)
+    paused.paused.set()  # the holder is "paused": its renewals never reach Redis
     stale = lim.acquire()
     wait_until("the lease ran out", lambda: lim.stats().lease_lost == 1)
-    lim._renewal_paused.clear()
+    paused.paused.clear()
     assert lim.stats().active == 0
     current = lim.acquire()  # the slot is someone else's now
     stale.release()  # late: must not free `current`'s slot
@@ -154,16 +158,19 @@ def test_a_blocked_waiter_has_redis_nudged_when_each_slice_ends(
     next cron tick): the limiter's waker sends a PING after each slice's end, so that the
     slice ends on time. Here: PINGs come while a waiter blocks, and stop when it is gone."""
     spy, lim, waiting = holder_and_spied_waiter(make_client, make_limiter, wait=60.0)
+    before = threads_named("reachlimit-blpop-waker")
     with lim.acquire():
         cancel = threading.Event()
         attempt = start_acquire(threads, waiting, cancel, name="nudged")
         wait_until("three slices nudged", lambda: spy.sent["PING"] >= 3)
         assert len(spy.blocks) >= 2
+        wakers = [t for t in threads_named("reachlimit-blpop-waker") if t not in before]
+        assert len(wakers) == 1  # the waiter's first wait started its limiter's waker
         cancel.set()
         attempt.wait_done(timeout=10)
         assert isinstance(attempt.error, Cancelled), attempt.error
     waiting.close()
-    assert waiting._waker._thread is not None and not waiting._waker._thread.is_alive()
+    assert not wakers[0].is_alive()
     assert lim.stats().queued == 0
 
 
@@ -197,12 +204,13 @@ def holder_and_two_waiters(
 ) -> int:
     """The only slot taken by ``tokens[0]`` through ``holder``, then its two waiters queued
     (``tokens[1]`` through ``first``, ``tokens[2]`` through ``second``), each acquire straight
-    through the script. Returns Redis's time in ms from just before."""
+    through the script, with that limiter's settings (its presence, its lease). Returns
+    Redis's time in ms from just before."""
     start = server_ms(client)
     holding, waiting_1, waiting_2 = tokens
-    assert holder._admit(holding)[0] == GRANTED
-    assert first._admit(waiting_1)[0] == QUEUED
-    assert second._admit(waiting_2)[0] == QUEUED
+    assert LimiterScript(client, holder).acquire(holding)[0] == GRANTED
+    assert LimiterScript(client, first).acquire(waiting_1)[0] == QUEUED
+    assert LimiterScript(client, second).acquire(waiting_2)[0] == QUEUED
     return start
 
 
@@ -214,9 +222,10 @@ def test_a_full_queue_with_a_waiter_gone_admits_instead_of_refusing(
     lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
     fleeting = make_limiter(cls=_Fleeting, active=1, queue=2, wait=60.0, lease=120.0)
     start = holder_and_two_waiters(client, lasting, fleeting, lasting, ("holder", "dead", "live"))
-    assert lasting._admit("refused")[0] == FULL
+    ghosts = LimiterScript(client, lasting)
+    assert ghosts.acquire("refused")[0] == FULL
     wait_until("the dead waiter's presence ended", lambda: server_ms(client) > start + 300)
-    assert lasting._admit("next")[0] == QUEUED
+    assert ghosts.acquire("next")[0] == QUEUED
     assert client.zrange(lasting.keys[1], 0, -1) == [b"live", b"next"]
     assert client.zrange(lasting.keys[0], 0, -1) == [b"holder"]
     s = lasting.stats()
@@ -233,9 +242,9 @@ def test_a_full_queue_behind_a_lost_lease_promotes_instead_of_refusing(
     lasting = make_limiter(cls=_Lasting, active=1, queue=2, wait=60.0, lease=120.0)
     start = holder_and_two_waiters(client, short, lasting, lasting, ("holder", "w1", "w2"))
     wait_until("the holder's lease ended", lambda: server_ms(client) > start + 300)
-    assert lasting._admit("next")[0] == QUEUED
+    assert LimiterScript(client, lasting).acquire("next")[0] == QUEUED
     assert client.zrange(lasting.keys[0], 0, -1) == [b"w1"]
-    assert client.llen(lasting._bell + "w1") == 1
+    assert client.llen(doorbell(lasting, "w1")) == 1
     assert client.zrange(lasting.keys[1], 0, -1) == [b"w2", b"next"]
     s = lasting.stats()
     assert (s.active, s.queued, s.lease_lost, s.rejected_full) == (1, 2, 1, 0)
@@ -254,13 +263,13 @@ def test_the_hot_scripts_reap_a_lease_ended_beside_a_free_slot(
     short.stats()
     holders_key, stats_key = lasting.keys[0], lasting.keys[4]
     start = server_ms(client)
-    assert short._admit("ended-1")[0] == GRANTED
+    assert LimiterScript(client, short).acquire("ended-1")[0] == GRANTED
     kept = lasting.acquire()
     wait_until("the short lease ended", lambda: server_ms(client) > start + 300)
     with lasting.acquire():
         assert client.hget(stats_key, "lease_lost") == b"1"
         assert client.zscore(holders_key, "ended-1") is None
-    assert short._admit("ended-2")[0] == GRANTED
+    assert LimiterScript(client, short).acquire("ended-2")[0] == GRANTED
     wait_until("the second short lease ended", lambda: server_ms(client) > start + 600)
     kept.release()
     assert client.hget(stats_key, "lease_lost") == b"2"
@@ -274,21 +283,23 @@ def test_a_waiters_poll_repairs_a_free_slot_left_with_a_waiter(
     if that ever breaks (here: the holders key evicted), the waiter's own poll counts the
     queue, promotes it and claims the slot."""
     lim = make_limiter(active=1, queue=1, wait=60.0)
+    ghosts = LimiterScript(client, lim)
     holder = lim.acquire()
-    assert lim._admit("waiter")[0] == QUEUED
+    assert ghosts.acquire("waiter")[0] == QUEUED
     client.delete(lim.keys[0])  # the holder's slot vanishes without a script noticing
-    assert lim._poll("waiter", STAY)[0] == POLL_GRANTED
+    assert ghosts.poll("waiter", STAY)[0] == POLL_GRANTED
     assert client.zrange(lim.keys[0], 0, -1) == [b"waiter"]
     holder.release()  # gone already: frees nothing
     assert lim.stats().active == 1
 
 
 def test_a_waiter_that_stops_polling_is_dropped(
-    make_limiter: Callable[..., RedisColdLimiter], threads: Any
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter], threads: Any
 ) -> None:
     lim = make_limiter(active=1, queue=1, wait=60.0)
+    ghosts = LimiterScript(client, lim)
     with lim.acquire():
-        assert lim._admit("dead")[0] == QUEUED  # a waiter whose process died at once
+        assert ghosts.acquire("dead")[0] == QUEUED  # a waiter whose process died at once
         with pytest.raises(Busy):
             lim.acquire()  # its place is taken...
         wait_until("the dead waiter dropped", lambda: lim.stats().queued == 0)
@@ -298,15 +309,15 @@ def test_a_waiter_that_stops_polling_is_dropped(
         cancel.set()
         attempt.wait_done()
         assert isinstance(attempt.error, Cancelled)
-    assert lim._poll("dead", STAY)[0] == 5  # were it only paused, it would find itself gone
+    assert ghosts.poll("dead", STAY)[0] == 5  # were it only paused, it would find itself gone
 
 
 def test_a_promoted_waiter_that_never_claims_gives_the_slot_back(
-    make_limiter: Callable[..., RedisColdLimiter],
+    client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter],
 ) -> None:
     lim = make_limiter(active=1, queue=1, wait=60.0)
     holder = lim.acquire()
-    assert lim._admit("dead")[0] == QUEUED
+    assert LimiterScript(client, lim).acquire("dead")[0] == QUEUED
     holder.release()  # promoted, with a short claim lease it never turns into a grant
     assert lim.stats().active == 1
     wait_until("the unclaimed slot came back", lambda: lim.stats().active == 0)
@@ -362,9 +373,10 @@ def test_every_key_carries_the_hash_tag(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(name="tagged", prefix="svc", active=1, queue=2, wait=60.0)
+    ghosts = LimiterScript(client, lim)
     holder = lim.acquire()
-    assert lim._admit("w1")[0] == QUEUED
-    assert lim._admit("w2")[0] == QUEUED
+    assert ghosts.acquire("w1")[0] == QUEUED
+    assert ghosts.acquire("w2")[0] == QUEUED
     holder.release()  # w1 promoted: its doorbell exists
     # The prefix's registry of limiter names is one key of its own (no script touches it).
     assert client.smembers("svc:budgets") == {b"tagged"}
@@ -411,6 +423,7 @@ class ScriptMachine(RuleBasedStateMachine):
         self.lim = _Ghosts(
             self.client, "machine", self.ACTIVE, self.QUEUE, wait=3600.0, lease=3600.0
         )
+        self.script = LimiterScript(self.client, self.lim)
         self.holders: set[str] = set()  # claimed grants
         self.promoted: set[str] = set()  # handed a slot, not yet claimed by a poll
         self.queue: list[str] = []
@@ -428,7 +441,7 @@ class ScriptMachine(RuleBasedStateMachine):
     def admit(self) -> None:
         token = f"t{self.next_token}"
         self.next_token += 1
-        status = self.lim._admit(token)[0]
+        status = self.script.acquire(token)[0]
         if len(self.holders) + len(self.promoted) < self.ACTIVE:
             expected = GRANTED
             self.holders.add(token)
@@ -445,7 +458,7 @@ class ScriptMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(sorted(self.holders)))
-        mine = self.lim._free(token)
+        mine = self.script.release(token)
         assert mine == 1
         self.holders.discard(token)
         self._hand_off()
@@ -454,7 +467,7 @@ class ScriptMachine(RuleBasedStateMachine):
     @rule(data=st.data(), give_up=st.booleans())
     def poll(self, data: st.DataObject, give_up: bool) -> None:
         token = data.draw(st.sampled_from(sorted(self.promoted) + self.queue))
-        outcome = self.lim._poll(token, GIVE_UP if give_up else STAY)[0]
+        outcome = self.script.poll(token, GIVE_UP if give_up else STAY)[0]
         if give_up:
             expected = POLL_CANCELLED
             self.counts["cancelled"] += 1
@@ -476,7 +489,7 @@ class ScriptMachine(RuleBasedStateMachine):
     def poll_a_stranger(self) -> None:
         """A token Redis does not know (dropped, or from before a restart) is told it is
         gone, and changes nothing."""
-        outcome = self.lim._poll("stranger", STAY)[0]
+        outcome = self.script.poll("stranger", STAY)[0]
         assert outcome == 5
         self.counts["rejected_timeout"] += 1
 
@@ -487,7 +500,7 @@ class ScriptMachine(RuleBasedStateMachine):
         queued = [t.decode() for t in self.client.zrange(queue_key, 0, -1)]
         assert held == self.holders | self.promoted
         assert queued == self.queue
-        bells = {k.decode().rsplit(":", 1)[1] for k in self.client.keys(self.lim._bell + "*")}
+        bells = {k.decode().rsplit(":", 1)[1] for k in self.client.keys(doorbell(self.lim, "*"))}
         assert bells == self.promoted, "a doorbell rings exactly for the promoted"
         s = self.lim.stats()
         assert s.active <= self.ACTIVE and s.queued <= self.QUEUE

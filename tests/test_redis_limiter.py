@@ -4,8 +4,9 @@ The server is started once for the module (``tests/support/redis_server.py``) an
 flushed before each test. Several limiter objects on the same name stand for several
 processes; the tests that need real processes are in ``tests/test_redis_processes.py``.
 
-Some tests drive the scripts directly (``_admit``, ``_poll``): a *ghost* is an attempt
-admitted by the acquire script that never polls and never renews, which is exactly what a
+Some tests drive the script directly (``LimiterScript``: ``tests/support/redis_limiters.py``,
+with the limiter's public key names and settings): a *ghost* is an attempt admitted by the
+acquire script that never polls and never renews, which is exactly what a
 process that died looks like from Redis, and which leaves the test in full control of when
 each script runs. Waits are for states (``wait_until``), including states of Redis's own clock
 (``server_ms``); nothing sleeps to make a test pass.
@@ -24,8 +25,6 @@ import redis
 
 from reachlimit import Busy, Cancelled, Grant, LimiterStats
 from reachlimit.redis import RedisColdLimiter, RedisGrant, RedisLimiterStats
-from reachlimit.redis._limiter import _GIVE_UP as GIVE_UP
-from reachlimit.redis._limiter import _STAY as STAY
 from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.limiter import (
     LIMITER_FIELDS,
@@ -36,14 +35,19 @@ from tests.support.limiter import (
 )
 from tests.support.redis_clients import CountingRedis
 from tests.support.redis_limiters import (
+    GIVE_UP,
     GRANTED,
     POLL_CANCELLED,
     POLL_GRANTED,
     POLL_TIMEOUT,
     QUEUED,
+    STAY,
+    LimiterScript,
+    doorbell,
     server_ms,
     state_of,
 )
+from tests.support.refreshes import threads_named
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -82,9 +86,11 @@ def test_defaults(make_limiter: Callable[..., RedisColdLimiter]) -> None:
 
 def test_close_stops_the_renewer_for_good(make_limiter: Callable[..., RedisColdLimiter]) -> None:
     lim = make_limiter(active=1)
-    grant = lim.acquire()
-    renewer = lim._renewer
-    assert renewer is not None and renewer.is_alive()
+    before = threads_named("reachlimit-lease-renewer")
+    grant = lim.acquire()  # its first grant starts its renewer
+    started = [t for t in threads_named("reachlimit-lease-renewer") if t not in before]
+    assert len(started) == 1
+    renewer = started[0]
     lim.close()
     assert not renewer.is_alive()
     grant.release()  # a grant outlives the renewer: its release still works
@@ -176,9 +182,9 @@ def test_queue_full_is_one_round_trip_that_writes_only_its_counter(
     class Patient(RedisColdLimiter):
         PRESENCE = 120.0  # the ghost waiter below must not be dropped during the test
 
-    ghosts = make_limiter(cls=Patient, active=1, queue=1, lease=120.0)
-    assert ghosts._admit("holder")[0] == GRANTED
-    assert ghosts._admit("waiter")[0] == QUEUED
+    ghosts = LimiterScript(client, make_limiter(cls=Patient, active=1, queue=1, lease=120.0))
+    assert ghosts.acquire("holder")[0] == GRANTED
+    assert ghosts.acquire("waiter")[0] == QUEUED
     refuser_client = make_client()
     # The script is loaded by the ghosts' admits, so that the refusal below is a plain
     # EVALSHA.
@@ -332,21 +338,22 @@ def test_cancel_racing_promotion_passes_the_slot_on(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=60.0)
+    ghosts = LimiterScript(client, lim)
     holder = lim.acquire()
-    assert lim._admit("w1")[0] == QUEUED
-    assert lim._admit("w2")[0] == QUEUED
+    assert ghosts.acquire("w1")[0] == QUEUED
+    assert ghosts.acquire("w2")[0] == QUEUED
     holder.release()  # hands the slot to w1 before w1 looks again
     holders_key = lim.keys[0]
     assert client.zscore(holders_key, "w1") is not None
-    assert client.llen(lim._bell + "w1") == 1  # w1's doorbell rang
+    assert client.llen(doorbell(lim, "w1")) == 1  # w1's doorbell rang
     # w1's client left at that very instant: it gives up, and its slot goes on to w2.
-    assert lim._poll("w1", GIVE_UP)[0] == POLL_CANCELLED
+    assert ghosts.poll("w1", GIVE_UP)[0] == POLL_CANCELLED
     assert client.zscore(holders_key, "w1") is None
     assert client.zscore(holders_key, "w2") is not None
-    assert lim._poll("w2", STAY)[0] == POLL_GRANTED
+    assert ghosts.poll("w2", STAY)[0] == POLL_GRANTED
     s = lim.stats()
     assert (s.active, s.queued, s.cancelled, s.acquired) == (1, 0, 1, 2)
-    assert lim._poll("w2", GIVE_UP)[0] == POLL_CANCELLED  # (a ghost's way to let go)
+    assert ghosts.poll("w2", GIVE_UP)[0] == POLL_CANCELLED  # (a ghost's way to let go)
     assert_exact_capacity(lim)
 
 
@@ -356,17 +363,18 @@ def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=0.05)
+    ghosts = LimiterScript(client, lim)
     holder = lim.acquire()
     start = server_ms(client)
-    assert lim._admit("promoted")[0] == QUEUED
-    assert lim._admit("late")[0] == QUEUED
+    assert ghosts.acquire("promoted")[0] == QUEUED
+    assert ghosts.acquire("late")[0] == QUEUED
     holder.release()  # "promoted" gets the slot; "late" stays queued
     wait_until("both deadlines passed", lambda: server_ms(client) > start + 100)
-    assert lim._poll("late", STAY)[0] == POLL_TIMEOUT
-    assert lim._poll("promoted", STAY)[0] == POLL_GRANTED
+    assert ghosts.poll("late", STAY)[0] == POLL_TIMEOUT
+    assert ghosts.poll("promoted", STAY)[0] == POLL_GRANTED
     s = lim.stats()
     assert (s.active, s.queued, s.rejected_timeout) == (1, 0, 1)
-    assert lim._poll("late", STAY)[0] == 5  # gone: it never comes back
+    assert ghosts.poll("late", STAY)[0] == 5  # gone: it never comes back
     assert lim.stats().rejected_timeout == 2
 
 

@@ -23,16 +23,27 @@ from reachlimit import Cancelled
 from reachlimit.redis import RedisColdLimiter
 from tests.support import HOST
 from tests.support.limiter import ProbeCancel, assert_exact_capacity
+from tests.support.redis_clients import LostReply
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-def _client(server: RedisServer) -> redis.Redis:
+def _client(server: RedisServer, cls: type[redis.Redis] = redis.Redis) -> redis.Redis:
     """A client as the library makes them: 0.5 s timeouts, no retries."""
-    return redis.Redis(host=HOST, port=server.port, socket_timeout=0.5,
-                       socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    return cls(host=HOST, port=server.port, socket_timeout=0.5, socket_connect_timeout=0.5,
+               retry=Retry(NoBackoff(), 0))
+
+
+def lossy_client(server: RedisServer) -> LostReply:
+    """A client as the library makes them whose next call of the operation its ``trap``
+    names (once set) never reaches Redis and raises a timeout: its reply is lost. The call
+    is kept in its ``late``, for the test to send when it likes."""
+    lossy = _client(server, LostReply)
+    assert isinstance(lossy, LostReply)
+    lossy.deferred = True
+    return lossy
 
 
 @pytest.fixture
@@ -116,15 +127,21 @@ def test_a_lost_queue_place_is_given_up_by_the_next_acquire(
 
 
 def test_a_call_that_arrives_after_its_token_was_given_up_is_refused(
-    clients: tuple[redis.Redis, redis.Redis],
+    live_redis: RedisServer, clients: tuple[redis.Redis, redis.Redis],
 ) -> None:
-    """The order the give-up cannot control: the lost call reaches Redis after it."""
-    mine, reader = clients
-    lim = RedisColdLimiter(mine, "late", active=2, queue=8)
+    """The order the give-up cannot control: the lost call reaches Redis after it (here:
+    the acquire is kept from Redis, its caller told its reply was lost, and sent by the test
+    once the limiter's next round trip has given its token up)."""
+    _, reader = clients
+    lossy = lossy_client(live_redis)
+    lim = RedisColdLimiter(lossy, "late", active=2, queue=8)
     try:
-        lim._lose("late-token")
+        lim.stats()  # its start (and the script loaded): the trap catches the acquire only
+        lossy.trap = "acquire"
+        with pytest.raises(redis.TimeoutError):
+            lim.acquire()  # kept from Redis: its token is given up at the next round trip
         assert lim.stats().active == 0  # the give-up ran (nothing to free yet)
-        status, _ = lim._admit("late-token")
+        status = reader.execute_command(*lossy.late)  # the lost call reaches Redis now
         assert status == 3  # refused as given up: neither granted nor queued
         assert reader.zcard(lim.keys[0]) == 0 and reader.zcard(lim.keys[1]) == 0
         s = lim.stats()
@@ -132,29 +149,27 @@ def test_a_call_that_arrives_after_its_token_was_given_up_is_refused(
         assert_exact_capacity(lim)
     finally:
         lim.close()
+        lossy.close()
 
 
 def test_a_release_that_never_reached_redis_frees_the_slot_at_the_next_round_trip(
-    clients: tuple[redis.Redis, redis.Redis], monkeypatch: pytest.MonkeyPatch
+    live_redis: RedisServer, clients: tuple[redis.Redis, redis.Redis],
 ) -> None:
     """The release's call fails (a timeout before it reached Redis): the slot is still held
     there, by a grant this process has let go. The next round trip frees it, long before
     its 30 s lease would."""
-    mine, reader = clients
-    lim = RedisColdLimiter(mine, "lost-release", active=1, queue=0, lease=30.0)
+    _, reader = clients
+    lossy = lossy_client(live_redis)  # its release kept from Redis: never sent
+    lim = RedisColdLimiter(lossy, "lost-release", active=1, queue=0, lease=30.0)
     try:
         grant = lim.acquire()
-
-        def times_out(token: str) -> int:
-            raise redis.TimeoutError("Timeout reading from socket")
-
-        monkeypatch.setattr(lim, "_free", times_out)
+        lossy.trap = "release"
         with pytest.raises(redis.TimeoutError):
             grant.release()
-        monkeypatch.undo()
         assert reader.zcard(lim.keys[0]) == 1  # held in Redis, by nobody
         with lim.acquire():  # queue=0: this would be refused if the slot were still held
             pass
         assert_exact_capacity(lim)
     finally:
         lim.close()
+        lossy.close()

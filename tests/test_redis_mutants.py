@@ -110,7 +110,8 @@ from tests.support.limiter_checks import (
     check_queue_bound,
     check_slots_come_back,
 )
-from tests.support.redis_limiters import GRANTED, QUEUED, server_ms
+from tests.support.redis_clients import LostReply
+from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript, server_ms
 from tests.support.redis_mutants import MUTATED, Change, broken, in_file, mutant_class
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
@@ -273,8 +274,9 @@ def check_a_taught_budget_refuses_a_late_leader(
                    lambda start=start: server_ms(client) >= start + 300)  # fmt: skip
         grant.release()
     with lim.acquire():  # a fast-path grant: counted as ending now
+        ghosts = LimiterScript(client, lim)
         for n in range(4):
-            lim._admit(f"ghost-{n}")  # queued (or refused late): ghosts that never poll
+            ghosts.acquire(f"ghost-{n}")  # queued (or refused late): ghosts that never poll
         try:
             lim.acquire(ProbeCancel())  # refused at once, or queued and gone at its first look
         except Busy as busy:
@@ -316,21 +318,20 @@ def check_a_lost_release_frees_its_slot(
 ) -> None:
     """A release whose call fails (a timeout: the caller cannot tell whether it ran) gives
     the grant's token up; the next round trip frees the slot, long before its lease ends."""
-    lim = make(active=1, queue=0, lease=60.0)
-    grant = lim.acquire()
-
-    def times_out(token: str, timed: bool = False) -> int:
-        raise redis.TimeoutError("Timeout reading from socket")
-
-    lim._free = times_out  # type: ignore[method-assign]
+    port = client.connection_pool.connection_kwargs["port"]
+    lossy = LostReply(host="127.0.0.1", port=port, socket_timeout=0.5)
+    lossy.deferred = True  # the release is kept from Redis: never sent
     try:
+        lim = make(client=lossy, active=1, queue=0, lease=60.0)
+        grant = lim.acquire()
+        lossy.trap = "release"
         with pytest.raises(redis.TimeoutError):
             grant.release()
+        again = try_acquire_now(lim)  # queue=0: refused if the slot were still held
+        assert again is not None, "a lost release kept its slot: the next caller was refused"
+        again.release()
     finally:
-        del lim._free
-    again = try_acquire_now(lim)  # queue=0: refused if the slot were still held
-    assert again is not None, "a lost release kept its slot: the next caller was refused"
-    again.release()
+        lossy.close()
 
 
 def check_every_process_follows_the_newest_start(
@@ -454,7 +455,7 @@ def check_a_dead_waiters_place_comes_back(
     presence period is over, and the next caller is admitted to its place."""
     lim = make(active=1, queue=1, wait=60.0)
     with lim.acquire():
-        assert lim._admit("dead")[0] == QUEUED  # a waiter whose process died at once
+        assert LimiterScript(client, lim).acquire("dead")[0] == QUEUED  # its process died
         start = server_ms(client)
         wait_until("the dead waiter's presence ended on Redis's clock",
                    lambda: server_ms(client) > start + ms(lim.PRESENCE))  # fmt: skip
@@ -477,8 +478,9 @@ def check_release_owner_frees_a_dead_owners_places(
 ) -> None:
     """release_owner frees the slot and the queue place a dead process held, at once."""
     lim = make(name="owned", active=1, queue=2, wait=60.0)
-    assert lim._admit(DEAD_OWNER + "holder")[0] == GRANTED
-    assert lim._admit(DEAD_OWNER + "waiter")[0] == QUEUED
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire(DEAD_OWNER + "holder")[0] == GRANTED
+    assert ghosts.acquire(DEAD_OWNER + "waiter")[0] == QUEUED
     assert release_owner(client, DEAD_OWNER, name="owned") == (1, 1)
     s = lim.stats()
     assert (s.active, s.queued) == (0, 0), (

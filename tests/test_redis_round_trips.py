@@ -36,6 +36,7 @@ from tests.support.redis_lead import (
     quiet,
     watcher_fixture,  # noqa: F401 (the watcher fixture)
 )
+from tests.support.redis_limiters import GIVE_UP
 from tests.support.redis_server import (
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
 )
@@ -47,7 +48,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 def test_a_refused_cold_request_makes_one_round_trip_and_leaves_no_flight(
     app: Flask, watcher: redis.Redis
 ) -> None:
-    ghosts = ghosts_fill(app, watcher)
+    lim, _ = ghosts_fill(app, watcher)
     http = app.test_client()
     # Warm-up: the settings check, the eviction warning, the script, and the lead sent after
     # a refusal (the second refusal's).
@@ -61,7 +62,7 @@ def test_a_refused_cold_request_makes_one_round_trip_and_leaves_no_flight(
     sent = commands.until_now()
     assert answer.status_code == 429
     assert sent == Counter({"EVALSHA": 1})
-    assert ghosts.stats().rejected_full == 3  # refused for a full queue, each of the three
+    assert lim.stats().rejected_full == 3  # refused for a full queue, each of the three
     assert flight_keys(watcher, app) == [], "a refused leader claimed or published a flight"
     assert app.extensions["slow_app"].figures()["total"] == 0
 
@@ -123,15 +124,15 @@ def test_an_entry_the_cold_lead_finds_is_answered_as_a_hit_in_one_round_trip(
 def test_a_leader_queued_by_the_cold_lead_waits_and_builds(
     app: Flask, watcher: redis.Redis
 ) -> None:
-    ghosts = ghosts_fill(app, watcher)
-    ghosts._poll("waiter", 1)  # the ghost waiter gives up its place: one is free
+    lim, ghosts = ghosts_fill(app, watcher)
+    ghosts.poll("waiter", GIVE_UP)  # the ghost waiter gives up its place: one is free
     http = app.test_client()
     answers: list[Any] = []
     request = threading.Thread(target=lambda: answers.append(http.get("/report/queued")))
     request.start()
     try:
-        wait_until("the leader queued", lambda: ghosts.stats().queued == 1)
-        assert ghosts._free("holder") == 1  # promotes the app's leader
+        wait_until("the leader queued", lambda: lim.stats().queued == 1)
+        assert ghosts.release("holder") == 1  # promotes the app's leader
         request.join(DEADLINE)
     finally:
         request.join(DEADLINE)

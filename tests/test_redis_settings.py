@@ -31,7 +31,7 @@ from reachlimit.redis import (
     release_owner,
 )
 from tests.support.limiter import Attempt, assert_exact_capacity, start_acquire
-from tests.support.redis_limiters import GRANTED, QUEUED, server_ms
+from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript, server_ms
 from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
@@ -199,14 +199,16 @@ def test_more_slots_recorded_promote_the_waiters_before_any_newcomer(client: red
     waits) finds every new slot taken, and queues behind them."""
     small = _Ghostly(client, "grown", active=1, queue=4, wait=60.0)
     small.stats()
-    assert small._admit("holder")[0] == GRANTED
-    assert small._admit("waiter-1")[0] == QUEUED
-    assert small._admit("waiter-2")[0] == QUEUED
+    ghosts = LimiterScript(client, small)
+    assert ghosts.acquire("holder")[0] == GRANTED
+    assert ghosts.acquire("waiter-1")[0] == QUEUED
+    assert ghosts.acquire("waiter-2")[0] == QUEUED
     big = _Ghostly(client, "grown", active=3, queue=4, wait=60.0)
-    big._check()  # its start, and nothing else
+    started = LimiterScript(client, big)
+    started.run("record", owner_prefix()[:-1])  # its start (the script a first call sends)
     holders = {t.decode() for t in client.zrange(big.keys[0], 0, -1)}
     assert holders == {"holder", "waiter-1", "waiter-2"}
-    assert big._admit("newcomer")[0] == QUEUED  # never ahead of the waiters
+    assert started.acquire("newcomer")[0] == QUEUED  # never ahead of the waiters
     small.close()
     big.close()
 
@@ -218,15 +220,16 @@ def test_fewer_slots_recorded_admit_nobody_until_the_holders_are_fewer(
     queues, and releases promote nobody until the one slot is free."""
     wide = _Ghostly(client, "shrunk", active=3, queue=4, wait=60.0)
     wide.stats()
+    ghosts = LimiterScript(client, wide)
     for n in range(3):
-        assert wide._admit(f"holder-{n}")[0] == GRANTED
+        assert ghosts.acquire(f"holder-{n}")[0] == GRANTED
     narrow = _Ghostly(client, "shrunk", active=1, queue=4, wait=60.0)
     narrow.stats()
-    assert wide._admit("waiter")[0] == QUEUED
+    assert ghosts.acquire("waiter")[0] == QUEUED
     holders = wide.keys[0]
-    assert wide._free("holder-0") == 1 and wide._free("holder-1") == 1
+    assert ghosts.release("holder-0") == 1 and ghosts.release("holder-1") == 1
     assert [t.decode() for t in client.zrange(holders, 0, -1)] == ["holder-2"]
-    assert wide._free("holder-2") == 1
+    assert ghosts.release("holder-2") == 1
     assert [t.decode() for t in client.zrange(holders, 0, -1)] == ["waiter"]
     wide.close()
     narrow.close()
@@ -289,13 +292,14 @@ def test_settings_lost_under_waiters_are_written_back_by_the_next_script(
     the waiter is still served in turn."""
     lim = _Ghostly(client, "evicted-settings", active=1, queue=2, wait=60.0)
     lim.stats()
-    assert lim._admit("holder")[0] == GRANTED
-    assert lim._admit("waiter")[0] == QUEUED
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED
+    assert ghosts.acquire("waiter")[0] == QUEUED
     if lost == "evicted":
         client.delete(settings_key(lim))
     else:
         client.hset(settings_key(lim), "active", "many")
-    assert lim._free("holder") == 1  # a release: the waiter is promoted into the slot
+    assert ghosts.release("holder") == 1  # a release: the waiter is promoted into the slot
     assert [t.decode() for t in client.zrange(lim.keys[0], 0, -1)] == ["waiter"]
     assert recorded(client, lim) == {
         b"active": b"1", b"queue": b"2", b"wait_ms": b"60000", b"lease_ms": b"10000",
@@ -310,9 +314,10 @@ def test_release_owner_takes_the_budgets_figures_from_redis(client: redis.Redis)
     lim = RedisColdLimiter(client, "owners", active=1, queue=4, wait=60.0)
     lim.stats()  # records active=1
     dead = "deadhost:0000:4242:"
-    assert lim._admit(dead + "holder")[0] == 1
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire(dead + "holder")[0] == 1
     for n in range(3):
-        assert lim._admit(f"livehost:0000:7:{n}")[0] == 2
+        assert ghosts.acquire(f"livehost:0000:7:{n}")[0] == 2
     freed, dropped = release_owner(client, dead, name="owners", active=5)
     assert (freed, dropped) == (1, 0)
     s = lim.stats()
@@ -346,8 +351,9 @@ def test_owners_carry_a_boot_id_so_hosts_sharing_a_hostname_stay_apart(
     # Two "hosts" with one hostname and the same worker PID: freeing one frees only its own.
     lim = RedisColdLimiter(client, "twins", active=2, queue=0)
     lim.stats()
-    assert lim._admit(f"{host}:aaaa0000:7:x")[0] == 1
-    assert lim._admit(f"{host}:bbbb0000:7:y")[0] == 1
+    ghosts = LimiterScript(client, lim)
+    assert ghosts.acquire(f"{host}:aaaa0000:7:x")[0] == 1
+    assert ghosts.acquire(f"{host}:bbbb0000:7:y")[0] == 1
     assert release_owner(client, f"{host}:aaaa0000:7:", name="twins") == (1, 0)
     assert [t.decode() for t in client.zrange(lim.keys[0], 0, -1)] == [f"{host}:bbbb0000:7:y"]
     with pytest.raises(ValueError, match="boot id"):

@@ -42,18 +42,32 @@ import tests.test_storms as local_storms
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter
 from tests.support import stress
+from tests.support.redis_clients import script_operation
+from tests.support.redis_limiters import GIVE_UP, LimiterScript, doorbell
 from tests.support.redis_server import RedisServer
 from tests.test_redis_mutants import PROMOTION_KEEPS_PLACE
 
 pytestmark = [pytest.mark.redis, *stress.MARKS]
 
 
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(
+def _client_of(redis_server: RedisServer, cls: type[redis.Redis] = redis.Redis) -> redis.Redis:
+    return cls(
         host="127.0.0.1", port=redis_server.port, socket_timeout=0.5, socket_connect_timeout=0.5
     )
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = _client_of(redis_server)
     c.flushall()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def counted(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client that counts the waits it serves (``_WaitsCounted``), for the storm's limiters."""
+    c = _client_of(redis_server, _WaitsCounted)
     yield c
     c.close()
 
@@ -66,7 +80,7 @@ def redis_snapshot(client: redis.Redis, lim: RedisColdLimiter) -> dict[str, Any]
     pipe.zrange(queue_key, 0, -1)
     pipe.zrange(alive_key, 0, -1)
     pipe.hkeys(deadline_key)
-    pipe.keys(lim._bell + "*")
+    pipe.keys(doorbell(lim, "*"))
     pipe.hkeys(lim.keys[6])  # each waiter's client (the fair queue)
     holders, queue, alive, deadlines, bells, clientof = pipe.execute()
     return {
@@ -74,7 +88,7 @@ def redis_snapshot(client: redis.Redis, lim: RedisColdLimiter) -> dict[str, Any]
         "queue": [t.decode() for t in queue],
         "alive": {t.decode() for t in alive},
         "deadlines": {t.decode() for t in deadlines},
-        "bells": {k.decode().removeprefix(lim._bell) for k in bells},
+        "bells": {k.decode().removeprefix(doorbell(lim, "")) for k in bells},
         "clientof": {t.decode() for t in clientof},
     }
 
@@ -97,7 +111,7 @@ def redis_violations(client: redis.Redis, lim: RedisColdLimiter) -> list[str]:
     # A doorbell is a holder's (promoted, not yet claimed) or a displaced waiter's ("d",
     # until it reads it; read after the snapshot, so one gone meanwhile is not a violation).
     stray = {
-        t for t in s["bells"] - held if client.lindex(lim._bell + t, 0) not in (b"d", None)
+        t for t in s["bells"] - held if client.lindex(doorbell(lim, t), 0) not in (b"d", None)
     }
     if stray:
         out.append(f"a doorbell for a token that holds no slot: {stray}")
@@ -236,13 +250,13 @@ def test_the_redis_invariants_see_a_forgotten_or_doubled_place(client: redis.Red
     try:
         for lim in (real, broken):
             holder = lim.acquire()
-            assert lim._admit("ghost")[0] == 2  # queued (a waiter that never polls)
+            assert LimiterScript(client, lim).acquire("ghost")[0] == 2  # queued, never polls
             assert redis_violations(client, lim) == []
             holder.release()  # promotes "ghost"
         assert redis_violations(client, real) == []
         assert any("both holding and queued" in v for v in redis_violations(client, broken))
 
-        assert real._admit("second")[0] == 2
+        assert LimiterScript(client, real).acquire("second")[0] == 2
         client.zrem(real.keys[2], "second")  # its presence entry forgotten
         assert any("differ" in v for v in redis_violations(client, real))
         client.zrem(real.keys[0], "ghost")  # the slot is idle, "second" still waits
@@ -255,24 +269,26 @@ def test_the_redis_invariants_see_a_forgotten_or_doubled_place(client: redis.Red
 # -- the storm --------------------------------------------------------------------------------
 
 
-class _CountedWaits(RedisColdLimiter):
-    """Counts, per thread, the waits it enters, in the storm's per-thread counter: the storm
-    worker tells a fast path from a promotion, and a cancel seen at once from one seen while
-    waiting, by whether that counter moved (on ColdLimiter, a clock read marks the same)."""
+class _WaitsCounted(redis.Redis):
+    """The storm's limiters' client: counts, per thread, what a waiter sends once it waits (a
+    block on its doorbell, a poll), in the storm's per-thread counter: the storm worker tells a
+    fast path from a promotion, and a cancel seen at once from one seen while waiting, by
+    whether that counter moved (on ColdLimiter, a clock read marks the same)."""
 
-    def _wait_for_slot(self, token: str, remaining: float, cancel: Any) -> Any:
-        local_storms._tls.reads = local_storms._reads() + 1
-        return super()._wait_for_slot(token, remaining, cancel)
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "BLPOP" or script_operation(args) == "poll":
+            local_storms._tls.reads = local_storms._reads() + 1
+        return super().execute_command(*args, **options)
 
 
-class _Lasting(_CountedWaits):
+class _Lasting(RedisColdLimiter):
     """The storm's settings (one budget, one set of settings), with waiters that stay present
     for the whole final check (``PRESENCE`` is not a budget setting: each process has its own)."""
 
     PRESENCE = 120.0
 
 
-def _assert_full_capacity_usable_in_redis(lim: _Lasting) -> None:
+def _assert_full_capacity_usable_in_redis(client: redis.Redis, lim: _Lasting) -> None:
     """``_assert_full_capacity_usable`` of ``tests/test_storms.py`` on Redis: every slot and
     every queue place is still there: ``active`` fast-path grants (no wait entered), then
     ``queue`` admitted waiters, then an immediate queue_full refusal. The waiters are ghosts
@@ -283,13 +299,14 @@ def _assert_full_capacity_usable_in_redis(lim: _Lasting) -> None:
     grants = [lim.acquire() for _ in range(lim.capacity_active)]
     assert local_storms._reads() == before, "a fast-path acquire entered a wait"
     ghosts = [f"final-check-{i}" for i in range(lim.capacity_queue)]
+    script = LimiterScript(client, lim)
     try:
-        assert [lim._admit(token)[0] for token in ghosts] == [2] * lim.capacity_queue  # queued
+        assert [script.acquire(token)[0] for token in ghosts] == [2] * lim.capacity_queue
         with pytest.raises(Busy) as refused:
             lim.acquire()
         assert refused.value.reason == "queue_full"
     finally:
-        cancelled = [lim._poll(token, 1)[0] for token in ghosts]  # give up: 4 cancelled
+        cancelled = [script.poll(token, GIVE_UP)[0] for token in ghosts]  # 4 cancelled
         for grant in grants:
             grant.release()
     assert cancelled == [4] * lim.capacity_queue, cancelled
@@ -318,6 +335,7 @@ REDIS_STORM_CONFIGS = [  # (active, queue, wait seconds, threads, clients; the f
 @pytest.mark.parametrize("active,queue,wait,threads,clients", REDIS_STORM_CONFIGS)
 def test_redis_thread_storm(
     client: redis.Redis,
+    counted: redis.Redis,
     active: int,
     queue: int,
     wait: float,
@@ -326,8 +344,8 @@ def test_redis_thread_storm(
 ) -> None:
     ops = 1000 if stress.LONG else 100
     rng = random.Random(f"{stress.SEED}-redis-{active}-{queue}-{wait}")
-    lim = _CountedWaits(client, "storm", active, queue, wait=wait)
-    twin = _Lasting(client, "storm", active, queue, wait=wait)  # for the final check
+    lim = RedisColdLimiter(counted, "storm", active, queue, wait=wait)
+    twin = _Lasting(counted, "storm", active, queue, wait=wait)  # for the final check
     storm = local_storms.Storm(active)
     tallies = [Counter[str]() for _ in range(threads + 2)]
     # Several clients: a crawler on most threads and one thread for each other client, each
@@ -379,7 +397,7 @@ def test_redis_thread_storm(
         if len(clients) > 1:
             assert s.displaced, tally  # the crawler's waiters were displaced, on Redis too
         # Every slot and queue place is usable again (with waiters that stay queued).
-        _assert_full_capacity_usable_in_redis(twin)
+        _assert_full_capacity_usable_in_redis(client, twin)
         assert_nothing_left(client, lim)
     finally:
         storm.stop.set()

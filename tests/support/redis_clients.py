@@ -6,16 +6,24 @@ The fixtures are registered for the whole suite by ``tests/conftest.py``
 ``make_client(**options)`` makes a client of the module's ``redis_server`` with short socket
 timeouts (0.5 s, as the library advises), closed at teardown; ``client`` is one of those on an
 emptied Redis. ``cls=`` makes a subclass of :class:`CountingRedis` instead.
+
+Fakes of a process's troubles, seen from Redis, each a client the library object is given:
+:class:`ScriptTrap` (the calls of one operation of a script go to ``trapped``, which a
+subclass makes fail as Redis would), :class:`LostReply` (that call's reply is lost: run, or
+kept for the test to send later) and :class:`PausedRenewals` (the object's lease renewals
+never reach Redis while ``paused`` is set, as if its process were paused).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import pytest
 import redis
+from redis.client import Pipeline
 
 from tests.support import HOST
 from tests.support.redis_server import RedisServer
@@ -42,6 +50,92 @@ class CountingRedis(redis.Redis):
 
     def total(self) -> int:
         return sum(self.sent.values())
+
+
+def script_operation(args: tuple[Any, ...]) -> str | None:
+    """The operation an ``EVALSHA``/``EVAL`` command runs (its first argument after the keys:
+    every script of the library takes it first), or None for any other command."""
+    if str(args[0]).upper() not in ("EVALSHA", "EVAL"):
+        return None
+    # EVALSHA <sha> <number of keys> <keys...> <operation> <arguments...>
+    op = args[3 + int(args[2])]
+    return op.decode() if isinstance(op, bytes) else str(op)
+
+
+class ScriptTrap(CountingRedis):
+    """A client whose calls of one operation of a script (``trap``: its name, the script's
+    first argument, once set) go to ``trapped``, which a subclass makes fail as Redis
+    would; every EVALSHA is counted by its operation too (``"EVALSHA <operation>"``)."""
+
+    trap = ""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        op = script_operation(args)
+        if op is not None and args[0] == "EVALSHA":
+            self.sent[f"EVALSHA {op}"] += 1
+        if self.trap and op == self.trap:
+            return self.trapped(args, options)
+        return super().execute_command(*args, **options)
+
+    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        return super().execute_command(*args, **options)
+
+
+class LostReply(ScriptTrap):
+    """The next call of the operation ``trap`` loses its reply: it runs in Redis, then the
+    caller gets a timeout (``deferred`` False); or it is kept in ``late`` and raises without
+    running, for the test to send later, as a paused Redis runs what was sent to it once it
+    resumes (``deferred`` True)."""
+
+    deferred = False
+    late: tuple[Any, ...] = ()
+
+    def trapped(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        self.trap = ""
+        if self.deferred:
+            self.late = args
+        else:
+            super().trapped(args, options)
+        raise redis.exceptions.TimeoutError("reply lost")
+
+
+class PausedRenewals(CountingRedis):
+    """A client whose lease renewals (the ``renew`` operation of a limiter's script, one
+    call; of a flight's, a pipeline of them) never reach Redis while :attr:`paused` is set,
+    as if the process were paused: the object renewing hears nothing lost, and the leases
+    end in Redis when their time is up. Cleared, renewals go through again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.paused = threading.Event()
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.paused.is_set() and script_operation(args) == "renew":
+            return []  # a limiter's renewal: no token reported lost
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        pipe = _PausablePipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+        pipe.paused = self.paused
+        return pipe
+
+
+class _PausablePipeline(Pipeline):
+    """A pipeline of :class:`PausedRenewals`: one made only of renewals is dropped, every
+    claim answered kept (1), while ``paused`` is set."""
+
+    paused: threading.Event
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack = [entry[0] for entry in self.command_stack]
+        if self.paused.is_set() and stack and all(
+            script_operation(args) == "renew" for args in stack
+        ):
+            self.reset()
+            return [1] * len(stack)
+        return super().execute(raise_on_error)
 
 
 class Closes(Protocol):

@@ -25,7 +25,7 @@ from reachlimit.flask import ReachLimit
 from reachlimit.redis import RedisColdLimiter
 from tests.apps.slow_app import create_app
 from tests.support import HOST
-from tests.support.redis_limiters import GRANTED, QUEUED
+from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript
 from tests.support.redis_server import RedisServer
 
 
@@ -108,16 +108,18 @@ def quiet(app: Flask) -> None:
     ext.path.limiter.members.close(leave=False)
 
 
-def ghosts_fill(app: Flask, watcher: redis.Redis) -> Patient:
-    """Take the budget's one slot and its one queue place with the test's own limiter, so
-    that every cold request of the app is refused (queue full)."""
+def ghosts_fill(app: Flask, watcher: redis.Redis) -> tuple[Patient, LimiterScript]:
+    """Take the budget's one slot and its one queue place with ghosts of the test's own
+    limiter ("holder", "waiter"), so that every cold request of the app is refused (queue
+    full): that limiter (to read the budget's figures), and its script driven by the test."""
     settings = app.extensions["reachlimit"].settings
-    ghosts = Patient(
+    lim = Patient(
         watcher, "cold", 1, 1, settings.wait, lease=120.0, prefix=settings.redis_prefix
     )
-    assert ghosts._admit("holder")[0] == GRANTED
-    assert ghosts._admit("waiter")[0] == QUEUED
-    return ghosts
+    ghosts = LimiterScript(watcher, lim)
+    assert ghosts.acquire("holder")[0] == GRANTED
+    assert ghosts.acquire("waiter")[0] == QUEUED
+    return lim, ghosts
 
 
 def flight_keys(watcher: redis.Redis, app: Flask) -> list[bytes]:

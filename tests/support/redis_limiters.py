@@ -4,9 +4,11 @@ the test's ``client``, or on ``client=``, or a subclass as ``cls=``; every one m
 teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
 ``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
-(``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``), ``server_ms`` (Redis's own clock in ms),
-``state_of`` (every key matching a pattern with its full content) and ``burst_accounted``
-(a shared budget's figures once every request of a burst is counted there). The fixtures are
+(``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``) and what a poll tells Redis (``STAY``,
+``GIVE_UP``), :class:`LimiterScript` (the limiter's script run by the test itself: ghosts),
+``doorbell`` (a waiter's doorbell key), ``server_ms`` (Redis's own clock in ms), ``state_of``
+(every key matching a pattern with its full content) and ``burst_accounted`` (a shared
+budget's figures once every request of a burst is counted there). The fixtures are
 registered for the whole suite by ``tests/conftest.py`` (``pytest_plugins``).
 """
 
@@ -21,11 +23,71 @@ import redis
 
 from reachlimit.redis import RedisColdLimiter, RedisLimiterStats
 from tests.support.redis_clients import CountingRedis, closed_at_teardown
+from tests.support.redis_mutants import script_text
 from tests.support.waiting import wait_until
 
 #: What the limiter's scripts answer: an acquire (granted, queued, refused full) and a poll.
 GRANTED, QUEUED, FULL = 1, 2, 0
 POLL_GRANTED, POLL_WAITING, POLL_TIMEOUT, POLL_CANCELLED = 1, 2, 3, 4
+#: What a poll tells Redis about its waiter (``lua/limiter.lua``'s poll, ARGV[4]): it stays,
+#: or it gives up (its client left: counted cancelled).
+STAY, GIVE_UP = 0, 1
+
+
+def doorbell(lim: RedisColdLimiter, token: str) -> str:
+    """The doorbell key of ``lim``'s waiter ``token`` (``T:w:<token>``, ``lua/README.md``);
+    ``doorbell(lim, "*")`` matches every one of them."""
+    return lim.keys[0].removesuffix("holders") + "w:" + token
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class LimiterScript:
+    """``lua/limiter.lua`` (or the mutant installed on ``lim``:
+    ``tests/support/redis_mutants.py``) run by the test itself on ``lim``'s budget, with its
+    public key names and settings (``keys``, ``settings()``, ``PRESENCE``), through
+    ``client``: an attempt the test drives one script at a time. A *ghost* is one admitted by
+    :meth:`acquire` that never polls nor renews unless the test does: what a process that died
+    looks like from Redis (with a ``lim`` whose ``PRESENCE`` is long, a waiter that stays)."""
+
+    def __init__(self, client: redis.Redis, lim: RedisColdLimiter) -> None:
+        own = lim.settings()
+        self.keys = lim.keys
+        #: ARGV[2] of every operation: the presence period, the lease, then the settings.
+        self.figures = (
+            f"{_ms(lim.PRESENCE)} {own['lease_ms']} {own['active']} {own['queue']} "
+            f"{own['wait_ms']} {own['deadline']}"
+        )
+        self._script = client.register_script(script_text(lim))
+
+    def run(self, op: str, *args: str | int) -> Any:
+        """One operation of the script with its own arguments (after the figures)."""
+        return self._script(keys=self.keys, args=[op, self.figures, *args])
+
+    def acquire(self, token: str, who: str = "-") -> tuple[int, int]:
+        """An acquire of ``token`` for client id ``who`` ("-": the anonymous client):
+        (status, the budget's wait in ms when queued; a late refusal's Retry-After in s;
+        else 0)."""
+        reply = self.run("acquire", token, who)
+        if isinstance(reply, list):
+            return int(reply[0]), int(reply[1])
+        return int(reply), 0
+
+    def poll(self, token: str, leaving: int = STAY) -> tuple[int, int]:
+        """A poll of waiter ``token``: (outcome, milliseconds left of its wait)."""
+        reply = self.run("poll", token, leaving)
+        return int(reply[0]), int(reply[1])
+
+    def release(self, token: str, timed: bool = False) -> int:
+        """A release of ``token``'s slot: 1 if it was still its own (now freed), else 0.
+        ``timed``: a waiter was promoted to it (Redis records how long it was held)."""
+        return int(self.run("release", token, "t") if timed else self.run("release", token))
+
+    def renew(self, *tokens: str) -> list[str]:
+        """A renewal of ``tokens``' leases: the tokens Redis no longer holds."""
+        return [t.decode() if isinstance(t, bytes) else str(t) for t in self.run("renew", *tokens)]
 
 
 @pytest.fixture(name="make_limiter")

@@ -15,13 +15,16 @@ mutant of it changes only what that piece does.
 
 ``install(obj, changes)`` replaces the script of one object (a limiter, a cache, a flight,
 a member: each has one, ``_script``; a limiter sends EVALSHA itself with the SHA it keeps
-encoded, ``_sha``, replaced too). ``mutant_class(base, changes)`` does it for every object
-a class makes (the checks of ``tests/support/limiter_checks.py`` and
-``tests/support/fairness.py`` make their own limiters through a factory).
+encoded, ``_sha``, replaced too), and remembers the mutant's text for the test's own calls of
+that object's script (``script_text``: the ghosts of ``tests/support/redis_limiters.py`` run
+it). ``mutant_class(base, changes)`` does it for every object a class makes (the checks of
+``tests/support/limiter_checks.py`` and ``tests/support/fairness.py`` make their own
+limiters through a factory).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any, TypeVar, cast
 
@@ -34,6 +37,9 @@ Change = tuple[str, str]
 MUTATED: set[str] = set()
 
 T = TypeVar("T")
+
+#: The text of the mutant installed on each object, by object (:func:`install`).
+_INSTALLED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def broken(text: str, changes: Iterable[Change], where: str = "the script") -> str:
@@ -62,10 +68,18 @@ def install(obj: Any, changes: Iterable[Change]) -> None:
     registered (and a limiter's ``_sha`` with it)."""
     assert hasattr(obj, "_script"), f"{type(obj).__name__} has no _script any more"
     text: str = obj._script.script
-    script = obj._client.register_script(broken(text, changes, f"{type(obj).__name__}'s"))
+    mutant = broken(text, changes, f"{type(obj).__name__}'s")
+    script = obj._client.register_script(mutant)
     obj._script = script
+    _INSTALLED[obj] = mutant
     if hasattr(obj, "_sha"):  # the limiter sends EVALSHA itself, its SHA encoded once
         obj._sha = script.sha.encode()
+
+
+def script_text(obj: Any, default: str | None = None) -> str:
+    """The text of the script ``obj`` runs: the mutant installed on it, else ``default``
+    (by default the limiter's script, ``lua.LIMITER`` as it is now)."""
+    return _INSTALLED.get(obj, lua.LIMITER if default is None else default)
 
 
 def mutant_class(base: type[T], changes: Iterable[Change]) -> type[T]:
