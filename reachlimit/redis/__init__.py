@@ -12,16 +12,13 @@ cycle: each imports only those above it and the core)::
     lua/         the Lua scripts, one self-contained ``.lua`` file each, read as they are
     _renewer     LeaseRenewer: the one lease-renewing thread of a limiter or a flight
     _waker       Waker: ends a waiter's blocking read on time
-    _replies     the scripts' reply codes
-    _grant       RedisGrant: one slot held as a renewed lease
     _stats       RedisLimiterStats and the reading of the stats operation's reply
     _lead        the cold lead's reply and its hand-over to the recheck and the acquire
-    _wait        a waiter's loop: doorbell, polls, deadline, cancel    (_replies, _waker)
     _members     Members: the live processes of a budget, announced by a daemon thread
                                                                        (_common, lua, _daemon)
-    _limiter     RedisColdLimiter                                      (_common, lua, _renewer,
-                                                                        _wait, _grant, _stats,
-                                                                        _lead, _members)
+    _limiter     RedisColdLimiter: admission, its waiters' loop, its   (_common, lua, _renewer,
+                 grants (RedisGrant) and their leases, the lost-reply   _waker, _stats, _lead,
+                 give-up, the settings record                           _members)
     _owners      release_owner, release_claims: a dead process's places  (_limiter, lua)
                  and singleflight claims, freed by its parent
     _cache       RedisCache and its codecs                            (_common, lua, _lead)

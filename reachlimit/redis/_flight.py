@@ -83,7 +83,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -199,8 +198,6 @@ class RedisSingleFlight(Leased):
             "reachlimit-flight-renewer", self._lease / 3, self._renew, what="flight claim(s)",
             on_error=self._report,
         )
-        #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
-        self._renewal_paused = self._claims.paused
         # The outcomes whose publish failed, published again once Redis answers; and the
         # claims a script whose reply was lost may have left (outcome None), dropped then.
         self._late: Republisher[tuple[_Claim, bytes | None]] = Republisher(
@@ -287,11 +284,6 @@ class RedisSingleFlight(Leased):
         ``RuntimeError`` from now on."""
         self._claims.close(timeout)
         self._late.close(timeout)
-
-    @property
-    def _renewer(self) -> threading.Thread | None:
-        """Racy read: the claim renewer's thread, once started (for tests)."""
-        return self._claims.thread
 
     def __repr__(self) -> str:
         return (f"<RedisSingleFlight {{{self._prefix}:{self._name}}} lease={self._lease} "

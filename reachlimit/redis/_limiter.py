@@ -1,9 +1,9 @@
-"""A cold limiter shared by every process that uses the same Redis and name.
+"""A cold limiter shared by every process that uses the same Redis and name: its admission,
+its waiters' loop, its grants and their leases.
 
 Its Lua script is ``reachlimit/redis/lua/limiter.lua`` (every operation, the first argument
 naming which); the waker thread is ``_waker``, the parent's release of a dead process's places
-``_owners``; the waiting loop is ``_wait``, the grant ``_grant``, the figures ``_stats`` and
-the scripts' replies ``_replies``.
+``_owners``, the figures ``_stats``.
 
 design:
 
@@ -37,8 +37,26 @@ design:
     (``refuse_late`` in ``lua/limiter.lua``). A waiter refused late learns it from its doorbell
     ("l" and its Retry-After) or its next poll, as a displaced one does.
 
-    Who wakes whom (a waiter blocks on its own doorbell; the ``Waker`` thread ends its
-    ``BLPOP`` on time): the design note of ``_wait``, which holds the waiting loop.
+    Who wakes whom: a waiter blocks in ``BLPOP`` on its own doorbell for at most
+    ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
+    promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
+    for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
+    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
+    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
+    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
+    (``Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
+    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
+    a slice and its deadline within a few milliseconds, as the local limiter does
+    (``benchmarks/redis_handoff.py`` measures both).
+
+    One pass of a waiter's loop (``_wait_for_slot``, in the requesting thread): the cancel
+    token set -> a giving-up poll (displaced or refused late meanwhile is counted as such) and
+    Cancelled; else block on the doorbell for the slice; "d" -> displaced; "l<s>" -> refused
+    late, s its Retry-After; a ring, the next poll's time or the deadline -> the poll, whose
+    outcome (granted, timeout, gone, displaced, late, or waiting with the milliseconds left)
+    decides. The local clock only schedules the next poll; whether the wait is over is decided
+    on Redis's clock. On any other exception the waiter leaves with an abandoning poll (or,
+    Redis unreachable, its token is given up at the next round trip).
 
     Leases: a grant is a lease of ``lease`` seconds, renewed every ``lease / 3`` seconds by one
     daemon thread per limiter object, in one round trip for all its grants. A process that
@@ -81,6 +99,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -93,7 +112,6 @@ from .._errors import Busy, Cancelled
 from .._limiter import Grant, LimiterFigures
 from . import lua
 from ._common import (
-    LIMITER_KEY_SUFFIXES,
     REDIS_ERRORS,
     Client,
     Leased,
@@ -110,23 +128,15 @@ from ._common import (
     socket_timeout,
     warn_eviction,
 )
-from ._grant import RedisGrant
 from ._lead import HandOver, LeadReply
 from ._members import Members
 from ._renewer import LeaseRenewer
-from ._replies import _FULL, _GRANTED, _LATE
-from ._replies import _GIVE_UP as _GIVE_UP  # tests import it from here
-from ._replies import _STAY as _STAY  # tests import it from here
 from ._stats import RedisLimiterStats, stats_from_reply
-from ._wait import wait_for_slot
 from ._waker import Waker
 
 __all__ = ["RedisColdLimiter", "RedisGrant", "RedisLimiterStats"]
 
 log = logging.getLogger("reachlimit")
-
-#: The fixed keys, after the hash tag, in the order the script reads KEYS.
-KEY_SUFFIXES = LIMITER_KEY_SUFFIXES
 
 #: The operations of ``lua/limiter.lua`` a limiter sends with its fixed keys (the cold lead,
 #: ``lead``, adds three keys of the request's: ``_lead_head``).
@@ -134,6 +144,24 @@ OPERATIONS = ("acquire", "release", "poll", "renew", "stats", "give_up", "adopt"
 
 #: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
 _ANONYMOUS = "-"
+
+# What the script answers: small integers, cheap to send and the same whether the client
+# decodes responses or not (``lua/limiter.lua`` says which operation answers which).
+#: An acquire's status: refused (the queue full), granted, queued (with the budget's wait).
+FULL, GRANTED, QUEUED = 0, 1, 2
+#: A poll's outcome besides GRANTED: still waiting (with the ms left of its wait), timed out,
+#: gone (dropped, or never known), displaced (by a leader of a client holding fewer places).
+WAITING, TIMEOUT, GONE, DISPLACED = 2, 3, 5, 6
+#: An acquire's or a poll's answer: refused, its place cannot start within its wait (no
+#: wasted waits), with its Retry-After in s.
+LATE = 7
+#: What a waiter's doorbell holds when it was displaced, and how it begins when it was
+#: refused late ("l<its Retry-After in s>"); bytes, or str with decode_responses.
+DISPLACED_BELL = (b"d", "d")
+LATE_BELL = (b"l", "l")
+#: What a poll tells Redis about its waiter: it stays, it gives up (its client left: counted
+#: cancelled), or it abandons (it leaves on an error: counted nowhere).
+STAY, GIVE_UP, ABANDON = 0, 1, 2
 
 
 def script_settings(
@@ -278,8 +306,6 @@ class RedisColdLimiter(Leased, LimiterFigures):
         )
         # Tokens of calls whose replies were lost: given up before the next round trip.
         self._lost_tokens: set[str] = set()
-        #: Test hook: while set, the renewer skips its renewals (as if the process were paused).
-        self._renewal_paused = self._leases.paused
         self._cluster = is_cluster(client)  # a PING there would go to any node: nudge ours
         self._waker = Waker(client, self._keys[0] if self._cluster else None)
         # An admission the cold lead made (token, status, wait in ms), for the acquire that
@@ -290,9 +316,9 @@ class RedisColdLimiter(Leased, LimiterFigures):
 
     @property
     def keys(self) -> list[str]:
-        """The fixed keys of this limiter, in the order of ``KEY_SUFFIXES`` (each client
-        that waits also has a key of the same hash tag, and each waiter a doorbell while it
-        is promoted: ``lua/README.md``)."""
+        """The fixed keys of this limiter, in the order its script takes them as KEYS
+        (``_common.LIMITER_KEY_SUFFIXES``; each client that waits also has a key of the same
+        hash tag, and each waiter a doorbell while it is promoted: ``lua/README.md``)."""
         return list(self._keys)
 
     def members(self, **options: Any) -> Members:
@@ -334,11 +360,11 @@ class RedisColdLimiter(Leased, LimiterFigures):
             # The anonymous client's id is the script's default: one argument less to send.
             args = (token,) if who == _ANONYMOUS else (token, who)
             status, wait_ms = _admission(self._send(token, self._heads["acquire"], *args))
-        if status == _GRANTED:
+        if status == GRANTED:
             return self._granted(token)
-        if status == _FULL:
+        if status == FULL:
             raise Busy(Busy.QUEUE_FULL, self._retry_after)
-        if status == _LATE:  # queued and refused at once: its place could not start in time
+        if status == LATE:  # queued and refused at once: its place could not start in time
             raise Busy(Busy.DEADLINE, max(self._retry_after, wait_ms))  # (here: seconds)
         # Queued for the budget's wait, as Redis answered (its deadline is Redis's too).
         return self._wait_for_slot(token, wait_ms / 1000, cancel)
@@ -456,11 +482,6 @@ class RedisColdLimiter(Leased, LimiterFigures):
         flag, ``_lost_tokens`` and ``_members``."""
         return self._leases.lock
 
-    @property
-    def _renewer(self) -> threading.Thread | None:
-        """Racy read: the lease renewer's thread, once started (for tests)."""
-        return self._leases.thread
-
     def __repr__(self) -> str:
         return (
             f"<RedisColdLimiter {self._keys[0].rsplit(':', 1)[0]} active={self._capacity} "
@@ -544,22 +565,6 @@ class RedisColdLimiter(Leased, LimiterFigures):
             log.info("reachlimit: gave up %d slot(s) and %d queue place(s) whose replies "
                      "were lost", int(freed), int(left))
 
-    def _admit(self, token: str, who: str = "-") -> tuple[int, int]:
-        """An acquire of ``token`` for client id ``who``: (status, wait in ms: the budget's,
-        when queued; else 0)."""
-        return _admission(self._evalsha(self._heads["acquire"], token, who))
-
-    def _free(self, token: str, timed: bool = False) -> int:
-        """A release: 1 if the slot was still ``token``'s (now freed), else 0. ``timed``: a
-        waiter was promoted to it (Redis records how long it was held)."""
-        if timed:
-            return int(self._evalsha(self._heads["release"], token, "t"))
-        return int(self._evalsha(self._heads["release"], token))
-
-    def _free_grant(self, grant: RedisGrant) -> int:
-        """The release of ``grant`` (:meth:`_free`, told whether it is timed)."""
-        return self._free(grant.token, True) if grant.timed else self._free(grant.token)
-
     def _poll(self, token: str, leaving: int) -> tuple[int, int]:
         """A poll: (outcome, milliseconds left of the wait)."""
         reply = self._evalsha(self._heads["poll"], token, str(leaving))
@@ -568,9 +573,63 @@ class RedisColdLimiter(Leased, LimiterFigures):
     # -- waiting --------------------------------------------------------------------------
 
     def _wait_for_slot(self, token: str, remaining: float, cancel: CancelToken | None) -> Grant:
-        """Wait as a queued waiter until promoted, timed out, cancelled or dropped (in the
-        requesting thread; ``_wait.wait_for_slot``). A method, so that a subclass can wrap it."""
-        return wait_for_slot(self, token, remaining, cancel)
+        """Wait as a queued waiter until promoted, timed out, cancelled, displaced or refused
+        late (module design: one pass of the loop). Runs in the requesting thread; the local
+        clock only schedules the next poll."""
+        bell = self._bell + token
+        slice_cap = self.CANCEL_POLL_INTERVAL if cancel is not None else self.POLL_EVERY
+        slice_cap = min(slice_cap, self._block_cap)
+        retry = 0  # a late refusal's Retry-After (s), from Redis
+        try:
+            now = time.monotonic()
+            next_poll = now + self.POLL_EVERY
+            deadline = now + remaining
+            while True:
+                if cancel is not None and cancel.is_set():
+                    # Cancelled, or already gone: either way; displaced or late is counted
+                    # as such.
+                    outcome, retry = self._poll(token, GIVE_UP)
+                    if outcome in (DISPLACED, LATE):
+                        break
+                    raise Cancelled()
+                now = time.monotonic()
+                block = max(0.001, min(slice_cap, next_poll - now, deadline - now + 0.001))
+                self._waker.wake_at(time.monotonic() + block)
+                rang = self._client.blpop([bell], timeout=block)
+                if rang is not None and rang[1] in DISPLACED_BELL:
+                    outcome = DISPLACED  # the displacer took us out of the queue
+                    break
+                if rang is not None and rang[1][:1] in LATE_BELL:
+                    outcome, retry = LATE, int(rang[1][1:] or 1)  # its refuser took us out
+                    break
+                now = time.monotonic()
+                if rang is None and now < next_poll and now < deadline:
+                    continue
+                outcome, remaining_ms = self._poll(token, STAY)
+                if outcome != WAITING:
+                    retry = remaining_ms  # (for LATE: its Retry-After in s)
+                    break
+                now = time.monotonic()
+                next_poll = now + self.POLL_EVERY
+                deadline = now + remaining_ms / 1000
+        except Cancelled:
+            raise
+        except BaseException:
+            # A Redis error, or an exception thrown into this thread: leave the queue (or
+            # pass on a slot handed over meanwhile). If Redis cannot be reached, it drops us
+            # anyway one presence period after our last poll.
+            try:
+                self._poll(token, ABANDON)
+            except REDIS_ERRORS:
+                self._lose(token)  # Redis drops us anyway, a presence period later
+            raise
+        if outcome == GRANTED:
+            return self._granted(token, timed=True)
+        if outcome == DISPLACED:
+            raise Busy(Busy.DISPLACED, self._retry_after)
+        if outcome == LATE:
+            raise Busy(Busy.DEADLINE, max(self._retry_after, retry))
+        raise Busy(Busy.TIMEOUT, self._retry_after)  # TIMEOUT, or GONE: the place was lost
 
     # -- grants and their leases ------------------------------------------------------------
 
@@ -589,7 +648,10 @@ class RedisColdLimiter(Leased, LimiterFigures):
             grant._held = False
             self._leases.drop_locked(grant.token)
         try:
-            kept = self._free_grant(grant)
+            if grant.timed:  # Redis records how long a promoted waiter's grant was held
+                kept = int(self._evalsha(self._heads["release"], grant.token, "t"))
+            else:
+                kept = int(self._evalsha(self._heads["release"], grant.token))
         except REDIS_ERRORS:
             self._lose(grant.token)  # freed at the next round trip, not after its lease
             raise
@@ -601,3 +663,34 @@ class RedisColdLimiter(Leased, LimiterFigures):
         trip; the tokens Redis no longer holds (lost leases, never revived)."""
         lost = self._evalsha(self._heads["renew"], *(g.token for g in grants))
         return [t.decode() if isinstance(t, bytes) else str(t) for t in lost]
+
+
+class RedisGrant(Grant):
+    """One build slot of a :class:`RedisColdLimiter`, held as a renewed lease.
+
+    Same use as :class:`~reachlimit.Grant`: leaving the ``with`` block releases it;
+    ``release()`` releases it early; a second ``release()`` raises ``RuntimeError``. The
+    slot it frees is only ever its own: after a lost lease the release changes nothing.
+    """
+
+    __slots__ = ("_limiter", "token", "_lost", "timed")
+
+    def __init__(self, limiter: RedisColdLimiter, token: str, timed: bool = False) -> None:
+        self._limiter = limiter
+        self.token = token
+        self._held = True  # guarded by the limiter's lock
+        self._lost = False  # set (once) by the renewer or the release; racy read
+        #: A waiter was promoted to it: Redis times it, and its release says so.
+        self.timed = timed
+
+    @property
+    def lease_lost(self) -> bool:
+        """Racy read: whether this grant is known to have lost its lease."""
+        return self._lost
+
+    def _give_back(self, strict: bool) -> None:
+        self._limiter._give_back(self, strict)
+
+    def _mark_lost(self) -> None:
+        """The renewer found this grant's lease gone (under the limiter's lock)."""
+        self._lost = True

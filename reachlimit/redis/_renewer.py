@@ -29,7 +29,6 @@ design:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
@@ -65,8 +64,6 @@ class LeaseRenewer(Daemon, Generic[T]):
         self._on_lost = on_lost
         self._on_error = on_error
         self._held: dict[str, T] = {}  # guarded by lock
-        #: Test hook: while set, renewals are skipped (as if the process were paused).
-        self.paused = threading.Event()
 
     def hold(self, key: str, lease: T) -> None:
         """Renew ``lease`` from now on, until :meth:`drop`. Starts the thread if need be."""
@@ -98,7 +95,7 @@ class LeaseRenewer(Daemon, Generic[T]):
                 if not self._next_round_locked(bool(self._held), self._interval):
                     return
                 held = dict(self._held)
-            if not held or self.paused.is_set():
+            if not held:
                 continue
             try:
                 lost = list(self._renew(list(held.values())))
