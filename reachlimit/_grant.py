@@ -2,9 +2,6 @@
 (``reachlimit.redis``): the ``Grant`` its ``acquire`` returns, the ``LimiterStats`` it reports
 and the four figures it is built with (``LimiterFigures``). Standard library only;
 ``reachlimit._limiter`` re-exports all three.
-
-``FiguresOf`` is kept for ``reachlimit.redis``'s ``ResilientLimiter`` only, until it shows the
-figures of the limiter it wraps itself, as ``MeteredSharedLimiter`` does.
 """
 
 from __future__ import annotations
@@ -13,9 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._attrs import shown
-
-__all__ = ["FiguresOf", "Grant", "LimiterFigures", "LimiterStats"]
+__all__ = ["Grant", "LimiterFigures", "LimiterStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +115,3 @@ class LimiterFigures:
     @property
     def retry_after(self) -> int:
         return self._retry_after
-
-
-class FiguresOf:
-    """A wrapper of a cold limiter that shows the four figures of the limiter it wraps,
-    which a subclass names as ``_wrapped`` (read each time). Kept for ``reachlimit.redis``
-    only (the module's note)."""
-
-    _wrapped: LimiterFigures
-    capacity_active: int = shown("_wrapped.capacity_active")
-    capacity_queue: int = shown("_wrapped.capacity_queue")
-    wait: float = shown("_wrapped.wait")
-    retry_after: int = shown("_wrapped.retry_after")

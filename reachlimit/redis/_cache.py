@@ -98,7 +98,6 @@ from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from .. import _values
-from .._attrs import shown
 from .._cache import Entry, TTLCache, check_stale
 from . import lua
 from ._common import (
@@ -245,10 +244,26 @@ class RedisCache(Named):
         # A miss the cold lead saw, for the recheck that follows in the same thread.
         self._missed: HandOver[tuple[Hashable]] = HandOver()
 
-    ttl: float = shown("_ttl")
-    size: int = shown("_size")
-    clock: Callable[[], float] = shown("_clock", "The monotonic clock of the first level.")
-    local: TTLCache[Any] = shown("_local", "The in-process first level.")
+    @property
+    def ttl(self) -> float:
+        """How long a value set by this object lives in Redis (s), unless the cache's
+        settings in Redis, written by the newest process to start, say otherwise."""
+        return self._ttl
+
+    @property
+    def size(self) -> int:
+        """How many entries this object keeps in Redis at most (the same proviso)."""
+        return self._size
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The monotonic clock of the first level."""
+        return self._clock
+
+    @property
+    def local(self) -> TTLCache[Any]:
+        """The in-process first level."""
+        return self._local
 
     def key_of(self, key: Any) -> str:
         """The Redis key of the entry of ``key`` (TypeError for a key type with no encoding)."""

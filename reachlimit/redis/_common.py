@@ -39,12 +39,11 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from .._attrs import shown
 from . import lua
 from ._cluster import ClusterClient
 
 __all__ = [
-    "Leased", "Named",
+    "Named",
     "BOOT_ID", "BOOT_ID_VARIABLE", "Client", "LogOnce", "REDIS_ERRORS", "check_client",
     "LIMITER_KEY_SUFFIXES", "check_names", "client_id", "is_cluster", "key_digest", "limiter_keys",
     "members_key", "ms", "new_token", "owner_id", "owner_prefix",
@@ -307,11 +306,16 @@ def warn_eviction(client: Any) -> None:
 
 
 class Named:
-    """The ``name`` every shared object of this package is made with (its Redis keys' name)."""
+    """The ``name`` every shared object of this package is made with (its Redis keys' name),
+    and its client: kept by :meth:`_bind`."""
 
     _name: str
-    _client: Any
-    name: str = shown("_name")
+    _client: Any  # a Client; Any, as redis-py's own command methods are untyped
+
+    @property
+    def name(self) -> str:
+        """The name of this object's keys in Redis."""
+        return self._name
 
     def _bind(self, client: Any, name: str, prefix: str, *, stores_bytes: bool = True) -> None:
         """Check ``name`` and ``prefix`` (and, for an object that stores encoded values, that
@@ -322,9 +326,3 @@ class Named:
         self._client = client
         self._name = name
 
-
-class Leased(Named):
-    """A shared object whose claims or grants outlive their process by ``lease`` seconds."""
-
-    _lease: float
-    lease: float = shown("_lease")

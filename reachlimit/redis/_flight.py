@@ -96,8 +96,8 @@ from ._cache import Codec
 from ._common import (
     REDIS_ERRORS,
     Client,
-    Leased,
     LogOnce,
+    Named,
     is_cluster,
     key_digest,
     ms,
@@ -144,7 +144,7 @@ class _Outcome:
         self.error = error
 
 
-class RedisSingleFlight(Leased):
+class RedisSingleFlight(Named):
     """:class:`~reachlimit.SingleFlight`'s contract across every process on the same Redis
     and ``name``: one leader per key at a time in all of them, followers anywhere get its
     outcome. See the module's design note.
@@ -221,7 +221,16 @@ class RedisSingleFlight(Leased):
         self._fused = (cache, limiter)
         return True
 
-    fused = property(lambda self: self._fused is not None, doc="Whether fuse() fused.")
+    @property
+    def fused(self) -> bool:
+        """Whether :meth:`fuse` fused."""
+        return self._fused is not None
+
+    @property
+    def lease(self) -> float:
+        """How long a leader's claim outlives its process (s): renewed every third of it
+        while the leader builds."""
+        return self._lease
 
     def reads_cache(self, cache: Any) -> bool:
         """Whether :meth:`do_cold` reads ``cache``'s entry in Redis itself (fused with it:

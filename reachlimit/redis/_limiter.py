@@ -114,7 +114,7 @@ from . import lua
 from ._common import (
     REDIS_ERRORS,
     Client,
-    Leased,
+    Named,
     client_id,
     is_cluster,
     limiter_keys,
@@ -182,7 +182,7 @@ def _admission(reply: Any) -> tuple[int, int]:
     return int(reply), 0
 
 
-class RedisColdLimiter(Leased, LimiterFigures):
+class RedisColdLimiter(Named, LimiterFigures):
     """:class:`~reachlimit.ColdLimiter`'s contract, kept by every process that uses the same
     Redis and ``name``: at most ``active`` grants held in all of them together, at most
     ``queue`` waiters, each at most ``wait`` seconds (Redis's clock), with a direct hand-off
@@ -313,6 +313,11 @@ class RedisColdLimiter(Leased, LimiterFigures):
         self._handed: HandOver[tuple[str, int, int]] = HandOver(self._undo_admission)
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def lease(self) -> float:
+        """How long a grant outlives its process (s): renewed every third of it while held."""
+        return self._lease
 
     @property
     def keys(self) -> list[str]:

@@ -113,15 +113,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
-from .._attrs import shown
 from .._cache import forget_in, lookup_in, put_into
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError, Unavailable
 from .._fork import reset_after_fork
-from .._grant import FiguresOf
 from .._limiter import ColdLimiter, Grant, LimiterStats
+from .._path import Cache, Flight
 from ._health import FAILURES, RedisHealth
 from ._limiter import RedisColdLimiter, RedisLimiterStats
 from ._members import Members
@@ -239,7 +238,7 @@ class _Adopting(Grant):
 _ADOPTING = _Adopting()
 
 
-class ResilientLimiter(FiguresOf):
+class ResilientLimiter:
     """A shared (Redis) cold limiter that falls back when Redis fails (module design).
 
     ``fallback="local"``: the in-process ``local`` limiter takes over, admitting this
@@ -303,8 +302,23 @@ class ResilientLimiter(FiguresOf):
         active, queue = self._budget
         return -(-active // n), -(-queue // n)
 
-    #: The figures are the shared limiter's (the fallback's are equal).
-    _wrapped: RedisColdLimiter = shown("remote")
+    # The four figures are the shared limiter's (the fallback's own are the same).
+
+    @property
+    def capacity_active(self) -> int:
+        return self.remote.capacity_active
+
+    @property
+    def capacity_queue(self) -> int:
+        return self.remote.capacity_queue
+
+    @property
+    def wait(self) -> float:
+        return self.remote.wait
+
+    @property
+    def retry_after(self) -> int:
+        return self.remote.retry_after
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot: the shared limiter's while Redis works, else the fallback's
@@ -529,23 +543,11 @@ def degraded_stats(local: LimiterStats) -> RedisLimiterStats:
     )
 
 
-class CacheLike(Protocol):
-    def get(self, key: Any) -> Any: ...
-
-    def set(self, key: Any, value: Any) -> None: ...
-
-
-class FlightLike(Protocol[T]):
-    def do(
-        self, key: Hashable, fn: Callable[[], T], cancel: CancelToken | None = None
-    ) -> tuple[T, bool]: ...
-
-
 class ResilientCache:
     """A shared warm cache with an in-process fallback (module design). ``get`` never
     raises a Redis error: a failed read is a miss (answered by the fallback)."""
 
-    def __init__(self, remote: CacheLike, local: CacheLike, health: RedisHealth) -> None:
+    def __init__(self, remote: Cache, local: Cache, health: RedisHealth) -> None:
         self.remote = remote
         self.local = local
         self.health = health
@@ -670,9 +672,7 @@ def _raised_by_a_build(exc: BaseException) -> bool:
 class ResilientFlight(Generic[T]):
     """A shared singleflight with an in-process fallback (module design)."""
 
-    def __init__(
-        self, remote: FlightLike[T], local: FlightLike[T], health: RedisHealth
-    ) -> None:
+    def __init__(self, remote: Flight, local: Flight, health: RedisHealth) -> None:
         self.remote = remote
         self.local = local
         self.health = health
