@@ -180,11 +180,11 @@ def _shared_cache_and_flight(
     in-process first level; values are stored with the "auto" codec (bytes as bytes,
     anything else as JSON - never pickle), so a view must return bytes or JSON-able values.
     The flight's lease is the limiter's: a leader whose process dies is taken over after it.
-    The flight is fused with the shared cache and ``limiter`` (the cold lead), so a request
+    The flight leads with the shared cache and ``limiter`` (the cold lead), so a request
     the first level cannot answer makes one round trip before its build or its refusal: one
     script that reads the cache entry (answered as a hit when there is one) and otherwise
-    claims the flight and acquires. On a Redis Cluster ``fuse`` does nothing (the three keys
-    live in three slots): the steps go one by one."""
+    claims the flight and acquires. On a Redis Cluster ``use_cold_lead`` does nothing (the
+    three keys live in three slots): the steps go one by one."""
     from .redis import RedisCache, RedisSingleFlight, ResilientCache, ResilientFlight
 
     prefix = settings.redis_prefix
@@ -198,7 +198,7 @@ def _shared_cache_and_flight(
     shared_flight = RedisSingleFlight(
         client, name, prefix=prefix, lease=settings.lease, codec="auto"
     )
-    shared_flight.fuse(shared_cache, limiter)
+    shared_flight.use_cold_lead(shared_cache, limiter)
     return (
         ResilientCache(shared_cache, local_cache, health),
         ResilientFlight(shared_flight, SingleFlight(), health),

@@ -145,7 +145,7 @@ def test_on_a_cluster_the_extension_leads_cold_paths_step_by_step(
     app = create_app(REACHLIMIT_REDIS_URL=redis_cluster.url())
     try:
         flight = app.extensions["reachlimit"].path.flight.remote
-        assert isinstance(flight, RedisSingleFlight) and not flight.fused
+        assert isinstance(flight, RedisSingleFlight) and not flight.uses_cold_lead
         statuses = [app.test_client().get(f"/report/k{n}").status_code for n in range(3)]
         assert statuses == [200, 200, 200]
         assert app.extensions["reachlimit"].path.limiter.stats().backend == "redis"
@@ -291,7 +291,7 @@ def test_the_flight_on_a_cluster_shares_one_build_and_renews_its_claim(
     second = RedisSingleFlight(client, name, lease=0.6, codec="auto")  # another "process"
     cache = RedisCache(client, name, codec="auto")
     limiter = RedisColdLimiter(client, name)
-    assert first.fuse(cache, limiter) is False and not first.fused
+    assert first.use_cold_lead(cache, limiter) is False and not first.uses_cold_lead
     go = threading.Event()
     leader = start_call(threads, lambda: first.do("key", lambda: (go.wait(20), "built")[1]))
     claim = first.base_of("key") + "lead"

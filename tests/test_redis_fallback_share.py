@@ -309,7 +309,7 @@ def test_the_fallbacks_builds_still_running_when_redis_comes_back_count_there(
     running[0].release()
     waiting.value.release()
     stats = first.remote.stats()
-    assert (stats.active, stats.queued, stats.acquired) == (0, 0, 1)  # adopted: not acquired
+    assert (stats.active, stats.queued, stats.acquired) == (0, 0, 1)  # held over: not acquired
     assert first.local.stats().active == 0
 
 
@@ -440,14 +440,14 @@ def test_a_reservation_ends_with_its_time_and_with_its_process(
         mine, other, dead = (members(owner=f"h{i}:b:{i}:") for i in range(3))
         for m in (mine, other, dead):
             m.announce()
-        lim.adopt(0, recovery=(mine.id, 3, 60.0))
+        lim.hold_fallback_builds(0, recovery=(mine.id, 3, 60.0))
         assert sorted(reservations(client, "unit", "share")) == sorted(
             [f"#{other.id}#1", f"#{dead.id}#1"])
         release_owner(client, "h2:b:2:", name="unit", prefix="share", active=2)
         assert reservations(client, "unit", "share") == [f"#{other.id}#1"]
         client.delete(limiter_keys("share", "unit")[0])  # a new outage's first recovery
         client.hdel(limiter_keys("share", "unit")[4], "reserved_until")
-        lim.adopt(0, recovery=(mine.id, 2, 0.2))
+        lim.hold_fallback_builds(0, recovery=(mine.id, 2, 0.2))
         assert reservations(client, "unit", "share") == [f"#{other.id}#1"]
 
         def ended() -> bool:
@@ -467,14 +467,14 @@ def test_redis_restarted_empty_reserves_the_others_anonymously(
     # no name, and each other process back takes one share of them as its own.
     lim = RedisColdLimiter(client, "unit", prefix="share", active=4, queue=2)
     try:
-        lim.adopt(0, recovery=("h0:b:0:m", 3, 60.0))
+        lim.hold_fallback_builds(0, recovery=("h0:b:0:m", 3, 60.0))
         assert sorted(reservations(client, "unit", "share")) == [
             "#?#1", "#?#2", "#?#3", "#?#4"]  # 2 processes x ceil(4 / 3) = 2 slots each
-        lim.adopt(0, recovery=("h1:b:1:m", 3, 60.0))
+        lim.hold_fallback_builds(0, recovery=("h1:b:1:m", 3, 60.0))
         assert len(reservations(client, "unit", "share")) == 2
         with lim.acquire(), lim.acquire():  # the two slots the second one's share gave back
             assert lim.stats().active == 2
-        lim.adopt(0, recovery=("h2:b:2:m", 3, 60.0))
+        lim.hold_fallback_builds(0, recovery=("h2:b:2:m", 3, 60.0))
         assert reservations(client, "unit", "share") == []
     finally:
         lim.close()

@@ -64,11 +64,11 @@ general steps (reap)      the reap leaves dead waiters in the queue   a_dead_wai
                           (``REAP_KEEPS_DEAD_WAITERS``)               back
 release_owner             a dead owner's slot is counted freed and    release_owner_frees_a_dead_
                           kept (``RELEASE_OWNER_KEEPS_SLOT``)         owners_places
-adopt                     a fallback's build, adopted as Redis comes  adopted_builds_hold_their_
-                          back, is counted and holds nothing          slots
-                          (``ADOPT_HOLDS_NOTHING``)
-adopt (a recovery)        the first process back reserves nothing     a_recovery_reserves_the_
-                          for the others, still on their fallbacks    other_processes_shares
+hold_fallback_builds      a fallback's build, held over as Redis      fallback_builds_hold_their_
+                          comes back, is counted and holds nothing    slots
+                          (``FALLBACK_BUILDS_HOLD_NOTHING``)
+hold_fallback_builds      the first process back reserves nothing     a_recovery_reserves_the_
+(a recovery)              for the others, still on their fallbacks    other_processes_shares
                           (``RECOVERY_RESERVES_NOTHING``)
 ========================  ==========================================  ===========================
 
@@ -394,23 +394,23 @@ def check_a_renewed_grant_outlives_its_lease(
         grant.release()
 
 
-def check_adopted_builds_hold_their_slots(
+def check_fallback_builds_hold_their_slots(
     make: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
-    """active=1: two builds a fallback admitted, adopted as Redis comes back, are two
+    """active=1: two builds a fallback admitted, held over as Redis comes back, are two
     holders (over the capacity), so a newcomer is not granted until both have ended; then
-    it is, and an adopted build is not counted as acquired."""
+    it is, and a fallback build is not counted as acquired."""
     lim = make(active=1, queue=0)
-    adopted = lim.adopt(2)
+    held = lim.hold_fallback_builds(2)
     s = lim.stats()
     assert (s.active, s.acquired) == (2, 0), (
-        f"an adopted build holds no slot: {s.active} held, {s.acquired} acquired"
+        f"a fallback build holds no slot: {s.active} held, {s.acquired} acquired"
     )
-    for grant in adopted:
+    for grant in held:
         extra = try_acquire_now(lim)
         if extra is not None:
             extra.release()
-        assert extra is None, "an adopted build holds no slot: a newcomer granted beside it"
+        assert extra is None, "a fallback build holds no slot: a newcomer granted beside it"
         grant.release()
     with lim.acquire():
         assert lim.stats().active == 1
@@ -428,13 +428,14 @@ def check_a_recovery_reserves_the_other_processes_shares(
     first, second, third = (lim.members(owner=f"host-{i}:boot:{i}:") for i in range(3))
     for member in (first, second, third):
         member.announce()
-    lim.adopt(0, recovery=(first.id, 3, 60.0))
+    lim.hold_fallback_builds(0, recovery=(first.id, 3, 60.0))
     assert lim.stats().active == 0, "a reservation counted among the builds"
     extra = try_acquire_now(lim)
     if extra is not None:
         extra.release()
     assert extra is None, "a recovery reserved nothing: a newcomer granted beside the others"
-    lim.adopt(0, recovery=(second.id, 3, 60.0))  # the second process is back: its share ends
+    # The second process is back: its share ends.
+    lim.hold_fallback_builds(0, recovery=(second.id, 3, 60.0))
     granted = try_acquire_now(lim)
     assert granted is not None, "a process back from the outage kept its reservation"
     assert try_acquire_now(lim) is None, "the third process's reservation ended early"
@@ -535,9 +536,9 @@ RENEW_DOES_NOT_EXTEND = mutant(
         "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
     )),
 )
-ADOPT_HOLDS_NOTHING = mutant(
+FALLBACK_BUILDS_HOLD_NOTHING = mutant(
     in_file("limiter", ("      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n"
-                        "      adopted = adopted + 1\n", "      adopted = adopted + 1\n")),
+                        "      added = added + 1\n", "      added = added + 1\n")),
 )
 RECOVERY_RESERVES_NOTHING = mutant(
     in_file("limiter", (
@@ -563,7 +564,7 @@ RELEASE_OWNER_KEEPS_SLOT = broken(
 )
 
 MORE_CHECKS = (
-    check_adopted_builds_hold_their_slots,
+    check_fallback_builds_hold_their_slots,
     check_a_recovery_reserves_the_other_processes_shares,
     check_no_more_grants_than_slots,
     check_a_full_queue_stays_full,
@@ -614,8 +615,8 @@ NEWEST_START = check_every_process_follows_the_newest_start
                      "the figures are wrong", id="stats-swapped"),
         pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_grant_outlives_its_lease,
                      "a renewed grant lost its lease", id="renew-does-not-extend"),
-        pytest.param(ADOPT_HOLDS_NOTHING, check_adopted_builds_hold_their_slots,
-                     "an adopted build holds no slot", id="adopt-holds-nothing"),
+        pytest.param(FALLBACK_BUILDS_HOLD_NOTHING, check_fallback_builds_hold_their_slots,
+                     "a fallback build holds no slot", id="fallback-builds-hold-nothing"),
         pytest.param(RECOVERY_RESERVES_NOTHING,
                      check_a_recovery_reserves_the_other_processes_shares,
                      "a recovery reserved nothing", id="recovery-reserves-nothing"),

@@ -22,7 +22,7 @@ cycle: each imports only those above it and the core)::
     _owners      release_owner, release_claims: a dead process's places  (_limiter, lua)
                  and singleflight claims, freed by its parent
     _cache       RedisCache and its codecs                            (_common, lua, _lead)
-    _flight      RedisSingleFlight, and its cold lead once fused      (_common, lua, _renewer,
+    _flight      RedisSingleFlight, and the cold lead it leads with   (_common, lua, _renewer,
                                                                         _cache's codec, _lead)
     _counters    SharedPathCounters: the path's counters summed in Redis
     _health      connect() and RedisHealth: the breaker every fallback shares

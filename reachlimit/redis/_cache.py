@@ -110,7 +110,7 @@ from ._common import (
     positive,
     record_settings,
 )
-from ._lead import HandOver
+from ._lead import NextCallAnswer
 
 __all__ = ["CODECS", "Codec", "RedisCache"]
 
@@ -236,13 +236,13 @@ class RedisCache(Named):
         # their halves that stay on the index's node, on a Cluster.
         self._script = client.register_script(lua.CACHE)
         self._settings_key = f"{tag}:settings"
-        self._checked = False  # racy: set once this process's settings were written to Redis
+        self._started = False  # racy: set once this process's settings were written to Redis
         # The arguments of a set after its operation (ARGV[2..4] of lua/cache.lua): this
         # process's settings, which count only where Redis has none.
         self._own = list(self.settings().values())
         self._undecodable = LogOnce()
         # A miss the cold lead saw, for the recheck that follows in the same thread.
-        self._missed: HandOver[tuple[Hashable]] = HandOver()
+        self._known_miss: NextCallAnswer[tuple[Hashable]] = NextCallAnswer()
 
     @property
     def ttl(self) -> float:
@@ -281,8 +281,8 @@ class RedisCache(Named):
                 return value
             if value.fresh_until > self._clock():
                 return value.value
-        missed = self._missed.take()
-        if missed is not None and missed[0] == key:
+        known = self._known_miss.take()
+        if known is not None and known[0] == key:
             return None  # the cold lead's script found no entry a moment ago
         return self.fetch(key)
 
@@ -314,8 +314,8 @@ class RedisCache(Named):
         """For a script that reads the entry of ``key`` (the cold lead): its Redis key, and
         this cache's clock read now, before it is sent (:meth:`found` takes it). The first
         call of this object records its settings in Redis first, as :meth:`fetch` does."""
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         return self.key_of(key), self._clock()
 
     def found(
@@ -329,16 +329,16 @@ class RedisCache(Named):
         without an expiry), with or without a stale window."""
         if self._stale_ms:
             return self._entry(key, entry, data, pttl, sent)
-        value = self._adopt(key, entry, data, pttl)
+        value = self._from_redis(key, entry, data, pttl)
         if value is None:
             return None
         return Entry(value, math.inf if pttl == -1 else pttl / 1000, 0.0)
 
-    def missed(self, key: Hashable) -> AbstractContextManager[None]:
+    def known_miss(self, key: Hashable) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`get` of ``key`` in this thread
         that its first level cannot answer is a miss without a GET: the cold lead has just
         looked (``reachlimit.redis._lead``)."""
-        return self._missed.give((key,))
+        return self._known_miss.give((key,))
 
     def set(self, key: Hashable, value: Any) -> None:
         """Store ``value`` (None stores nothing: it means "no value"). TypeError for a key
@@ -352,8 +352,8 @@ class RedisCache(Named):
         if value is None:
             return
         data = self._codec.encode(value)
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         build_ms = max(0, round(build_time * 1000))
         sent = self._clock()  # before the script: its entry is fresh until after sent + ttl
         if self._spread:
@@ -430,10 +430,10 @@ class RedisCache(Named):
         records its settings in Redis (its start: never an error for settings that differ
         from those recorded)."""
         if not self._stale_ms:
-            if not self._checked:
-                self._check()
+            if not self._started:
+                self._start()
             entry = self._entry_prefix + key_digest(key)
-            return self._adopt(key, entry, self._client.get(entry))
+            return self._from_redis(key, entry, self._client.get(entry))
         found = self.fetch_entry(key)
         return found.value if found is not None and found.fresh_for > 0 else None
 
@@ -444,8 +444,8 @@ class RedisCache(Named):
         if not self._stale_ms:
             value = self.fetch(key)
             return None if value is None else Entry(value, math.inf, 0.0)
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         entry = self._entry_prefix + key_digest(key)
         pipe = self._client.pipeline(transaction=False)
         pipe.get(entry)
@@ -454,7 +454,7 @@ class RedisCache(Named):
         data, pttl = pipe.execute()
         return self._entry(key, entry, data, pttl, sent)
 
-    def _adopt(self, key: Hashable, entry: str, data: Any, pttl: int | None = None) -> Any:
+    def _from_redis(self, key: Hashable, entry: str, data: Any, pttl: int | None = None) -> Any:
         """A value Redis sent (a plain GET: its PTTL not known, ``pttl`` None; or the cold
         lead's read, with it). Without a stale window it is copied into the first level;
         with one it is not: its freshness is not known, and the first level never holds what
@@ -513,13 +513,13 @@ class RedisCache(Named):
         else:
             self._local.set(key, _Held(value, fresh_until, build_time))
 
-    def _check(self) -> None:
+    def _start(self) -> None:
         """The first call of this object, its start on the cache: write its settings into
         the cache's settings hash, whatever was recorded (the newest start wins; one INFO
         line names a change). One round trip, once."""
         where = self._index.rsplit(":", 1)[0]
         record_settings(self._client, self._settings_key, self.settings(), f"cache {where}")
-        self._checked = True
+        self._started = True
 
     def __repr__(self) -> str:
         return (f"<RedisCache {self._index.rsplit(':', 1)[0]} ttl={self._ttl} size={self._size} "

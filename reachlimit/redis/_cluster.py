@@ -45,10 +45,11 @@ design:
                  not know the script gets one ``EVAL`` of it; the waker nudges that node
                  with an ``EXISTS`` of a key of the tag (a ``PING`` would go to any node)
       cold lead  its keys span three tags (limiter, flight, cache): not used;
-                 ``RedisSingleFlight.fuse`` does nothing and ``RedisColdLimiter.lead``
-                 refuses, so a cold request's steps go one by one: its cache miss, the
-                 flight's join, the recheck, the acquire (four round trips before its
-                 build instead of one; a refusal is also published to the flight: five)
+                 ``RedisSingleFlight.use_cold_lead`` does nothing and
+                 ``RedisColdLimiter.lead`` refuses, so a cold request's steps go one by
+                 one: its cache miss, the flight's join, the recheck, the acquire (four
+                 round trips before its build instead of one; a refusal is also
+                 published to the flight: five)
       cache      entries spread over slots (``_cache``'s design note): a set is up to
                  three round trips, ``clear`` drains the index and deletes per node
       flight     each key's keys share a tag of their own; claims are renewed one script

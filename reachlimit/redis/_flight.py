@@ -40,7 +40,8 @@ design:
     of threads of one process makes one Redis join and one Redis wait; its local leader
     shares the outcome with the others. A local leader whose own client leaves while it
     follows in Redis raises ``Cancelled``; the threads that followed it locally get ColdPath's
-    leader-cancelled marker and go round. The cold lead (``do_cold``, fused) has an
+    leader-cancelled marker and go round. The cold lead (``do_cold``, once
+    ``use_cold_lead``) has an
     in-process flight of its own: its round trip may answer the entry the cache holds, stale
     included, which a refresh (``do``) must never be handed, and a stale answer must never
     wait behind a refresh's build; the two meet in Redis instead, as two processes would. A
@@ -188,7 +189,7 @@ class RedisSingleFlight(Named):
         read_timeout = socket_timeout(client)
         self._block_cap = read_timeout / 2 if read_timeout else math.inf
         self._local: SingleFlight[tuple[Any, bool, bool]] = SingleFlight()
-        # The cold lead's own (``do_cold``, fused): its leader's round trip may answer the
+        # The cold lead's own (``do_cold``): its leader's round trip may answer the
         # entry the cache holds, stale included, which a refresh (``do``) must never be
         # handed, and a stale answer must never wait for a refresh's build in ``_local``.
         self._local_cold: SingleFlight[tuple[Any, bool, bool]] = SingleFlight()
@@ -209,22 +210,22 @@ class RedisSingleFlight(Named):
         #: Called with the error when publishing an outcome or renewing claims fails (both
         #: are logged and otherwise swallowed): how ResilientFlight learns of Redis failing.
         self.on_redis_error: Callable[[BaseException], None] | None = None
-        self._fused: tuple[RedisCache, RedisColdLimiter] | None = None
+        self._cold_lead: tuple[RedisCache, RedisColdLimiter] | None = None
 
-    def fuse(self, cache: RedisCache, limiter: RedisColdLimiter) -> bool:
+    def use_cold_lead(self, cache: RedisCache, limiter: RedisColdLimiter) -> bool:
         """Lead cold paths in one round trip (:meth:`do_cold`; ``reachlimit.redis._lead``):
         ``cache`` and ``limiter`` must be the very ones the path's reads and acquire end
-        in, on the same Redis as this flight. Returns whether it fused: not on a Cluster
+        in, on the same Redis as this flight. Returns whether it does: not on a Cluster
         (three hash tags), where the steps go one by one."""
         if is_cluster(self._client):
             return False
-        self._fused = (cache, limiter)
+        self._cold_lead = (cache, limiter)
         return True
 
     @property
-    def fused(self) -> bool:
-        """Whether :meth:`fuse` fused."""
-        return self._fused is not None
+    def uses_cold_lead(self) -> bool:
+        """Whether :meth:`use_cold_lead` took its cache and limiter (not on a Cluster)."""
+        return self._cold_lead is not None
 
     @property
     def lease(self) -> float:
@@ -233,10 +234,10 @@ class RedisSingleFlight(Named):
         return self._lease
 
     def reads_cache(self, cache: Any) -> bool:
-        """Whether :meth:`do_cold` reads ``cache``'s entry in Redis itself (fused with it:
-        the cold lead), so that ColdPath asks only its first level before (``Flight``)."""
-        fused = self._fused
-        return fused is not None and cache is fused[0]
+        """Whether :meth:`do_cold` reads ``cache``'s entry in Redis itself (the cold lead
+        uses it), so that ColdPath asks only its first level before (``Flight``)."""
+        lead = self._cold_lead
+        return lead is not None and cache is lead[0]
 
     def base_of(self, key: Any) -> str:
         """The prefix of the Redis keys of ``key``'s flights (``...:lead``, ``...:n``, ...)."""
@@ -260,11 +261,11 @@ class RedisSingleFlight(Named):
         client: Hashable = None,
     ) -> tuple[Any, bool]:
         """:meth:`do` for a cold path's leader step ``lead`` (ColdPath's: recheck the cache,
-        acquire for ``client``, build): once fused (:meth:`fuse`), the cache's read in
-        Redis, the flight's claim and the acquire are one round trip (an entry found is
-        answered as ``reachlimit._path.Found``), and a refused leader claims nothing and
-        publishes nothing. Unfused, just :meth:`do`."""
-        if self._fused is None:
+        acquire for ``client``, build): with the cold lead (:meth:`use_cold_lead`), the
+        cache's read in Redis, the flight's claim and the acquire are one round trip (an
+        entry found is answered as ``reachlimit._path.Found``), and a refused leader claims
+        nothing and publishes nothing. Without it, just :meth:`do`."""
+        if self._cold_lead is None:
             return self.do(key, lead, cancel)
         return self._do(
             self._local_cold, key, lambda: self._shared_lead(key, lead, cancel, client), cancel
@@ -336,8 +337,8 @@ class RedisSingleFlight(Named):
     ) -> tuple[Any, bool, bool]:
         """``_shared_do`` through the cold lead (:meth:`do_cold`): the cache read, the
         flight's claim and the acquire in one round trip."""
-        assert self._fused is not None
-        cache, limiter = self._fused
+        assert self._cold_lead is not None
+        cache, limiter = self._cold_lead
         ours = self._attempt(key)
         entry, sent = cache.lead_key(key)
         args: list[str | int] = [ours.token, self._lease_ms, self._keep_ms]
@@ -352,7 +353,7 @@ class RedisSingleFlight(Named):
         if reply.status == CLAIMED:  # somebody leads it: join (follow, or take its outcome)
             return self._shared_do(key, lead, cancel)
         assert reply.admitted is not None
-        with cache.missed(key), limiter.hand_over(reply):
+        with cache.known_miss(key), limiter.known_admission(reply):
             if reply.status != LEAD:  # refused: nobody follows, nothing to publish
                 return lead(), False, False
             ours.flight = reply.flight

@@ -295,9 +295,9 @@ class RedisHealth(Daemon):
     def before_up(self, hook: Callable[[], object]) -> None:
         """Have the probe thread call ``hook`` when a probe has succeeded, before it marks
         Redis up: what this process must tell Redis before anything else of it goes there
-        (``ResilientLimiter.adopt``: the fallback's builds still running). A hook that fails
-        with a Redis error fails the probe (the next one after the backoff); any other error
-        is logged and does not keep Redis down."""
+        (``ResilientLimiter.hold_fallback_builds``: the fallback's builds still running). A
+        hook that fails with a Redis error fails the probe (the next one after the backoff);
+        any other error is logged and does not keep Redis down."""
         with self.lock:
             self._before_up.append(hook)
 

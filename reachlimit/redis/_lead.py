@@ -18,15 +18,17 @@ design:
 
     Who runs what: ``ColdPath`` asks only the cache's first level when the flight reads the
     shared cache itself (``RedisSingleFlight.reads_cache``); ``RedisSingleFlight.do_cold``
-    (the flight, fused with its path's ``RedisCache`` and ``RedisColdLimiter`` by ``fuse``)
+    (the flight, given its path's ``RedisCache`` and ``RedisColdLimiter`` by
+    ``use_cold_lead``)
     sends the script through ``RedisColdLimiter.lead`` (which owns the token, the settings
     and the lost-reply bookkeeping of the acquire inside it), answers an entry as
     ``reachlimit._path.Found`` (counted and answered as the path's warm read would), and
     otherwise runs ColdPath's leader step as it always has. That step rechecks the cache and
     acquires through whatever wraps them (the fallback, the metrics); what the script found
-    is handed to the two Redis objects for this thread only (a :class:`HandOver` each), so
-    the recheck answers "miss" without a GET and the acquire answers the script's admission
-    without a script. Metrics and the fallback see the same calls in the same order as
+    is handed to the two Redis objects for this thread only (``RedisCache.known_miss``,
+    ``RedisColdLimiter.known_admission``: a :class:`NextCallAnswer` each), so the recheck
+    answers "miss" without a GET and the acquire answers the script's admission without a
+    script. Metrics and the fallback see the same calls in the same order as
     before.
 
     An admission handed over and never taken (the step found the value in the first level,
@@ -45,7 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["HandOver", "LeadReply", "LEAD", "FOLLOW", "DONE", "CLAIMED", "HIT", "UNCLAIMED"]
+__all__ = ["LeadReply", "NextCallAnswer", "LEAD", "FOLLOW", "DONE", "CLAIMED", "HIT", "UNCLAIMED"]
 
 T = TypeVar("T")
 
@@ -86,10 +88,11 @@ class _Slot(threading.local):
     value: Any = None
 
 
-class HandOver(Generic[T]):
-    """One value handed to the next call in the same thread: ``give(value)`` for the length
-    of a ``with`` block, ``take()`` inside it (once; None when nothing is handed over). At the
-    block's end a value not taken goes to ``undo``."""
+class NextCallAnswer(Generic[T]):
+    """An answer known already, for the next call in the same thread to give instead of
+    asking Redis: ``give(value)`` for the length of a ``with`` block, ``take()`` inside it
+    (once; None when nothing is known). At the block's end a value not taken goes to
+    ``undo``."""
 
     __slots__ = ("_slot", "_undo")
 

@@ -13,7 +13,7 @@ design:
 
     Settings are data in Redis: a budget's ``active``, ``queue``, ``wait``, ``lease`` and
     ``deadline`` are its settings hash (``T:settings``), which every process writes at its
-    start (its first call of this budget: ``_check``, one script: the ``record`` operation),
+    start (its first call of this budget: ``_start``, one script: the ``record`` operation),
     the newest start winning, logged at INFO when it changes a value; every operation reads
     them from there (``lua/limiter.lua`` says what happens when the hash is missing). So
     processes configured differently never fail: the budget has the settings of the one that
@@ -128,7 +128,7 @@ from ._common import (
     socket_timeout,
     warn_eviction,
 )
-from ._lead import HandOver, LeadReply
+from ._lead import LeadReply, NextCallAnswer
 from ._members import Members
 from ._renewer import LeaseRenewer
 from ._stats import RedisLimiterStats, stats_from_reply
@@ -140,7 +140,9 @@ log = logging.getLogger("reachlimit")
 
 #: The operations of ``lua/limiter.lua`` a limiter sends with its fixed keys (the cold lead,
 #: ``lead``, adds three keys of the request's: ``_lead_head``).
-OPERATIONS = ("acquire", "release", "poll", "renew", "stats", "give_up", "adopt", "record")
+OPERATIONS = (
+    "acquire", "release", "poll", "renew", "stats", "give_up", "hold_fallback_builds", "record",
+)
 
 #: The id of the anonymous client (``client=None``): not a hash, so never one of theirs.
 _ANONYMOUS = "-"
@@ -266,7 +268,7 @@ class RedisColdLimiter(Named, LimiterFigures):
         self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
         self._members_key = members_key(prefix, name)  # the budget's live processes
         self._members: list[Members] = []  # those made by members(): close() stops them
-        self._checked = False  # racy: set once this process's settings were written to Redis
+        self._started = False  # racy: set once this process's settings were written to Redis
         self._bell = self._keys[0].rsplit(":", 1)[0] + ":w:"
         self._wait_ms = ms(self._wait)
         self._lease_ms = ms(self._lease)
@@ -287,10 +289,11 @@ class RedisColdLimiter(Named, LimiterFigures):
             op: (str(len(encoded_keys)).encode(), *encoded_keys, op.encode(), *encoded_common)
             for op in OPERATIONS
         }
-        # adopt's: the budget's live processes too (a recovery reserves their shares).
-        self._heads["adopt"] = (
+        # hold_fallback_builds': the budget's live processes too (a recovery reserves their
+        # shares).
+        self._heads["hold_fallback_builds"] = (
             str(len(encoded_keys) + 1).encode(), *encoded_keys, self._members_key.encode(),
-            b"adopt", *encoded_common,
+            b"hold_fallback_builds", *encoded_common,
         )
         # The cold lead's: its three keys of the request's come after these, then the rest.
         self._lead_head = (str(len(encoded_keys) + 3).encode(), *encoded_keys)
@@ -310,7 +313,9 @@ class RedisColdLimiter(Named, LimiterFigures):
         self._waker = Waker(client, self._keys[0] if self._cluster else None)
         # An admission the cold lead made (token, status, wait in ms), for the acquire that
         # follows in the same thread.
-        self._handed: HandOver[tuple[str, int, int]] = HandOver(self._undo_admission)
+        self._known_admission: NextCallAnswer[tuple[str, int, int]] = NextCallAnswer(
+            self._undo_admission
+        )
 
     # -- public ---------------------------------------------------------------------------
 
@@ -357,7 +362,7 @@ class RedisColdLimiter(Named, LimiterFigures):
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        handed = self._handed.take()
+        handed = self._known_admission.take()
         if handed is not None:  # the cold lead acquired already (see ``lead``)
             token, status, wait_ms = handed
         else:
@@ -381,9 +386,9 @@ class RedisColdLimiter(Named, LimiterFigures):
         ``entry`` (its Redis key), and, finding none and no flight claimed, acquires for
         ``client`` and claims the flight for a leader that builds or waits (its two keys, and
         its token, lease and counter's life in ms, as ``RedisSingleFlight`` sends them).
-        What it acquired is this thread's to take with :meth:`hand_over`. Not on a Cluster
-        (three hash tags: RuntimeError). Errors of Redis propagate (the token is then given
-        up).
+        What it acquired is this thread's to take with :meth:`known_admission`. Not on a
+        Cluster (three hash tags: RuntimeError). Errors of Redis propagate (the token is then
+        given up).
         """
         if self._cluster:
             raise RuntimeError("the cold lead spans three hash tags: not on a Redis Cluster")
@@ -394,33 +399,34 @@ class RedisColdLimiter(Named, LimiterFigures):
         )
         return LeadReply.of(reply, token)
 
-    def adopt(
+    def hold_fallback_builds(
         self, count: int, *, recovery: tuple[str, int, float] | None = None
     ) -> list[RedisGrant]:
         """``count`` builds this process's fallback admitted while Redis was away, still
-        running as Redis comes back, made holders of the budget (the ``adopt`` operation:
-        over its capacity if need be), so that Redis gives no slot to anyone beside them
-        until enough of them have ended: their grants, renewed as any other's, each to be
-        released when its build ends. Not counted as acquired. One round trip; errors of
-        Redis propagate (what the script may have done is given up at the next one).
+        running as Redis comes back, made holders of the budget (the script's
+        ``hold_fallback_builds``: over its capacity if need be), so that Redis gives no slot
+        to anyone beside them until enough of them have ended: their grants, renewed as any
+        other's, each to be released when its build ends. Not counted as acquired. One round
+        trip; errors of Redis propagate (what the script may have done is given up at the
+        next one).
 
         ``recovery``: this process is back from an outage, as member ``id`` of ``N`` live
         processes (``(id, N, reserve)``): its own reservation ends, or, the first member
         back, it reserves every other member's share for ``reserve`` seconds, while those
         may still admit it on their fallbacks (``lua/limiter.lua``'s Reservations). Sent
-        also with no build to adopt."""
+        also with no build to hold."""
         if count <= 0 and recovery is None:
             return []
         if self._leases.closed:  # racy read, as in _attempt
             raise RuntimeError("limiter closed")
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         tokens = [new_token() for _ in range(count)]
         back = "-" if recovery is None else (
             f"{recovery[0]} {max(1, int(recovery[1]))} {ms(recovery[2])}"
         )
         try:
-            self._evalsha(self._heads["adopt"], back, *tokens)
+            self._evalsha(self._heads["hold_fallback_builds"], back, *tokens)
         except REDIS_ERRORS:
             for token in tokens:
                 self._lose(token)
@@ -433,8 +439,8 @@ class RedisColdLimiter(Named, LimiterFigures):
         if self._leases.closed:  # racy read: close() is meant for the end of the process
             raise RuntimeError("limiter closed")
         who = _ANONYMOUS if client is None else client_id(client)
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         return new_token(), who
 
     def _send(self, token: str, head: tuple[bytes, ...], *args: Any) -> Any:
@@ -446,13 +452,13 @@ class RedisColdLimiter(Named, LimiterFigures):
             self._lose(token)
             raise
 
-    def hand_over(self, reply: LeadReply) -> AbstractContextManager[None]:
+    def known_admission(self, reply: LeadReply) -> AbstractContextManager[None]:
         """For the length of a ``with`` block, the next :meth:`acquire` in this thread
         answers the cold lead's admission (``reply``: its token, what it admitted and, queued,
         for how long) instead of asking Redis. One not taken by then is given up."""
         if reply.admitted is None:
             raise ValueError("the cold lead admitted nothing to hand over")
-        return self._handed.give((reply.token, reply.admitted, reply.wait_ms))
+        return self._known_admission.give((reply.token, reply.admitted, reply.wait_ms))
 
     def _undo_admission(self, admission: tuple[str, int, int]) -> None:
         self._lose(admission[0])
@@ -464,8 +470,8 @@ class RedisColdLimiter(Named, LimiterFigures):
     def stats(self) -> RedisLimiterStats:
         """The figures of every process together, with the budget's settings as Redis holds
         them (one round trip, which also reaps)."""
-        if not self._checked:
-            self._check()
+        if not self._started:
+            self._start()
         return stats_from_reply(self._evalsha(self._heads["stats"]), self._keys[0])
 
     def close(self, timeout: float = 5.0) -> None:
@@ -534,7 +540,7 @@ class RedisColdLimiter(Named, LimiterFigures):
             "deadline": int(self._deadline),
         }
 
-    def _check(self) -> None:
+    def _start(self) -> None:
         """The first call of this object, its start on the budget: write its settings into
         the budget's settings hash, whatever was recorded (the newest start wins; one INFO
         line names a change), reaping and filling under them in the same script; list its
@@ -545,7 +551,7 @@ class RedisColdLimiter(Named, LimiterFigures):
         settings_changed(f"budget {self._keys[0].rsplit(':', 1)[0]}", self.settings(), before)
         self._client.sadd(self._registry, self._name)
         warn_eviction(self._client)
-        self._checked = True
+        self._started = True
 
     def _lose(self, token: str) -> None:
         """The reply of a call of ``token`` was lost: give the token up before the next

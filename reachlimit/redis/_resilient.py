@@ -61,11 +61,12 @@ design:
     The worst case is one process holding all ``active`` shared slots when Redis goes:
     active + (N - 1) x ceil(active / N) at once until those end (5 for 4 processes and
     active 2). Its end: every fallback grant is kept (``_FallbackGrant``, in ``_running``)
-    until released, and ``adopt`` tells Redis about those it does not count yet, in one
-    script (``RedisColdLimiter.adopt``, ``adopt`` of ``lua/limiter.lua``) that makes each a
-    holder of the budget with a lease, over the capacity if need be, so that Redis gives no
-    slot to anyone beside them until enough have ended; the grant's release frees that
-    holder too (a Redis error there is swallowed: its lease ends it). ``adopt`` runs in the
+    until released, and ``hold_fallback_builds`` tells Redis about those it does not count
+    yet, in one script (``RedisColdLimiter.hold_fallback_builds``, the operation of that name
+    of ``lua/limiter.lua``) that makes each a holder of the budget with a lease, over the
+    capacity if need be, so that Redis gives no slot to anyone beside them until enough have
+    ended; the grant's release frees that holder too (a Redis error there is swallowed: its
+    lease ends it). ``hold_fallback_builds`` runs in the
     health's probe thread before it marks Redis up (``RedisHealth.before_up``: a failure
     fails the probe), before the first shared acquire after an outage (a health without a
     probe thread), and for a fallback grant handed out while Redis is up (a waiter queued
@@ -155,12 +156,13 @@ class _SharedGrant(Grant):
     """A grant of the shared limiter whose release never raises a Redis error: a release
     that cannot reach Redis is logged and swallowed (the slot's lease frees it)."""
 
-    __slots__ = ("_inner", "_health", "_here")
+    __slots__ = ("_inner", "_health", "_fallback_slot")
 
-    def __init__(self, inner: Grant, health: RedisHealth, here: Grant | None) -> None:
+    def __init__(self, inner: Grant, health: RedisHealth, fallback_slot: Grant | None) -> None:
         self._inner = inner  # the slot is the inner grant's
         self._health = health
-        self._here = here  # the fallback's slot it occupies (ColdLimiter.occupy), if any
+        # The fallback's slot it occupies (ColdLimiter.occupy), if any.
+        self._fallback_slot = fallback_slot
 
     @property
     def held(self) -> bool:
@@ -175,9 +177,9 @@ class _SharedGrant(Grant):
             try:
                 _release_inner(self._inner, strict)
             finally:
-                here, self._here = self._here, None
-                if here is not None:
-                    here.release()  # the fallback's slot, given back whatever Redis said
+                slot, self._fallback_slot = self._fallback_slot, None
+                if slot is not None:
+                    slot.release()  # the fallback's slot, given back whatever Redis said
         except FAILURES as exc:
             _release_failed(self._health, exc)
 
@@ -202,18 +204,18 @@ def _release_failed(health: RedisHealth, exc: BaseException) -> None:
 
 class _FallbackGrant(Grant):
     """A grant of the fallback limiter, which Redis is told about if it comes back while the
-    build runs (``ResilientLimiter.adopt``): its release gives back the fallback's slot,
-    then the holder Redis made for it, if any (a Redis error there is logged and swallowed:
-    that holder's lease frees it)."""
+    build runs (``ResilientLimiter.hold_fallback_builds``): its release gives back the
+    fallback's slot, then the holder Redis made for it, if any (a Redis error there is
+    logged and swallowed: that holder's lease frees it)."""
 
-    __slots__ = ("_inner", "_owner", "adopted")
+    __slots__ = ("_inner", "_owner", "in_redis")
 
     def __init__(self, inner: Grant, owner: ResilientLimiter) -> None:
         self._inner = inner
         self._owner = owner
-        #: The grant Redis made for this build (``_ADOPTING`` while it is being made), or
-        #: None; guarded by the owner's ``_running_lock``.
-        self.adopted: Grant | None = None
+        #: The grant Redis holds for this build (``_BEING_HELD`` while it is being made),
+        #: or None; guarded by the owner's ``_running_lock``.
+        self.in_redis: Grant | None = None
 
     @property
     def held(self) -> bool:
@@ -226,8 +228,8 @@ class _FallbackGrant(Grant):
             self._owner._ended(self)
 
 
-class _Adopting(Grant):
-    """The mark of a fallback grant whose adoption is under way (never released)."""
+class _BeingHeld(Grant):
+    """The mark of a fallback grant whose holder in Redis is being made (never released)."""
 
     __slots__ = ()
 
@@ -235,7 +237,7 @@ class _Adopting(Grant):
         raise AssertionError("a mark, not a grant")
 
 
-_ADOPTING = _Adopting()
+_BEING_HELD = _BeingHeld()
 
 
 class ResilientLimiter:
@@ -280,9 +282,9 @@ class ResilientLimiter:
         self._shared_by = 1
         self._share_lock = threading.Lock()
         # The fallback's grants not released yet, and whether any of them may be unknown to
-        # Redis (read racily first): what adopt() tells Redis as it comes back.
+        # Redis (read racily first): what hold_fallback_builds() tells Redis as it comes back.
         self._running: set[_FallbackGrant] = set()  # guarded by _running_lock
-        self._to_adopt = False  # guarded by _running_lock (racy reads)
+        self._unheld = False  # guarded by _running_lock (racy reads)
         self._running_lock = threading.Lock()
         if fallback == "local":
             health.before_up(self.recover)
@@ -335,8 +337,8 @@ class ResilientLimiter:
         started = time.monotonic()
         since = health.failures
         try:
-            if self._to_adopt:  # racy read: Redis is back and does not count them yet
-                self.adopt()
+            if self._unheld:  # racy read: Redis is back and does not count them yet
+                self.hold_fallback_builds()
             grant = self.remote.acquire(cancel, client)
         except ReachLimitError:
             health.succeeded(since)  # Redis answered: a refusal or a cancellation is an answer
@@ -347,8 +349,8 @@ class ResilientLimiter:
         health.succeeded(since)
         # The fallback counts this build as running here (module design: the outage's
         # start), so what it admits if Redis goes now is the share less what runs here.
-        here = self.local.occupy() if self.fallback == "local" else None
-        return _SharedGrant(grant, health, here)
+        slot = self.local.occupy() if self.fallback == "local" else None
+        return _SharedGrant(grant, health, slot)
 
     def _fall_back(
         self, cancel: CancelToken | None, deadline: float | None, client: Hashable
@@ -376,12 +378,12 @@ class ResilientLimiter:
         grant = _FallbackGrant(inner, self)
         with self._running_lock:
             self._running.add(grant)
-            self._to_adopt = True
+            self._unheld = True
         health = self.health
         if health.up:
             since = health.failures
             try:
-                self.adopt()
+                self.hold_fallback_builds()
             except FAILURES as exc:
                 health.failed(exc, since)  # told when Redis is back again
             except Exception:  # the build goes on, never without its grant (told later)
@@ -404,17 +406,18 @@ class ResilientLimiter:
 
     def recover(self) -> int:
         """This process is back from an outage (the health's probe thread, before it marks
-        Redis up): :meth:`adopt`, and in the same script the reservation of this process's
-        share ends, or, if it is the first process back, every other live process's share
-        is reserved for :attr:`RESERVE` seconds, since those may still admit it on their
-        fallbacks until they learn that Redis is back (module design: the outage's end).
+        Redis up): :meth:`hold_fallback_builds`, and in the same script the reservation of
+        this process's share ends, or, if it is the first process back, every other live
+        process's share is reserved for :attr:`RESERVE` seconds, since those may still admit
+        it on their fallbacks until they learn that Redis is back (module design: the
+        outage's end).
         How many builds it told; errors of Redis propagate (the probe fails)."""
         members = self.members
         if members is None:
-            return self.adopt()
-        return self.adopt(recovery=(members.id, self.processes, self.RESERVE))
+            return self.hold_fallback_builds()
+        return self.hold_fallback_builds(recovery=(members.id, self.processes, self.RESERVE))
 
-    def adopt(self, recovery: tuple[str, int, float] | None = None) -> int:
+    def hold_fallback_builds(self, recovery: tuple[str, int, float] | None = None) -> int:
         """Tell Redis about the fallback's builds still running here that it does not count
         (module design: the outage's end), in one script that makes each a holder of the
         budget, over its capacity if need be: Redis gives no slot to anyone beside them
@@ -423,42 +426,42 @@ class ResilientLimiter:
         outage, and for a fallback grant handed out while Redis is up. How many it told;
         errors of Redis propagate (those builds are told next time)."""
         with self._running_lock:
-            todo = [grant for grant in self._running if grant.adopted is None]
+            todo = [grant for grant in self._running if grant.in_redis is None]
             for grant in todo:
-                grant.adopted = _ADOPTING
-            self._to_adopt = False
+                grant.in_redis = _BEING_HELD
+            self._unheld = False
         if not todo and recovery is None:
             return 0
         try:
-            made = self.remote.adopt(len(todo), recovery=recovery)
+            made = self.remote.hold_fallback_builds(len(todo), recovery=recovery)
         except BaseException:
             with self._running_lock:
                 for grant in todo:
-                    if grant.adopted is _ADOPTING:
-                        grant.adopted = None
-                        self._to_adopt = True
+                    if grant.in_redis is _BEING_HELD:
+                        grant.in_redis = None
+                        self._unheld = True
             raise
         ended = []
         with self._running_lock:
             for grant, shared in zip(todo, made, strict=True):
                 if grant in self._running:
-                    grant.adopted = shared
+                    grant.in_redis = shared
                 else:  # its build ended meanwhile
                     ended.append(shared)
         for shared in ended:
-            self._release_adopted(shared)
+            self._release_in_redis(shared)
         return len(todo)
 
     def _ended(self, grant: _FallbackGrant) -> None:
         """A fallback grant was released: forget it, and free its holder in Redis if it had
-        one (the adoption under way, if any, frees it as it ends)."""
+        one (a hold_fallback_builds under way, if any, frees it as it ends)."""
         with self._running_lock:
             self._running.discard(grant)
-            shared, grant.adopted = grant.adopted, None
-        if shared is not None and shared is not _ADOPTING:
-            self._release_adopted(shared)
+            shared, grant.in_redis = grant.in_redis, None
+        if shared is not None and shared is not _BEING_HELD:
+            self._release_in_redis(shared)
 
-    def _release_adopted(self, shared: Grant) -> None:
+    def _release_in_redis(self, shared: Grant) -> None:
         """Release a holder Redis made for a fallback build, never raising a Redis error."""
         try:
             shared.release()
@@ -468,7 +471,7 @@ class ResilientLimiter:
     def _forked(self) -> None:
         """In a forked child: the parent's fallback builds are the parent's to tell."""
         self._running = set()
-        self._to_adopt = False
+        self._unheld = False
         self._running_lock = threading.Lock()
         self._share_lock = threading.Lock()
 

@@ -8,17 +8,17 @@
 --    7 T:clientof   8 T:clients   9 T:settings  10 T:gone      11 T:since   12 T:took
 -- and the cold lead's (three hash tags: a single Redis only, never a Cluster)
 --   13 the cache entry of the key   14 the key's flight claim, F:lead   15 its counter, F:n
--- and adopt's
+-- and hold_fallback_builds'
 --   13 T:members   the budget's live processes (members.lua): whose shares a recovery reserves
 -- Keys built from T, the text of KEYS[1] before "holders" (same hash tag, same slot)
 --   T:c:<client id>   one client's waiters         T:w:<token>   a waiter's doorbell
 --
--- Reservations. A process back from an outage (adopt with a recovery) that finds no other
--- recovery under way reserves, for `reserve ms`, the share ceil(active / N) of every other
--- live member of the budget (T:members; N-1 members in all, those Redis no longer lists -
--- it restarted empty - anonymously): holders "#<member id>#<i>" ("#?#<i>"), since those
--- processes may still admit their share on their in-process fallbacks until they learn that
--- Redis is back; so Redis admits nobody beside those shares meanwhile. Each member's own
+-- Reservations. A process back from an outage (hold_fallback_builds with a recovery) that
+-- finds no other recovery under way reserves, for `reserve ms`, the share ceil(active / N)
+-- of every other live member of the budget (T:members; N-1 members in all, those Redis no
+-- longer lists - it restarted empty - anonymously): holders "#<member id>#<i>" ("#?#<i>"),
+-- since those processes may still admit their share on their in-process fallbacks until
+-- they learn that Redis is back; so Redis admits nobody beside those shares meanwhile. Each member's own
 -- recovery (or its announce while it uses Redis: members.lua) drops its reservation, and one
 -- that finds none drops an anonymous share; the rest simply end. A reservation is no build:
 -- it is never counted as acquired, its end is no lost lease, and `stats` does not count it
@@ -38,7 +38,7 @@
 --   release                          3 token, 4 "t" for a timed grant (none: not timed)
 --   poll                             3 token, 4 0 stay / 1 give up (cancelled) / 2 abandon
 --   renew                            3.. tokens
---   adopt                            3 "-", or a recovery: "<member id> <N> <reserve ms>"
+--   hold_fallback_builds             3 "-", or a recovery: "<member id> <N> <reserve ms>"
 --                                    (Reservations, below), 4.. tokens
 --   give_up                          3 how long a token is remembered (ms), 4.. tokens
 --   record                           3 who writes (the process's owner id)
@@ -642,21 +642,21 @@ if op == 'give_up' then
   return {freed, left}
 end
 
-if op == 'adopt' then
-  -- Adopt the builds an in-process fallback admitted while Redis was away (ResilientLimiter,
-  -- as Redis comes back). Each becomes a holder with a lease, whatever `held` is (they run
-  -- already: over the capacity if need be), so that no slot is given to anyone while fewer
-  -- than `capacity` of them have ended; their release is the release's general path. A
-  -- token held already or given up is left as it is. Not counted as acquired (the fallback
-  -- admitted it). A recovery (ARGV[3]: the process is back from an outage) then ends this
-  -- member's reservation (its builds are holders now), or reserves the other members' shares
-  -- (Reservations, above). Replies how many were adopted.
-  local adopted = 0
+if op == 'hold_fallback_builds' then
+  -- The builds an in-process fallback admitted while Redis was away, still running as Redis
+  -- comes back (ResilientLimiter). Each becomes a holder with a lease, whatever `held` is
+  -- (they run already: over the capacity if need be), so that no slot is given to anyone
+  -- while fewer than `capacity` of them have ended; their release is the release's general
+  -- path. A token held already or given up is left as it is. Not counted as acquired (the
+  -- fallback admitted it). A recovery (ARGV[3]: the process is back from an outage) then
+  -- ends this member's reservation (its builds are holders now), or reserves the other
+  -- members' shares (Reservations, above). Replies how many it made holders.
+  local added = 0
   for i = 4, #ARGV do
     if not redis.call('ZSCORE', holders, ARGV[i])
         and not redis.call('ZSCORE', gone, ARGV[i]) then
       redis.call('ZADD', holders, now + lease_ms, ARGV[i])
-      adopted = adopted + 1
+      added = added + 1
     end
   end
   local me, processes, reserve_ms = string.match(ARGV[3], '^(%S+) (%d+) (%d+)$')
@@ -691,14 +691,14 @@ if op == 'adopt' then
     end
     if dropped > 0 then fill() end  -- the slots its reservation held go to the waiters
   end
-  if adopted > 0 then
+  if added > 0 then
     local builds = redis.call('ZCARD', holders)
     for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
       if string.sub(holder, 1, 1) == '#' then builds = builds - 1 end
     end
     raise_peak('peak_active', builds)
   end
-  return adopted
+  return added
 end
 
 if op == 'record' then
