@@ -459,6 +459,11 @@ def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingle
 Trap = TypeVar("Trap", bound=ScriptTrap)
 
 
+def logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    """How many records logged so far say ``text``."""
+    return sum(text in record.getMessage() for record in caplog.records)
+
+
 def trap_client(cls: type[Trap], redis_server: RedisServer) -> Trap:
     """A ``ScriptTrap`` subclass's client of the test's Redis, with short timeouts."""
     return cls(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
@@ -531,13 +536,12 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     assert lead.value == ("built while away", False)  # the leader's own answer, at once
     wait_until("a retry failed too", lambda: failing.tries >= 2)
     assert not follow.done.is_set()  # still following: the claim stands, nothing published
-    assert leader._late.pending == 1
+    assert logged(caplog, "published a flight outcome late") == 0  # (tried again: kept)
     failing.away.clear()  # Redis answers again
     wait_until("the follower done", follow.done.is_set)
     assert follow.value == ("built while away", True) and gate.runs == 1
-    assert leader._late.pending == 0 and leader._late.published == 1
     assert client.get(leader.base_of(KEY) + "lead") is None  # the claim went with it
-    assert any("published a flight outcome late" in r.getMessage() for r in caplog.records)
+    assert logged(caplog, "published a flight outcome late") == 1  # once, and done
     failing.close()
 
 
@@ -570,9 +574,11 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     client: CountingRedis,
     redis_server: RedisServer,
     make_flight: Callable[..., RedisSingleFlight],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Sent to a Redis that was paused, the join runs only later: the drop finds nothing
     # until then, and is tried again until it finds the claim.
+    caplog.set_level(logging.INFO, logger="reachlimit")
     lossy = trap_client(LostReply, redis_server)
     lossy.deferred = True
     lost = make_flight(client=lossy, lease=120.0)
@@ -582,11 +588,12 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     lead_key = lost.base_of(KEY) + "lead"
     drops = "EVALSHA drop"
     wait_until("the drop tried twice, finding nothing", lambda: lossy.sent[drops] >= 2)
-    assert lost._late.published == 0 and client.get(lead_key) is None
+    dropped = "dropped a flight claim a lost reply left"
+    assert logged(caplog, dropped) == 0 and client.get(lead_key) is None
     client.execute_command(*lossy.late)  # the join runs now: its claim appears
     assert client.get(lead_key) is not None
     wait_until("the claim dropped", lambda: client.get(lead_key) is None)
-    wait_until("the drop done", lambda: lost._late.published == 1)
+    wait_until("the drop done", lambda: logged(caplog, dropped) == 1)
     lossy.close()
 
 
@@ -595,18 +602,26 @@ def test_an_outcome_is_given_up_after_the_lease_and_on_close(
     client: CountingRedis,
     redis_server: RedisServer,
     make_flight: Callable[..., RedisSingleFlight],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="reachlimit")
     failing = trap_client(FailingPublish, redis_server)
     leader = make_flight(client=failing, lease=0.3)
     failing.trap = "publish"
+    before = threads_named("reachlimit-flight-republisher")
     assert leader.do(KEY, lambda: "once") == ("once", False)
-    wait_until("given up after the lease", lambda: leader._late.given_up == 1)
-    assert leader._late.pending == 0 and leader._late.published == 0
+    kept = "could not publish a flight outcome (it will be once Redis answers)"
+    assert logged(caplog, kept) == 1  # handed to the republisher, whose thread it starts
+    (republisher,) = [t for t in threads_named("reachlimit-flight-republisher")
+                      if t not in before]
+    wait_until("given up after the lease",
+               lambda: logged(caplog, "gave up publishing a flight outcome") == 1)
+    assert logged(caplog, "published a flight outcome late") == 0
     assert leader.do("other", lambda: "twice") == ("twice", False)
-    assert leader._late.pending == 1
-    leader.close()
-    assert leader._late.closed and leader._late.thread is not None
-    assert not leader._late.thread.is_alive()
+    assert logged(caplog, kept) == 2  # the next one, held to be tried again
+    leader.close()  # gives it up, and stops the thread
+    assert not republisher.is_alive()
+    assert logged(caplog, "published a flight outcome late") == 0
     failing.close()
 
 

@@ -201,7 +201,7 @@ class RedisSingleFlight(Named):
         )
         # The outcomes whose publish failed, published again once Redis answers; and the
         # claims a script whose reply was lost may have left (outcome None), dropped then.
-        self._late: Republisher[tuple[_Claim, bytes | None]] = Republisher(
+        self._republisher: Republisher[tuple[_Claim, bytes | None]] = Republisher(
             "reachlimit-flight-republisher", self._publish_once,
             interval=self.POLL_EVERY, keep=self._lease,
             describe=lambda late: ("published a flight outcome" if late[1] is not None
@@ -293,7 +293,7 @@ class RedisSingleFlight(Named):
         longer renewed, outcomes not yet published are given up, and ``do`` raises
         ``RuntimeError`` from now on."""
         self._claims.close(timeout)
-        self._late.close(timeout)
+        self._republisher.close(timeout)
 
     def __repr__(self) -> str:
         return (f"<RedisSingleFlight {{{self._prefix}:{self._name}}} lease={self._lease} "
@@ -328,7 +328,7 @@ class RedisSingleFlight(Named):
         try:
             return call()
         except REDIS_ERRORS:
-            self._late.add((_Claim(ours.keys, ours.base, ours.token), None))
+            self._republisher.add((_Claim(ours.keys, ours.base, ours.token), None))
             raise
 
     def _shared_lead(
@@ -485,7 +485,7 @@ class RedisSingleFlight(Named):
         except REDIS_ERRORS as exc:
             log.warning("reachlimit: could not publish a flight outcome (it will be once "
                         "Redis answers): %s", exc)
-            self._late.add((claim, outcome))
+            self._republisher.add((claim, outcome))
             self._report(exc)
 
     def _publish_once(self, late: tuple[_Claim, bytes | None]) -> bool:

@@ -71,14 +71,6 @@ class Republisher(Daemon, Generic[T]):
         self._keep = keep
         self._clock = clock
         self._held: list[tuple[float, T]] = []  # (give up at, item); guarded by lock
-        #: How many outcomes were published late, and how many were given up (racy reads).
-        self.published = 0
-        self.given_up = 0
-
-    @property
-    def pending(self) -> int:
-        """Racy read: how many outcomes wait to be published."""
-        return len(self._held)
 
     def add(self, item: T) -> None:
         """Publish ``item`` as soon as Redis answers, for up to ``keep`` seconds."""
@@ -109,7 +101,6 @@ class Republisher(Daemon, Generic[T]):
         again: list[tuple[float, T]] = []
         for index, (until, item) in enumerate(held):
             if now >= until:
-                self.given_up += 1
                 log.debug("reachlimit: gave up publishing a flight outcome (Redis away)")
                 continue
             try:
@@ -123,6 +114,5 @@ class Republisher(Daemon, Generic[T]):
             if done is False:  # Redis answered; the item is for a later try
                 again.append((until, item))
                 continue
-            self.published += 1
             log.info("reachlimit: %s late (Redis answers again)", self._describe(item))
         return again
