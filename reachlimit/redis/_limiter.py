@@ -11,17 +11,13 @@ design:
     {<prefix>:<name>}``, and only its Lua scripts change it; the keys, the fair queue, the
     reaping and every script are described in ``lua/README.md``, beside the scripts.
 
-    Settings are data in Redis: a budget's ``active``, ``queue``, ``wait``, ``lease`` and
-    ``deadline`` are its settings hash (``T:settings``), which every process writes at its
-    start (its first call of this budget: ``_start``, one script: the ``record`` operation),
-    the newest start winning, logged at INFO when it changes a value; every operation reads
-    them from there (``lua/limiter.lua`` says what happens when the hash is missing). So
-    processes configured differently never fail: the budget has the settings of the one that
-    started last, and ``stats()`` shows them. What stays this process's own: the presence
-    period, its lease where longer than the budget's (it renews every third of its own), and
-    everything its in-process fallback (``ResilientLimiter``) decides - which, while Redis is
-    away, admits this process's share of the budget: the live processes it divides by are
-    counted in Redis (``members()``, ``_members``; ``T:members``).
+    Settings are data in Redis (the class docstring says what a user sees of it): the
+    budget's settings hash, ``T:settings``, written at this object's start (its first call:
+    ``_start``, the ``record`` operation) and read by every operation (``lua/limiter.lua``
+    says what happens when it is missing). What stays this process's own: the presence
+    period, its lease where longer than the budget's, and what its in-process fallback
+    (``ResilientLimiter``) decides - its share of the budget while Redis is away, divided by
+    the live processes counted in Redis (``members()``, ``_members``; ``T:members``).
 
     Cost: the script is the same text for every limiter (one SHA), every call sends the
     keys, the operation and the common arguments encoded once (``_heads``, and ``_run`` for
@@ -41,13 +37,10 @@ design:
     ``POLL_EVERY`` seconds (``CANCEL_POLL_INTERVAL`` with a cancel token); whichever script
     promotes it (a release, a reap found by anybody's script) pushes the doorbell. No one polls
     for a free slot: a waiter's regular poll only proves it is alive and checks its deadline.
-    Redis ends a ``BLPOP`` that timed out only when its event loop next runs: on a server
-    with no other traffic, at its cron tick, every ``1 / hz`` seconds (100 ms by default),
-    which would make a 50 ms slice last up to 100 ms. So one daemon thread per limiter object
-    (``Waker``, started with the first wait) sends a ``PING`` just after each slice's end,
-    which makes the loop run and the ``BLPOP`` end on time: a waiter notices a cancel within
-    a slice and its deadline within a few milliseconds, as the local limiter does
-    (``benchmarks/redis_handoff.py`` measures both).
+    One daemon thread per limiter object (``Waker``, started with the first wait; its
+    docstring says why) nudges Redis just after each slice's end, so that the ``BLPOP`` ends
+    on time: a waiter notices a cancel within a slice and its deadline within a few
+    milliseconds, as the local limiter does (``benchmarks/redis_handoff.py`` measures both).
 
     One pass of a waiter's loop (``_wait_for_slot``, in the requesting thread): the cancel
     token set -> a giving-up poll (displaced or refused late meanwhile is counted as such) and
@@ -69,26 +62,24 @@ design:
     before it ran: the caller cannot tell) leaves its token in ``_lost_tokens``; before this
     object's next round trip of any kind, the ``give_up`` operation frees what those tokens
     hold or wait for and records them in ``T:gone`` for ``GIVEN_UP_FOR`` seconds, where an
-    acquire refuses a late call of them (one sent on the timed-out connection and
-    read by Redis only after the give-up). So no slot or place stays nobody's for longer than
-    this object's next call (without one: the lease, or the presence).
+    acquire refuses a late call of them (one sent on the timed-out connection and read by
+    Redis only after the give-up). So no slot or place stays nobody's for longer than this
+    object's next call (without one: the lease, or the presence).
 
     Retries: a client that retries sends the same token again: the acquire script then
     answers what its first run decided (claiming a slot handed over in between), so a token
-    never both holds and waits. That check is on
-    the acquire script's general path only, to keep the fast grant and the refusal as cheap
-    as they are: a retry that finds every slot held and every queue place taken is refused
-    although its first run took a slot or a place, which then ends with its lease (counted
-    ``lease_lost``) or its presence (about a second). A retried poll, release or refusal can
-    still count its outcome twice (or flag its grant ``lease_lost``). ``reachlimit.redis.
-    connect`` makes clients that never retry, so none of this happens through the extension.
+    never both holds and waits. That check is on the acquire script's general path only, to
+    keep the fast grant and the refusal as cheap as they are: a retry that finds every slot
+    held and every queue place taken is refused although its first run took a slot or a
+    place, which then ends with its lease (counted ``lease_lost``) or its presence (about a
+    second). A retried poll, release or refusal can still count its outcome twice (or flag
+    its grant ``lease_lost``). ``reachlimit.redis.connect`` makes clients that never retry,
+    so none of this happens through the extension.
 
-    In the process: one ``threading.Lock`` guards the grants held here (the renewer's list),
-    each grant's ``held`` flag and the closed flag; the renewer waits on a Condition of that
-    lock. It waits untimed only when it found nothing held (idle); a grant taken then, and
-    ``close``, notify it. Once woken it waits a whole interval before it may go idle again,
-    so an acquire has a thread to wake at most once per interval. No Redis call is made
-    under the lock.
+    In the process: one ``threading.Lock``, the lease renewer's (``_lock``; replaced in a
+    forked child), guards the grants held here, each grant's ``held`` flag, the tokens whose
+    replies were lost and the members made here; how the renewer paces itself on it is
+    ``_renewer``'s design note. No Redis call is made under the lock.
 
     Cluster: the keys a script builds (doorbells, ...) carry the tag of its KEYS: one slot.
     What else differs there: ``_cluster``'s design note.
@@ -541,12 +532,11 @@ class RedisColdLimiter(Named, LimiterFigures):
         }
 
     def _start(self) -> None:
-        """The first call of this object, its start on the budget: write its settings into
-        the budget's settings hash, whatever was recorded (the newest start wins; one INFO
-        line names a change), reaping and filling under them in the same script; list its
-        name under the prefix (``registry_key``: for ``release_owner``'s callers), and warn
-        once per process if Redis may evict any key. Two or three round trips, once. Never
-        an error for settings that differ from those recorded."""
+        """The first call of this object, its start on the budget: record its settings (the
+        ``record`` operation, which reaps and fills under them; one INFO line names a
+        change), list its name under the prefix (``registry_key``: for ``release_owner``'s
+        callers), and warn once per process if Redis may evict any key. Two or three round
+        trips, once."""
         before = self._run(self._heads["record"], owner_id())
         settings_changed(f"budget {self._keys[0].rsplit(':', 1)[0]}", self.settings(), before)
         self._client.sadd(self._registry, self._name)

@@ -10,6 +10,12 @@ design:
     period later, so the fallbacks that remain count one process fewer. The boot id tells apart
     hosts that share a hostname.
 
+    The parent is no process of the budget and builds no limiter: it names the budget's keys
+    from the prefix and the name as a limiter does (``limiter_keys``, ``members_key``), and the
+    script reads the budget's settings from Redis, as every operation of ``lua/limiter.lua``
+    does; the figures the parent passes count only where Redis has none, and are never
+    written there.
+
     Flight claims (``_flight``) carry the owner too, but live under one key per flight: the
     parent finds them with ``SCAN`` (:func:`release_claims`: every ``{<prefix>:...}:lead``
     key, in batches, on every primary of a Cluster) and drops those of the dead owner with a
@@ -18,9 +24,6 @@ design:
     when its lease ends. A SCAN reads every key name of the Redis once: on a Redis of a
     million keys that is about a second of the master's time per dead worker (Redis itself
     answers other clients between batches).
- The parent is no process of the budget: the script reads the budget's settings from Redis, as
-every operation of ``lua/limiter.lua`` does, and records none of its own; the key names are
-built here from the prefix and the name, as the limiter builds them (``limiter_keys``).
 """
 
 from __future__ import annotations
@@ -34,12 +37,11 @@ from ._common import (
     is_cluster,
     limiter_keys,
     members_key,
-    owner_prefix,
     positive,
 )
 from ._limiter import RedisColdLimiter, script_settings
 
-__all__ = ["owner_prefix", "release_claims", "release_owner"]
+__all__ = ["release_claims", "release_owner"]
 
 
 def release_owner(
@@ -54,18 +56,16 @@ def release_owner(
     """Free, in one script, every slot held and every queue place taken by tokens that
     start with ``owner`` (``owner_prefix(pid)`` of a process that died), then promote the
     waiters in turn into the freed slots; then remove the owner from the budget's live
-    processes (a second, small script). The budget's settings (how many slots it has) are
-    read from Redis, where its processes recorded them; ``active`` and ``lease`` are used
-    only when none are recorded (Redis lost them), and never written there. Returns (slots
-    freed, places removed). Errors of Redis propagate."""
+    processes (a second, small script). How many slots the budget has is read from Redis
+    (module design): ``active`` and ``lease`` count only if Redis lost the budget's settings.
+    Returns (slots freed, places removed). Errors of Redis propagate."""
     if not isinstance(owner, str) or not owner.endswith(":") or owner.count(":") < 3:
         raise ValueError(f"owner must look like '<host>:<boot id>:<pid>:', got {owner!r}")
     check_names(name, prefix)
     if isinstance(active, bool) or not isinstance(active, int) or active < 1:
         raise ValueError("active >= 1")
-    # The arguments every limiter operation takes after its name: the presence period a
-    # promoted waiter has to claim its slot, then the figures used where Redis has none
-    # (queue and wait are not used here).
+    # The presence period a promoted waiter has to claim its slot, then the figures (queue
+    # and wait are not used here).
     mine = script_settings(RedisColdLimiter.PRESENCE, active, 0, 0.001, positive("lease", lease))
     script = client.register_script(lua.LIMITER)
     freed, dropped = script(keys=limiter_keys(prefix, name), args=["release_owner", *mine, owner])

@@ -250,9 +250,9 @@ class ResilientLimiter:
     ``Busy("unavailable")`` until Redis is back.
 
     ``members`` is this process's membership of the budget (a
-    :class:`~reachlimit.redis._members.Members`; by default ``remote.members()``, with
-    ``fallback="local"`` only); a test may pass one with another owner. :meth:`close` stops
-    it, and leaves the budget when Redis is believed up."""
+    :class:`~reachlimit.redis._members.Members`, ``remote.members()``; None with
+    ``fallback="refuse"``). :meth:`close` stops it, and leaves the budget when Redis is
+    believed up."""
 
     def __init__(
         self,
@@ -260,8 +260,6 @@ class ResilientLimiter:
         local: ColdLimiter,
         health: RedisHealth,
         fallback: str = "local",
-        *,
-        members: Members | None = None,
     ) -> None:
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be 'local' or 'refuse', got {fallback!r}")
@@ -269,11 +267,10 @@ class ResilientLimiter:
         self.local = local
         self.health = health
         self.fallback = fallback
-        if members is None and fallback == "local":
+        members: Members | None = None
+        if fallback == "local":
             members = remote.members()
-        if members is not None and members.on_answer is None:
             members.on_answer = health.probe_soon  # Redis back noticed within a period
-        if members is not None and members.uses_redis is None:
             members.uses_redis = self._uses_redis  # its reservation dropped once it does
         self.members = members
         # The figures the share is taken of (read-only), and the N the local limiter is
