@@ -59,6 +59,7 @@ from tests.support.redis_fallback import Stack
 from tests.support.redis_limiters import server_ms
 from tests.support.redis_sentinel import Gate, build_log_server, gate_fixture  # noqa: F401
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import threads_named
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_fork import in_child
@@ -136,8 +137,9 @@ def test_a_member_that_stops_announcing_drops_out_once_its_period_ended(
     ends = client.zscore(KEY, gone.id)
     assert ends is not None and before + 1000 <= ends <= after + 1000  # Redis's clock
     assert live.announce() == 2  # announced within gone's period
+    before = threads_named(Members.THREAD_NAME)
     live.start()
-    assert live.thread is not None
+    assert len([t for t in threads_named(Members.THREAD_NAME) if t not in before]) == 1
     wait_until("the silent member dropped out", lambda: live.count == 1)
     assert server_ms(client) >= ends  # not before its period ended
     assert ids_in_redis(client) == [live.id]
@@ -157,12 +159,14 @@ def test_n_stays_the_last_known_while_redis_is_down_and_is_1_before_any_answer(
     a.announce()
     b.announce()
     assert a.announce() == 2
+    before = threads_named(Members.THREAD_NAME)
     a.start()
+    (thread,) = [t for t in threads_named(Members.THREAD_NAME) if t not in before]
     live_redis.stop()
     with pytest.raises(FAILURES):
         a.announce()
     assert a.count == 2  # the last N Redis gave
-    assert a.thread is not None and a.thread.is_alive()  # still trying, every 0.05 s
+    assert thread.is_alive()  # still trying, every 0.05 s
     a.close(leave=True)  # leaving a Redis that is away is no error: it drops out later
     assert a.count == 2
     url_client.close()

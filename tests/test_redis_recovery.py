@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # n
 from tests.support.redis_fallback import Stack
 from tests.support.redis_sentinel import Gate, build_log_server, gate_fixture  # noqa: F401
 from tests.support.redis_server import RedisServer
+from tests.support.refreshes import threads_named
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
 from tests.support.waiting import DEADLINE, wait_until
 
@@ -99,10 +100,25 @@ class FakeProbe:
             return list(self.times)
 
 
-def ended(health: RedisHealth) -> bool:
-    """The probe thread is gone (none started, or the one started has ended)."""
-    thread = health.thread
-    return thread is None or not thread.is_alive()
+#: The name of a health's probe thread.
+PROBE = "reachlimit-redis-probe"
+
+
+def probe_threads(before: Collection[threading.Thread] = ()) -> list[threading.Thread]:
+    """The probe threads alive now that were not among ``before`` (those alive before the
+    test's health could start one): that health's."""
+    return [t for t in threads_named(PROBE) if t not in before]
+
+
+def the_probe_thread(before: Collection[threading.Thread]) -> threading.Thread:
+    """The one probe thread alive that was not among ``before``."""
+    (thread,) = probe_threads(before)
+    return thread
+
+
+def ended(before: Collection[threading.Thread]) -> bool:
+    """The test's probe thread is gone (none started, or the one started has ended)."""
+    return not probe_threads(before)
 
 
 def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -116,21 +132,21 @@ def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 def test_no_thread_until_redis_fails_then_one() -> None:
     clock = FakeClock()
     probe = FakeProbe(clock)
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
     try:
         for _ in range(3):
             assert health.available()
             health.succeeded(health.failures)
-        assert health.thread is None  # a process that only ever saw Redis up has none
+        assert probe_threads(before) == []  # a process that only ever saw Redis up has none
         health.failed(redis.ConnectionError("refused"))
-        thread = health.thread
-        assert thread is not None and thread.name == "reachlimit-redis-probe"
+        thread = the_probe_thread(before)  # named reachlimit-redis-probe
         assert thread.daemon and thread.is_alive()
         health.failed(redis.TimeoutError("a straggler of the same outage"))
-        assert health.thread is thread  # one thread per health
+        assert probe_threads(before) == [thread]  # one thread per health
     finally:
         health.close()
-    assert ended(health)
+    assert ended(before)
 
 
 def probes_on_schedule(health: RedisHealth, clock: FakeClock, probe: FakeProbe,
@@ -162,6 +178,7 @@ def test_the_thread_probes_on_the_backoff_doubling_to_the_cap() -> None:
     # outage's first max_retry, then doubled each time up to it (powers of two: the sums
     # are exact).
     first, cap = 1 / 128, 1 / 16
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
                          first_retry=first, max_retry=cap)
     try:
@@ -176,7 +193,7 @@ def test_the_thread_probes_on_the_backoff_doubling_to_the_cap() -> None:
         assert not health.up and not health.available()
     finally:
         health.close()
-    assert ended(health)
+    assert ended(before)
 
 
 def test_the_default_backoff_is_a_quarter_second_then_doubled_after_five() -> None:
@@ -199,15 +216,15 @@ def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
     caplog.set_level(logging.INFO, logger="reachlimit")
     clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
     probe = FakeProbe(clock, fail=2)
+    before = probe_threads()
     health = RedisHealth("redis://:pw@h:1/0", probe=probe, clock=clock, max_retry=0.5)
     health.failed(redis.ConnectionError("refused"))
-    thread = health.thread
-    assert thread is not None
+    thread = the_probe_thread(before)
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive()  # it ended by itself, with Redis up
     assert health.up and health.available()
     assert probe.calls() == 3  # two failures, then the success: no probe after it
-    assert health.thread is None
+    assert ended(before)
     back = warnings_with(caplog, "answers again")
     assert len(back) == 1 and "redis://:***@h:1/0" in back[0]
     assert len(warnings_with(caplog, "is unavailable")) == 1
@@ -225,6 +242,7 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
     clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
     probe = FakeProbe(clock)
     probe.fail = 0
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock, max_retry=0.5)
     seen: list[tuple[str, bool]] = []
     hook_fails = [redis.ConnectionError("refused (a hook)")]
@@ -242,8 +260,7 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
     health.before_up(has_a_bug)
     try:
         health.failed(redis.ConnectionError("refused"))
-        thread = health.thread
-        assert thread is not None
+        thread = the_probe_thread(before)
         thread.join(JOIN_TIMEOUT)
         assert not thread.is_alive() and health.up
         # Two probes succeeded: the first one's hook failed (so did not mark Redis up, and
@@ -372,14 +389,14 @@ def test_probe_soon_brings_the_next_probe_forward_to_now() -> None:
     clock = FakeClock()  # stands still: the backoff never passes by itself
     probe = FakeProbe(clock)
     probe.fail = 0
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
                          first_retry=60.0, max_retry=60.0)
     try:
         health.probe_soon()  # up: nothing to do, no thread
-        assert health.thread is None
+        assert probe_threads(before) == []
         health.failed(redis.ConnectionError("refused"))
-        thread = health.thread
-        assert thread is not None and thread.is_alive()
+        assert the_probe_thread(before).is_alive()
         assert probe.calls() == 0 and not health.up  # a minute to go, on a clock that stands
         health.probe_soon()
         wait_until("Redis marked up by a probe at once", lambda: health.up)
@@ -422,10 +439,11 @@ def test_available_is_false_for_every_caller_while_down(threads: ThreadRunner) -
 def test_close_stops_the_thread_and_none_starts_again() -> None:
     clock = FakeClock()  # frozen: the first probe is never due
     probe = FakeProbe(clock)
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
     health.failed(redis.ConnectionError("refused"))
-    thread = health.thread
-    assert thread is not None and thread.is_alive()
+    thread = the_probe_thread(before)
+    assert thread.is_alive()
     closed_at = time.monotonic()
     health.close()
     assert not thread.is_alive()
@@ -434,7 +452,7 @@ def test_close_stops_the_thread_and_none_starts_again() -> None:
     clock.advance(0.25)
     assert health.available()  # closed: a request probe, as without a client
     health.failed(redis.ConnectionError("still refused"))
-    assert not health.up and ended(health) and probe.calls() == 0
+    assert not health.up and ended(before) and probe.calls() == 0
     health.close()  # twice is fine
 
 
@@ -477,13 +495,13 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
 def test_each_outage_gets_a_thread_of_its_own() -> None:
     clock = FakeClock(step=1.0)
     probe = FakeProbe(clock, fail=0)
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
     try:
         seen = []
         for n in range(3):
             health.failed(redis.ConnectionError(f"outage {n}"))
-            thread = health.thread
-            assert thread is not None
+            thread = the_probe_thread(before)
             seen.append(thread)
             thread.join(JOIN_TIMEOUT)
             assert not thread.is_alive() and health.up
@@ -500,20 +518,21 @@ def test_a_forked_child_starts_its_own_probe_thread() -> None:
         if os.getpid() == parent:
             raise redis.ConnectionError("refused, in the parent")  # the parent stays down
 
+    before = probe_threads()
     health = RedisHealth("redis://h:1/0", probe=probe, first_retry=0.01, max_retry=0.02)
     health.failed(redis.ConnectionError("refused"))
-    assert health.thread is not None
+    assert the_probe_thread(before).is_alive()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report, and never return into pytest
         code = 1
         try:
-            before = health.thread  # the parent's thread is not in the child
+            inherited = len(probe_threads())  # the parent's thread is not in the child
             answered = health.available()  # down: the fallback, and a thread started
             deadline = time.monotonic() + JOIN_TIMEOUT
             while not health.up and time.monotonic() < deadline:
                 time.sleep(0.001)
-            os.write(write, f"{before} {answered} {health.up}".encode())
+            os.write(write, f"{inherited} {answered} {health.up}".encode())
             code = 0
         finally:
             os._exit(code)
@@ -529,7 +548,7 @@ def test_a_forked_child_starts_its_own_probe_thread() -> None:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         health.close()
-    assert report == "None False True", report  # the child's own thread found Redis up
+    assert report == "0 False True", report  # the child's own thread found Redis up
     assert not health.up  # the parent's view is its own
 
 
@@ -562,6 +581,7 @@ def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
     live_redis: RedisServer, stacks: Callable[..., Stack], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="reachlimit")
+    before = probe_threads()
     s = stacks(live_redis.url(), active=2)
     s.limiter.acquire().release()
     port = live_redis.port
@@ -573,7 +593,7 @@ def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
     wait_until("the health up again, with no call made", lambda: s.health.up)
     assert s.limiter.stats().backend == "redis"
     assert len(warnings_with(caplog, "answers again")) == 1
-    wait_until("the probe thread ended", lambda: ended(s.health))
+    wait_until("the probe thread ended", lambda: ended(before))
     for _ in range(5):  # every acquire from now on is Redis's
         s.limiter.acquire().release()
     assert s.local.stats().acquired == 1 and s.remote.stats().acquired == 5
@@ -661,12 +681,13 @@ def test_the_extensions_close_stops_the_probe_thread(
 ) -> None:
     client = app.test_client()
     assert client.get("/report/a").status_code == 200
+    before = probe_threads()
     live_redis.stop()
     assert client.get("/report/b").status_code == 200  # the fallback's
     health = app.extensions["reachlimit"].redis
     assert isinstance(health, RedisHealth) and not health.up
-    thread = health.thread
-    assert thread is not None and thread.is_alive()
+    thread = the_probe_thread(before)
+    assert thread.is_alive()
     ReachLimit().close(app)
     assert not thread.is_alive() and health.closed
 

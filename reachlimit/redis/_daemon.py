@@ -45,11 +45,6 @@ class Daemon:
         """Racy read: whether :meth:`close` was called."""
         return self._closed
 
-    @property
-    def thread(self) -> threading.Thread | None:
-        """Racy read: the thread, once started."""
-        return self._thread
-
     def _start_locked(self) -> None:
         """Start the thread unless it runs (or the object is closed); under ``lock``."""
         if not self._closed and (self._thread is None or not self._thread.is_alive()):

@@ -347,15 +347,14 @@ class RedisColdLimiter(Named, LimiterFigures):
         this waiter's place, ``Busy("deadline")`` (at once, or while waiting) when its place
         cannot start within its wait by the budget's estimate of build time (with the
         budget's ``deadline`` setting on), ``Busy("timeout")`` when the wait ends without a
-        slot (or the
-        waiter lost its place: Redis restarted empty, or it was dropped for not polling in
-        time). Errors of Redis propagate as ``redis`` exceptions.
+        slot (or the waiter lost its place: Redis restarted empty, or it was dropped for not
+        polling in time). Errors of Redis propagate as ``redis`` exceptions.
         """
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        handed = self._known_admission.take()
-        if handed is not None:  # the cold lead acquired already (see ``lead``)
-            token, status, wait_ms = handed
+        known = self._known_admission.take()
+        if known is not None:  # the cold lead acquired already (see ``lead``)
+            token, status, wait_ms = known
         else:
             token, who = self._attempt(client)
             # The anonymous client's id is the script's default: one argument less to send.
