@@ -592,6 +592,8 @@ def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
     live_redis.start(port=port, attempts=1)  # empty, on the same port
     wait_until("the health up again, with no call made", lambda: s.health.up)
     assert s.limiter.stats().backend == "redis"
+    # The probe thread logs it just after it marks Redis up (outside the health's lock).
+    wait_until("Redis back, logged", lambda: warnings_with(caplog, "answers again") != [])
     assert len(warnings_with(caplog, "answers again")) == 1
     wait_until("the probe thread ended", lambda: ended(before))
     for _ in range(5):  # every acquire from now on is Redis's
