@@ -120,7 +120,7 @@ from .._cache import forget_in, lookup_in, put_into
 from .._cancel import CancelToken
 from .._errors import Busy, Cancelled, LeaderFailed, ReachLimitError, Unavailable
 from .._fork import reset_after_fork
-from .._limiter import ColdLimiter, Grant, LimiterStats
+from .._limiter import ColdLimiter, Grant, LimiterFigures, LimiterStats
 from .._path import Cache, Flight
 from ._health import FAILURES, RedisHealth
 from ._limiter import RedisColdLimiter, RedisLimiterStats
@@ -240,7 +240,7 @@ class _BeingHeld(Grant):
 _BEING_HELD = _BeingHeld()
 
 
-class ResilientLimiter:
+class ResilientLimiter(LimiterFigures):
     """A shared (Redis) cold limiter that falls back when Redis fails (module design).
 
     ``fallback="local"``: the in-process ``local`` limiter takes over, admitting this
@@ -267,6 +267,10 @@ class ResilientLimiter:
         self.local = local
         self.health = health
         self.fallback = fallback
+        # Its four figures are the shared limiter's (the fallback's own are the same).
+        self._set_figures(
+            remote.capacity_active, remote.capacity_queue, remote.wait, remote.retry_after
+        )
         members: Members | None = None
         if fallback == "local":
             members = remote.members()
@@ -300,24 +304,6 @@ class ResilientLimiter:
         n = self.processes if processes is None else max(1, processes)
         active, queue = self._budget
         return -(-active // n), -(-queue // n)
-
-    # The four figures are the shared limiter's (the fallback's own are the same).
-
-    @property
-    def capacity_active(self) -> int:
-        return self.remote.capacity_active
-
-    @property
-    def capacity_queue(self) -> int:
-        return self.remote.capacity_queue
-
-    @property
-    def wait(self) -> float:
-        return self.remote.wait
-
-    @property
-    def retry_after(self) -> int:
-        return self.remote.retry_after
 
     def acquire(self, cancel: CancelToken | None = None, client: Hashable = None) -> Grant:
         """Take a build slot: the shared limiter's while Redis works, else the fallback's
