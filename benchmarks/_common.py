@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import os
-import platform
 import statistics
 import sys
 import threading
@@ -21,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _report import closing, fmt, ms, pct, ruled  # noqa: F401 (these scripts' names for them)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -42,25 +41,12 @@ class Budgeted:
 
 
 def machine() -> dict[str, Any]:
-    """Where the figures came from."""
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "switch_interval_ms": sys.getswitchinterval() * 1000,
-        # Other processes share the cores: the load at the start says how noisy the run was.
-        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+    """Where the figures came from (``_report.machine``), the load at the start also under the
+    name these scripts print."""
+    import _report
+
+    where = _report.machine()
+    return {**where, "loadavg_1m": where["loadavg"][0]}
 
 
 def alternating(
@@ -96,23 +82,13 @@ def ratios(base_s: list[float], cand_s: list[float]) -> dict[str, Any]:
     }
 
 
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile (``p`` in 0-100); None for no samples."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
 
-def ms(x: float | None) -> float | None:
-    return None if x is None else x * 1000
 
 
 # -- tables ----------------------------------------------------------------------------------
 
 
-def fmt(x: float | None, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def load_titles(config: dict[str, Any]) -> dict[str, str]:
@@ -163,14 +139,8 @@ def machine_lines(m: dict[str, Any]) -> list[str]:
     ]
 
 
-def ruled(head: str) -> list[str]:
-    """A table's head line and the rule under it."""
-    return [head, "-" * len(head)]
 
 
-def closing(out: list[str], report: dict[str, Any]) -> str:
-    """The text report: ``out``'s lines and the run's total time last."""
-    return "\n".join([*out, f"total time {report['elapsed_s']:.1f} s"])
 
 
 # -- the command line every script shares ----------------------------------------------------

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """What ``@rl.cached()`` costs a request, against what it replaces, in one process.
 
-    python benchmarks/flask_cached.py            # full run, about 15 s
+    python benchmarks/flask_cached.py            # about 15 s
     python benchmarks/flask_cached.py --quick    # a few seconds, rough figures
-    python benchmarks/flask_cached.py --json     # the same figures as JSON on stdout
 
 Each figure is a whole WSGI request (``app(environ, start_response)``, body read and closed;
 no server, no socket) to one app (``ReachLimit(app, active=1, queue=0)``, TTL one hour, no
@@ -20,27 +19,35 @@ stale window), against a baseline route of the same app timed in the same run:
     Goal: <= 1.2x. Shown beside it, not judged: the same refusal against ``GET /hand/cold``
     refused by the hand-written view, which is what the decorator itself adds to a refusal.
 
-Both pairs are timed in alternating rounds (the baseline first on even rounds); the ratio
-judged is the median of the per-round ratios, the best-of-rounds ratio and the spread beside
-it. Before timing, every route is checked to answer what it claims (the same body and a
-``Cache-Status`` hit for both warm routes, a 429 for the refusal); after, the figures confirm
-that nothing was built while timing and that every refused request was counted.
+The pairs are timed by ``_paired.py`` (alternating rounds in worker processes, the median of
+the rounds' ratios). Before timing, every route is checked to answer what it claims (the same
+body and a ``Cache-Status`` hit for both warm routes, a 429 for the refusal); after, the app's
+figures confirm that nothing was built while timing (``builds``: the two warm-ups of each
+process) and that every refused request was counted.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-import _common
-from micro import goal, paired, wsgi_caller
+import _paired
+import _report
+from _paired import Pair, Spec, Worker, wsgi_caller, wsgi_side
 
+SPEC = Spec("flask_cached", sides=("baseline", "limiter"), unit="ns", rounds=41)
 #: The decorator's goals: (name, result, highest ratio).
 GOALS = (
     ("warm hit through @rl.cached() vs the same view around rl.cold()", "warm_hit", 1.05),
     ("refusal through @rl.cached() vs a constant-JSON route", "refusal", 1.2),
+)
+#: The text report's labels: pair, subject, baseline.
+LABELS = (
+    ("warm_hit", "warm hit, @rl.cached() view", "the same view around rl.cold()"),
+    ("refusal", "refused by @rl.cached() view (429)", "constant jsonify (200)"),
+    ("refusal_vs_cold", "refused by @rl.cached() view (429)", "the view around rl.cold() (429)"),
 )
 QUERY = "b=2&a=1"
 
@@ -50,7 +57,7 @@ def report_of(key: str) -> dict[str, Any]:
     return {"key": key, "rows": [1, 2, 3], "total": 6}
 
 
-def run(number: int, rounds: int) -> dict[str, Any]:
+def pairs(worker: Worker) -> Iterator[Pair]:
     from flask import Flask, jsonify, request
     from werkzeug.test import EnvironBuilder
 
@@ -92,6 +99,13 @@ def run(number: int, rounds: int) -> dict[str, Any]:
         body = json.loads(call(envs[name]))
         return statuses[-1], body, dict(headers[-1]).get("Cache-Status", "")
 
+    def side(name: str) -> _paired.Side:
+        return wsgi_side(name, call, envs[name])
+
+    def figures() -> Any:
+        with app.app_context():
+            return rl.stats()
+
     # What is timed must be what it claims: both warm routes built once, then hits with the
     # same body; a constant 200; a queue_full 429 from the decorated view.
     for name in ("hand", "cached"):
@@ -106,87 +120,47 @@ def run(number: int, rounds: int) -> dict[str, Any]:
         for name in ("refused", "hand_refused"):
             status, refused, _ = answer(name)
             assert status.startswith("429") and refused["retryAfter"] >= 1, (status, refused)
-        ns = {"call": call, **{f"{name}_env": env for name, env in envs.items()}}
-        warm = paired("call(hand_env)", "call(cached_env)", ns, number, rounds)
-        refusal = paired("call(constant_env)", "call(refused_env)", ns, number, rounds)
-        over_cold = paired("call(hand_refused_env)", "call(refused_env)", ns, number, rounds)
-        with app.app_context():
-            figures = rl.stats()
+        # Nothing built while timing (the two warm-ups only); every timed request a hit.
+        yield Pair("warm_hit", side("hand"), side("cached"),
+                   lambda: {"builds": figures().builds, "hits_counted": figures().hits})
+        before = figures().rejected_full
+        yield Pair("refusal", side("constant"), side("refused"),
+                   lambda: {"builds": figures().builds,
+                            "refusals_counted": figures().rejected_full - before})
+        yield Pair("refusal_vs_cold", side("hand_refused"), side("refused"))
     finally:
         held.release()
     rl.close(app)
-    # Nothing built while timing (the two warm-ups only); every timed refusal counted.
-    warm["builds"] = refusal["builds"] = figures.builds
-    warm["hits_counted"] = figures.hits
-    refusal["refusals_counted"] = figures.rejected_full
-    return {"warm_hit": warm, "refusal": refusal, "refusal_vs_cold": over_cold}
 
 
 def render(report: dict[str, Any]) -> str:
-    r, c = report["results"], report["config"]
-    out = [
-        "reachlimit @rl.cached() through a whole WSGI request",
-        *_common.machine_lines(report["machine"]),
-        f"timing:  {c['rounds']} alternating rounds x {c['number']:,} requests; "
-        "ratio = median of per-round ratios (best-of ratio alongside)",
-        "",
-    ]
-    rows = (
-        ("warm hit, @rl.cached() view", "the same view around rl.cold()", r["warm_hit"]),
-        ("refused by @rl.cached() view (429)", "constant jsonify (200)", r["refusal"]),
-        ("refused by @rl.cached() view (429)", "the view around rl.cold() (429)",
-         r["refusal_vs_cold"]),
-    )
-    w1 = max(len(a) for a, _, _ in rows)
-    w2 = max(len(b) for _, b, _ in rows)
-    head = (f"{'decorated':<{w1}}  {'us':>6}  {'baseline':<{w2}}  {'us':>6}  {'ratio':>6}  "
-            f"{'best':>6}  {'spread':>11}")
-    out += _common.ruled(head)
-    for a, b, x in rows:
-        lo, hi = x["ratio_spread"]
-        out.append(
-            f"{a:<{w1}}  {x['limiter_ns'] / 1000:6.1f}  {b:<{w2}}  "
-            f"{x['baseline_ns'] / 1000:6.1f}  {x['ratio']:5.3f}x  {x['ratio_best']:5.3f}x  "
-            f"{lo:4.2f}-{hi:4.2f}x"
-        )
-    out += [
-        f"check: builds while timing {r['warm_hit']['builds'] - 2} (after 2 warm-ups), "
-        f"refusals counted {r['refusal']['refusals_counted']:,}",
-        "",
-        "goals:",
-    ]
-    for g in report["goals"]:
-        out.append(f"  [{'met' if g['met'] else 'MISSED':>6}] {g['goal']}: {g['value']:.3f}x "
-                   f"(goal {g['target']})")
-    return "\n".join(out)
+    r = report["results"]
+    out = ["reachlimit @rl.cached() through a whole WSGI request", *_report.head_lines(report),
+           _paired.timing_line(r["warm_hit"]), ""]
+    out += _paired.table([(a, b, r[key]) for key, a, b in LABELS], SPEC)
+    out += [f"check: builds {r['warm_hit']['builds']} (2 warm-ups a process, none while timing), "
+            f"refusals counted {r['refusal']['refusals_counted']:,}", ""]
+    out += _report.goal_lines(report["goals"], ".3f")
+    return _report.closing(out, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(
-        "What @rl.cached() costs a warm hit and a refusal, as ratios against routes of the "
-        "same app timed in the same run.",
-        "small run (seconds): fewer rounds and requests, rough figures",
+    p = _paired.parser(__doc__, SPEC)
+    args, argv = _paired.parse(p, SPEC, argv)
+    if args.worker is not None:
+        return _paired.work(args, SPEC, pairs)
+    report = _report.start(SPEC.name)
+    group = _paired.run_group(__file__, argv, args)
+    results = _paired.results(group, SPEC)
+    report.update(_paired.suite_json(group))
+    report.update(
+        config=_paired.config(args, group),
+        results=results,
+        goals=[_report.goal(name, f"<= {most:g}x", results[key]["ratio"],
+                            results[key]["ratio"] <= most) for name, key, most in GOALS],
+        figures={f"{key} ratio": results[key]["ratio"] for key, _, _ in LABELS},
     )
-    _common.optional(p, "--number", int, "requests per timed round (default 2000, quick 300)")
-    _common.optional(p, "--rounds", int, "alternating rounds per pair (default 41, quick 7)")
-    args: argparse.Namespace = p.parse_args(argv)
-    number = args.number or (300 if args.quick else 2_000)
-    rounds = args.rounds or (7 if args.quick else 41)
-    if number < 1 or rounds < 1:
-        p.error("--number and --rounds must be >= 1")
-    machine = _common.machine()  # the load average at the start
-    results = run(number, rounds)
-    report = {
-        "machine": machine,
-        "config": {"number": number, "rounds": rounds, "quick": args.quick},
-        "results": results,
-        "goals": [
-            goal(name, f"<= {most:g}x", results[key]["ratio"], results[key]["ratio"] <= most)
-            for name, key, most in GOALS
-        ],
-    }
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0
+    return _report.finish(report, args, render)
 
 
 if __name__ == "__main__":

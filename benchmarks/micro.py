@@ -1,118 +1,82 @@
 #!/usr/bin/env python3
-"""Micro-benchmarks of ColdLimiter's two hot paths, each against a standard-library baseline.
+"""ColdLimiter's two hot paths and a refusal through the Flask extension, each against a
+baseline timed in turn with it, as ratios.
 
-    python benchmarks/micro.py            # full run, about 10 s
-    python benchmarks/micro.py --quick    # a few seconds, rough figures
-    python benchmarks/micro.py --json     # the same figures as JSON on stdout
+    python benchmarks/micro.py                   # about 15 s
+    python benchmarks/micro.py --quick           # a few seconds, rough figures
+    python benchmarks/micro.py --output micro.json --plot micro.png
 
-What is measured, in one process, as ratios against a baseline timed in the same run:
+The pairs (``_paired.py``: alternating rounds in worker processes, the median of the
+rounds' ratios):
 
-(a) fast path: ``g = lim.acquire(); g.release()`` with a free slot, against a
-    ``threading.BoundedSemaphore(2)`` ``acquire(); release()`` pair.
-    Goal: <= 1.0x (stretch: <= 0.5x).
-(b) queue_full refusal, against ``put_nowait`` refused by a full ``queue.Queue`` with
-    ``queue.Full`` caught. Goal: <= 1.5x. Two limiters are measured:
-      - the real full-gate path: ``queue=8``, both slots held, the gate full of eight parked
-        waiter threads (each with a long wait), so the refusal really tries the gate;
-      - ``queue=0``: no gate is built (``Queue(maxsize=0)`` would be unbounded).
-(c) lasting allocations: ``sys.getallocatedblocks()`` after ``gc.collect()``, before and after
-    50,000 refusals on each path. Goal: about 0 (we allow a handful of blocks of noise).
-(d) a refusal through the Flask extension, a whole WSGI request (``app(environ,
-    start_response)``, body read and closed; no server, no socket), against a route of the same
-    app returning a constant JSON (``jsonify`` of a dict the size of the refusal's body).
-    Goal: <= 1.2x - the refusal is the cheapest answer the service gives. The limiter runs
-    with its one slot held and ``queue=0``, so every request is a ``queue_full`` refusal.
+fast_path        ``g = lim.acquire(); g.release()`` with a free slot, against a
+                 ``threading.BoundedSemaphore(2)`` ``acquire(); release()`` pair.
+                 Goal: <= 1.0x (stretch: <= 0.5x). ``fast_path_with``: the ``with`` forms.
+refusal_gate     ``queue_full`` refusal, against ``put_nowait`` refused by a full
+                 ``queue.Queue`` with ``queue.Full`` caught, on the real full-gate path:
+                 ``queue=8``, both slots held, eight waiter threads parked with a long wait.
+                 Goal: <= 1.35x. After timing, 1,000 more refusals check that each was
+                 ``queue_full``, that only ``rejected_full`` moved and the clock was never read.
+refusal_queue0   the same with ``queue=0`` (no gate). Goal: <= 1.35x.
+flask_refusal    a whole WSGI request (``app(environ, start_response)``, body read and
+                 closed; no socket) refused by the extension (its one slot held, ``queue=0``:
+                 every request a ``queue_full`` 429), against a route of the same app
+                 returning a constant JSON the size of the refusal's body. Goal: <= 1.2x.
 
-Each pair is timed in alternating rounds (baseline first on even rounds, limiter first on odd
-rounds); a ratio is reported both as the median of the per-round ratios (the figure the goal
-is judged on: both sides of a round saw the same machine load) and as best-of-rounds.
+And once, in the first worker: lasting allocations, ``sys.getallocatedblocks()`` after
+``gc.collect()`` before and after 50,000 refusals on each path (the refused ``put_nowait``
+alike, as the yardstick). Goal: about 0 (a handful of blocks of noise allowed).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import queue
-import statistics
 import sys
 import threading
 import time
-import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import _common
+import _paired
+import _report
 import plots
-from _common import machine
+from _paired import Pair, Spec, Worker, statement, wsgi_caller, wsgi_side
 
 from reachlimit import Busy, ColdLimiter
+from tests.support.waiting import wait_until
 
-# A parked waiter must outlive the measurement; it is released explicitly at the end, so this
-# long wait never has to run out (it only bounds the worst case if something goes wrong).
+SPEC = Spec("micro", sides=("baseline", "limiter"), unit="ns", rounds=41)
+#: A parked waiter must outlive the measurement; it is released explicitly at the end, so this
+#: long wait never runs out (it only bounds the worst case if something goes wrong).
 PARKED_WAIT_S = 600.0
-# "About zero" lasting blocks over 50k refusals: a leak of even one block per refusal would
-# show as 50,000; a handful is interpreter noise (a resized free list, an interned int).
+#: "About zero" lasting blocks over 50k refusals: a leak of even one block per refusal would
+#: show as 50,000; a handful is interpreter noise (a resized free list, an interned int).
 ALLOC_TOLERANCE_BLOCKS = 16
+#: The goals: (name, pair, highest ratio).
+GOALS = (
+    ("fast path vs BoundedSemaphore(2) pair", "fast_path", 1.0),
+    ("fast path, stretch", "fast_path", 0.5),
+    ("queue_full refusal, queue=8 full gate, vs refused put_nowait", "refusal_gate", 1.35),
+    ("queue_full refusal, queue=0, vs refused put_nowait", "refusal_queue0", 1.35),
+    ("refusal through the Flask extension vs a constant-JSON route", "flask_refusal", 1.2),
+)
+#: The text report's labels: pair, subject, baseline.
+LABELS = (
+    ("fast_path", "fast path: g = lim.acquire(); g.release()",
+     "BoundedSemaphore(2) acquire+release"),
+    ("fast_path_with", "fast path: with lim.acquire(): pass", "with BoundedSemaphore(2): pass"),
+    ("refusal_gate", "refusal queue_full, queue=8 gate full",
+     "full Queue put_nowait + except Full"),
+    ("refusal_queue0", "refusal queue_full, queue=0 (no gate)",
+     "full Queue put_nowait + except Full"),
+    ("flask_refusal", "Flask request refused by ReachLimit (429)",
+     "Flask request, constant jsonify (200)"),
+)  # fmt: skip
 
 
-# -- the machine ------------------------------------------------------------------------------
-
-
-
-
-
-# -- timing -----------------------------------------------------------------------------------
-
-
-def paired(
-    base_stmt: str, cand_stmt: str, ns: dict[str, Any], number: int, rounds: int
-) -> dict[str, Any]:
-    """Time two statements in alternating rounds; return ns/op and their ratios."""
-    base_s, cand_s = _common.alternating(
-        timeit.Timer(base_stmt, globals=ns).timeit,
-        timeit.Timer(cand_stmt, globals=ns).timeit,
-        number,
-        rounds,
-    )
-    base_ns = [x * 1e9 for x in base_s]
-    cand_ns = [x * 1e9 for x in cand_s]
-    return {
-        "baseline_ns": min(base_ns),
-        "limiter_ns": min(cand_ns),
-        "baseline_ns_median": statistics.median(base_ns),
-        "limiter_ns_median": statistics.median(cand_ns),
-        **_common.ratios(base_ns, cand_ns),
-        "rounds": rounds,
-        "ops_per_round": number,
-    }
-
-
-def lasting_blocks(refuse: Any, n: int, repeats: int) -> list[int]:
-    """Blocks still allocated after ``n`` calls of ``refuse`` (after gc.collect), per repeat."""
-    refuse(1000)  # warm up: first-call caches, the counter already a big int
-    deltas = []
-    for _ in range(repeats):
-        gc.collect()
-        before = sys.getallocatedblocks()
-        refuse(n)
-        gc.collect()
-        deltas.append(sys.getallocatedblocks() - before)
-    return deltas
-
-
-def refuse_loop(acquire: Any, exc: type[BaseException]) -> Any:
-    def run(n: int) -> None:
-        for _ in range(n):
-            try:
-                acquire()
-            except exc:
-                pass
-
-    return run
-
-
-# -- set-ups ----------------------------------------------------------------------------------
+# -- what is timed ------------------------------------------------------------------------------
 
 
 class CountingClock:
@@ -141,17 +105,18 @@ class FullGate:
         ]
         for t in self.threads:
             t.start()
-        deadline = time.monotonic() + 10
-        while self.limiter.stats().queued < 8:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the eight waiters did not park within 10 s")
-            time.sleep(0.001)
+        wait_until("the eight waiters parked", lambda: self.limiter.stats().queued == 8,
+                   timeout=10, interval=0.001)  # fmt: skip
 
     def _park(self) -> None:
         try:
             self.limiter.acquire().release()
         except BaseException as exc:  # recorded and reported, never silent
             self.errors.append(exc)
+
+    def still_full(self) -> bool:
+        s = self.limiter.stats()
+        return s.active == 2 and s.queued == 8 and s.rejected_timeout == 0
 
     def close(self) -> None:
         for g in self.grants:
@@ -174,144 +139,38 @@ def check_refusal(lim: ColdLimiter, clock: CountingClock | None, n: int = 1000) 
             reasons.add(exc.reason)
     after = lim.stats().as_dict()
     moved = {k for k in before if before[k] != after[k]}
-    ok = (
-        reasons == {"queue_full"}
-        and moved == {"rejected_full"}
-        and after["rejected_full"] - before["rejected_full"] == n
-        and (clock.reads if clock else 0) == reads
-    )
-    return {
-        "ok": ok,
-        "reasons": sorted(reasons),
-        "moved": sorted(moved),
-        "clock_reads": (clock.reads - reads) if clock else 0,
-    }
+    read = (clock.reads - reads) if clock else 0
+    ok = (reasons == {"queue_full"} and moved == {"rejected_full"}
+          and after["rejected_full"] - before["rejected_full"] == n and read == 0)  # fmt: skip
+    return {"ok": ok, "reasons": sorted(reasons), "moved": sorted(moved), "clock_reads": read}
 
 
-# -- the run ----------------------------------------------------------------------------------
+def refuse_loop(acquire: Callable[[], object], exc: type[BaseException]) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            try:
+                acquire()
+            except exc:
+                pass
+
+    return run
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    number, rounds = args.number, args.rounds
-    results: dict[str, Any] = {}
-
-    # (a) fast path
-    lim = ColdLimiter(active=2, queue=8)
-    sem = threading.BoundedSemaphore(2)
-    ns: dict[str, Any] = {"lim": lim, "sem": sem}
-    results["fast_path"] = paired(
-        "sem.acquire(); sem.release()", "g = lim.acquire(); g.release()", ns, number, rounds
-    )
-    results["fast_path_with"] = paired(
-        "with sem: pass", "with lim.acquire(): pass", ns, number, rounds
-    )
-    assert lim.stats().active == 0
-
-    # (b) refusals
-    full_q: queue.Queue[None] = queue.Queue(maxsize=1)
-    full_q.put_nowait(None)
-    refuse_q = "try:\n    q.put_nowait(None)\nexcept Full:\n    pass"
-    refuse_l = "try:\n    lim.acquire()\nexcept Busy:\n    pass"
-
-    def refusals_paired(lim: ColdLimiter) -> dict[str, Any]:
-        """A refused ``put_nowait`` on a full queue against a refused ``lim.acquire()``."""
-        names = {"q": full_q, "Full": queue.Full, "lim": lim, "Busy": Busy}
-        return paired(refuse_q, refuse_l, names, number, rounds)
-
-    gate = FullGate()
-    try:
-        glim = gate.limiter
-        results["refusal_gate"] = refusals_paired(glim)
-        results["refusal_gate"]["check"] = check_refusal(glim, gate.clock)
-        blocks_gate = lasting_blocks(refuse_loop(glim.acquire, Busy), args.refusals, args.repeats)
-        s = glim.stats()
-        results["refusal_gate"]["still_full"] = (
-            s.active == 2 and s.queued == 8 and s.rejected_timeout == 0
-        )
-    finally:
-        gate.close()
-
-    zlim = ColdLimiter(active=2, queue=0)
-    held = [zlim.acquire(), zlim.acquire()]
-    results["refusal_queue0"] = refusals_paired(zlim)
-    results["refusal_queue0"]["check"] = check_refusal(zlim, None)
-    blocks_q0 = lasting_blocks(refuse_loop(zlim.acquire, Busy), args.refusals, args.repeats)
-    for g in held:
-        g.release()
-
-    blocks_base = lasting_blocks(
-        refuse_loop(lambda: full_q.put_nowait(None), queue.Full), args.refusals, args.repeats
-    )
-    results["allocations"] = {
-        "refusals": args.refusals,
-        "repeats": args.repeats,
-        "baseline_put_nowait": blocks_base,
-        "refusal_gate": blocks_gate,
-        "refusal_queue0": blocks_q0,
-    }
-
-    # (d) a whole request: a few tens of microseconds, so fewer of them per round
-    results["flask_refusal"] = flask_refusal(max(1, number // 20), rounds)
-
-    worst = max(abs(d) for d in blocks_gate + blocks_q0)
-    ratio_goals = (  # (goal, result, highest ratio)
-        ("fast path vs BoundedSemaphore(2) pair", "fast_path", 1.0),
-        ("fast path, stretch", "fast_path", 0.5),
-        ("queue_full refusal, queue=8 full gate, vs refused put_nowait", "refusal_gate", 1.5),
-        ("queue_full refusal, queue=0, vs refused put_nowait", "refusal_queue0", 1.5),
-        ("refusal through the Flask extension vs a constant-JSON route", "flask_refusal", 1.2),
-    )
-    goals = [
-        goal(name, f"<= {most:.1f}x", results[key]["ratio"], results[key]["ratio"] <= most)
-        for name, key, most in ratio_goals
-    ]
-    goals.append(
-        goal(
-            f"lasting blocks over {args.refusals:,} refusals (worst repeat, both paths)",
-            f"~0 (|delta| <= {ALLOC_TOLERANCE_BLOCKS})",
-            worst,
-            worst <= ALLOC_TOLERANCE_BLOCKS,
-        )
-    )
-    return {
-        "machine": machine(),
-        "config": {
-            "number": number,
-            "rounds": rounds,
-            "refusals": args.refusals,
-            "repeats": args.repeats,
-            "quick": args.quick,
-        },
-        "results": results,
-        "goals": goals,
-    }
+def lasting_blocks(refuse: Callable[[int], None], n: int, repeats: int) -> list[int]:
+    """Blocks still allocated after ``n`` calls of ``refuse`` (after gc.collect), per repeat."""
+    refuse(1000)  # warm up: first-call caches, the counter already a big int
+    deltas = []
+    for _ in range(repeats):
+        gc.collect()
+        before = sys.getallocatedblocks()
+        refuse(n)
+        gc.collect()
+        deltas.append(sys.getallocatedblocks() - before)
+    return deltas
 
 
-def wsgi_caller(
-    app: Any, statuses: list[str], headers: list[Any] | None = None
-) -> Callable[[dict[str, Any]], bytes]:
-    """``request(environ) -> body``: one whole WSGI request to ``app`` (body read and closed),
-    its status appended to ``statuses`` (and its headers to ``headers``, when given)."""
-
-    def start_response(status: str, response_headers: Any, exc_info: Any = None) -> None:
-        statuses.append(status)
-        if headers is not None:
-            headers.append(response_headers)
-
-    def request(environ: dict[str, Any]) -> bytes:
-        body = app(dict(environ), start_response)
-        try:
-            return b"".join(body)
-        finally:
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
-
-    return request
-
-
-def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
-    """(d): a refused request through ReachLimit against a constant-JSON route, same app."""
+def flask_refusal() -> Iterator[Pair]:
+    """A refused request through ReachLimit against a constant-JSON route of the same app."""
     from flask import Flask, jsonify
     from werkzeug.test import EnvironBuilder
 
@@ -320,7 +179,7 @@ def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
     app = Flask("micro")
     rl = ReachLimit(app, active=1, queue=0)
     constant = {"error": "Too many reports are being built right now; please retry shortly.",
-                "retryAfter": 2}
+                "retryAfter": 2}  # fmt: skip
 
     # Both routes take a key from the URL, so both sides do the same routing work.
     @app.get("/constant/<key>")
@@ -342,138 +201,128 @@ def flask_refusal(number: int, rounds: int) -> dict[str, Any]:
         assert json.loads(request(constant_env)) == constant and statuses[-1].startswith("200")
         refused = json.loads(request(refused_env))
         assert statuses[-1].startswith("429") and refused["retryAfter"] == 2, statuses[-1]
-        ns = {"request": request, "constant_env": constant_env, "refused_env": refused_env}
-        result = paired("request(constant_env)", "request(refused_env)", ns, number, rounds)
-        with app.app_context():
-            figures = rl.stats()
-        result["refusals_counted"] = figures.rejected_full
-        result["builds"] = figures.builds
+
+        def checks() -> dict[str, Any]:
+            with app.app_context():
+                figures = rl.stats()
+            return {"refusals_counted": figures.rejected_full, "builds": figures.builds}
+
+        yield Pair("flask_refusal", wsgi_side("constant", request, constant_env),
+                   wsgi_side("refused", request, refused_env), checks)  # fmt: skip
     finally:
         held.release()
-    return result
 
 
-def goal(name: str, target: str, value: float, met: bool) -> dict[str, Any]:
-    return {"goal": name, "target": target, "value": value, "met": bool(met)}
+def pairs(worker: Worker) -> Iterator[Pair]:
+    args = worker.args
+    lim = ColdLimiter(active=2, queue=8)
+    sem = threading.BoundedSemaphore(2)
+    names: dict[str, Any] = {"lim": lim, "sem": sem}
+    yield Pair("fast_path", statement("semaphore", "sem.acquire(); sem.release()", names),
+               statement("limiter", "g = lim.acquire(); g.release()", names))  # fmt: skip
+    yield Pair("fast_path_with", statement("semaphore", "with sem: pass", names),
+               statement("limiter", "with lim.acquire(): pass", names))  # fmt: skip
+    assert lim.stats().active == 0
+
+    full_q: queue.Queue[None] = queue.Queue(maxsize=1)
+    full_q.put_nowait(None)
+    put = refuse_loop(lambda: full_q.put_nowait(None), queue.Full)
+
+    def refusals(key: str, lim: ColdLimiter, clock: CountingClock | None,
+                 more: Callable[[], dict[str, Any]] = dict) -> Pair:  # fmt: skip
+        names = {"q": full_q, "Full": queue.Full, "lim": lim, "Busy": Busy}
+        return Pair(key, statement("put_nowait", "try:\n    q.put_nowait(None)\n"
+                                   "except Full:\n    pass", names),
+                    statement("refused", "try:\n    lim.acquire()\nexcept Busy:\n    pass", names),
+                    lambda: {"check": check_refusal(lim, clock), **more()})  # fmt: skip
+
+    blocks: dict[str, Any] = {}
+    gate = FullGate()
+    try:
+        yield refusals("refusal_gate", gate.limiter, gate.clock,
+                       lambda: {"still_full": gate.still_full()})  # fmt: skip
+        if worker.first:
+            blocks["refusal_gate"] = lasting_blocks(refuse_loop(gate.limiter.acquire, Busy),
+                                                    args.refusals, args.repeats)  # fmt: skip
+    finally:
+        gate.close()
+
+    zlim = ColdLimiter(active=2, queue=0)
+    held = [zlim.acquire(), zlim.acquire()]
+    yield refusals("refusal_queue0", zlim, None)
+    if worker.first:
+        blocks["refusal_queue0"] = lasting_blocks(refuse_loop(zlim.acquire, Busy),
+                                                  args.refusals, args.repeats)  # fmt: skip
+        blocks["baseline_put_nowait"] = lasting_blocks(put, args.refusals, args.repeats)
+        worker.extra["allocations"] = {"refusals": args.refusals, "repeats": args.repeats,
+                                       **blocks}  # fmt: skip
+    for g in held:
+        g.release()
+
+    yield from flask_refusal()
 
 
-# -- output -----------------------------------------------------------------------------------
+# -- the report ---------------------------------------------------------------------------------
+
+
+def goals(results: dict[str, Any], refusals: int) -> list[dict[str, Any]]:
+    out = [_report.goal(name, f"<= {most:g}x", results[key]["ratio"], results[key]["ratio"] <= most)
+           for name, key, most in GOALS]  # fmt: skip
+    a = results["allocations"]
+    worst = max(abs(d) for d in a["refusal_gate"] + a["refusal_queue0"])
+    out.append(_report.goal(f"lasting blocks over {refusals:,} refusals (worst repeat, both paths)",
+                            f"~0 (|delta| <= {ALLOC_TOLERANCE_BLOCKS})", worst,
+                            worst <= ALLOC_TOLERANCE_BLOCKS))  # fmt: skip
+    return out
 
 
 def render(report: dict[str, Any]) -> str:
-    m, r = report["machine"], report["results"]
-    out = [
-        "reachlimit micro-benchmarks",
-        *_common.machine_lines(m),
-        f"timing:  {report['config']['rounds']} alternating rounds x "
-        f"{report['config']['number']:,} ops; "
-        "ratio = median of per-round ratios (best-of ratio alongside)",
-        "",
-    ]
-    rows = [
-        (
-            "fast path: g = lim.acquire(); g.release()",
-            "BoundedSemaphore(2) acquire+release",
-            r["fast_path"],
-        ),
-        (
-            "fast path: with lim.acquire(): pass",
-            "with BoundedSemaphore(2): pass",
-            r["fast_path_with"],
-        ),
-        (
-            "refusal queue_full, queue=8 gate full",
-            "full Queue put_nowait + except Full",
-            r["refusal_gate"],
-        ),
-        (
-            "refusal queue_full, queue=0 (no gate)",
-            "full Queue put_nowait + except Full",
-            r["refusal_queue0"],
-        ),
-        (
-            "Flask request refused by ReachLimit (429)",
-            "Flask request, constant jsonify (200)",
-            r["flask_refusal"],
-        ),
-    ]
-    w1 = max(len(a) for a, _, _ in rows)
-    w2 = max(len(b) for _, b, _ in rows)
-    out.append(
-        f"{'limiter':<{w1}}  {'ns/op':>6}  {'baseline':<{w2}}  {'ns/op':>6}  "
-        f"{'ratio':>6}  {'best':>6}  {'spread':>11}"
-    )
-    out.append("-" * (w1 + w2 + 46))
-    for a, b, x in rows:
-        lo, hi = x["ratio_spread"]
-        out.append(
-            f"{a:<{w1}}  {x['limiter_ns']:6.0f}  {b:<{w2}}  {x['baseline_ns']:6.0f}  "
-            f"{x['ratio']:5.2f}x  {x['ratio_best']:5.2f}x  {lo:4.2f}-{hi:4.2f}x"
-        )
+    r = report["results"]
+    out = ["reachlimit micro-benchmarks", *_report.head_lines(report),
+           _paired.timing_line(r["fast_path"]), ""]
+    out += _paired.table([(a, b, r[key]) for key, a, b in LABELS], SPEC)
     for key, label in (("refusal_gate", "queue=8"), ("refusal_queue0", "queue=0")):
         c = r[key]["check"]
-        extra = (
-            ""
-            if key != "refusal_gate"
-            else (f"; gate still full after timing: {'yes' if r[key]['still_full'] else 'NO'}")
-        )
-        out.append(
-            f"check {label}: 1000 refusals -> reasons {c['reasons']}, counters moved "
-            f"{c['moved']}, clock reads {c['clock_reads']}: "
-            f"{'ok' if c['ok'] else 'FAILED'}{extra}"
-        )
+        extra = "" if key != "refusal_gate" else \
+            f"; gate still full after timing: {'yes' if r[key]['still_full'] else 'NO'}"
+        out.append(f"check {label}: 1000 refusals a process -> reasons {sorted(set(c['reasons']))}"
+                   f", counters moved {sorted(set(c['moved']))}, clock reads {c['clock_reads']}: "
+                   f"{'ok' if c['ok'] else 'FAILED'}{extra}")  # fmt: skip
     a = r["allocations"]
-    out += [
-        "",
-        f"lasting allocated blocks after {a['refusals']:,} refusals (gc.collect before/after), "
-        f"per repeat:",
-        f"  queue=8 full gate        {a['refusal_gate']}",
-        f"  queue=0                  {a['refusal_queue0']}",
-        f"  baseline put_nowait      {a['baseline_put_nowait']}",
-        "",
-        "goals:",
-    ]
-    for g in report["goals"]:
-        v = g["value"]
-        vs = f"{v:.2f}x" if isinstance(v, float) else f"{v} blocks"
-        out.append(
-            f"  [{'met' if g['met'] else 'MISSED':>6}] {g['goal']}: {vs} (goal {g['target']})"
-        )
-    return "\n".join(out)
+    out += ["", f"lasting allocated blocks after {a['refusals']:,} refusals (gc.collect "
+            "before/after), per repeat:",
+            f"  queue=8 full gate        {a['refusal_gate']}",
+            f"  queue=0                  {a['refusal_queue0']}",
+            f"  baseline put_nowait      {a['baseline_put_nowait']}", ""]
+    out += _report.goal_lines(report["goals"])
+    return _report.closing(out, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(
-        "Micro-benchmarks of ColdLimiter's fast path and queue_full refusal, "
-        "as ratios against standard-library baselines timed in the same run.",
-        "small run (seconds): fewer rounds and operations, rough figures",
-    )
-    _common.optional(p, "--number", int, "operations per timed round (default 20000, quick 5000)")
-    p.add_argument(
-        "--rounds", type=int, default=None, help="alternating rounds per pair (default 41, quick 7)"
-    )
-    p.add_argument(
-        "--refusals",
-        type=int,
-        default=50_000,
-        help="refusals in the allocation check (default 50000)",
-    )
-    _common.optional(p, "--repeats", int, "repeats of the allocation check (default 3, quick 1)")
+    p = _paired.parser(__doc__, SPEC)
+    p.add_argument("--refusals", type=int, default=50_000,
+                   help="refusals in the allocation check (default 50000)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats of the allocation check (default 3, quick 1)")
     plots.add_option(p)
-    args = p.parse_args(argv)
-    if args.number is None:
-        args.number = 5_000 if args.quick else 20_000
-    if args.rounds is None:
-        args.rounds = 7 if args.quick else 41
-    if args.repeats is None:
-        args.repeats = 1 if args.quick else 3
-    if args.number < 1 or args.rounds < 1 or args.refusals < 1 or args.repeats < 1:
-        p.error("--number, --rounds, --refusals and --repeats must be >= 1")
-    report = run(args)
+    args, argv = _paired.parse(p, SPEC, argv)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.refusals < 1 or args.repeats < 1:
+        p.error("--refusals and --repeats must be >= 1")
+    if args.worker is not None:
+        return _paired.work(args, SPEC, pairs)
+    report = _report.start(SPEC.name)
+    group = _paired.run_group(__file__, argv, args)
+    results = _paired.results(group, SPEC)
+    results["allocations"] = group.extra["allocations"]
+    report.update(_paired.suite_json(group))
+    report.update(config={**_paired.config(args, group), "refusals": args.refusals,
+                          "repeats": args.repeats},
+                  results=results, goals=goals(results, args.refusals),
+                  figures={f"{key} ratio": results[key]["ratio"] for key, _, _ in LABELS})
     if args.plot is not None:
         plots.micro(report, args.plot)
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0
+    return _report.finish(report, args, render)
 
 
 if __name__ == "__main__":

@@ -85,8 +85,8 @@ def _legend(fig: Any, ax: Any, columns: int) -> None:
 MICRO_ROWS = (
     ("fast_path", "fast path: acquire + release\nvs BoundedSemaphore(2) pair", 1.0),
     ("fast_path_with", "fast path, with-block\nvs with BoundedSemaphore(2)", None),
-    ("refusal_gate", "queue_full refusal, gate full\nvs refused Queue.put_nowait", 1.5),
-    ("refusal_queue0", "queue_full refusal, queue=0\nvs refused Queue.put_nowait", 1.5),
+    ("refusal_gate", "queue_full refusal, gate full\nvs refused Queue.put_nowait", 1.35),
+    ("refusal_queue0", "queue_full refusal, queue=0\nvs refused Queue.put_nowait", 1.35),
     ("flask_refusal", "429 through the Flask extension\nvs a constant-JSON route", 1.2),
 )
 
@@ -120,8 +120,8 @@ def micro(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("time per operation / baseline's (median of alternating rounds; lower is "
                   "better; red: the goal)", fontsize=8)  # fmt: skip
     c = report["config"]
-    ax.set_title(f"micro.py: the hot paths as ratios ({c['rounds']} rounds x {c['number']:,} "
-                 "ops)", fontsize=10)  # fmt: skip
+    ax.set_title(f"micro.py: the hot paths as ratios ({c['rounds']} alternating rounds in "
+                 f"{c['processes']} processes)", fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     _save(fig, report, path)
 

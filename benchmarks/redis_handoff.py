@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 """The hand-off of RedisColdLimiter between two processes, against a bare Redis doorbell.
 
-    python benchmarks/redis_handoff.py            # full run, about 30 s
+    python benchmarks/redis_handoff.py            # about 30 s
     python benchmarks/redis_handoff.py --quick    # a few seconds, rough figures
-    python benchmarks/redis_handoff.py --json     # the same figures as JSON on stdout
     python benchmarks/redis_handoff.py --url redis://127.0.0.1:6379/15   # an existing Redis
                                                   # (the database is FLUSHED: use a spare one)
 
-Without ``--url`` it starts its own ``redis-server`` (as ``redis_micro.py`` does) and stops
-it by PID at the end. It also starts one child process (this script with ``--child``), told
+Without ``--url`` it starts its own ``redis-server`` (``tests/support/redis_server.py``) and
+stops it by PID at the end. It also starts one child process (this script with ``--child``), told
 over stdin what to do and stopped by PID at the end.
 
 (a) hand-off: the parent holds the only slot (``active=1``); the child's ``acquire()`` queues
@@ -36,20 +35,22 @@ Percentiles are nearest-rank; ratios are limiter over baseline. Nothing here is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import _report
 import redis
-from _common import machine, ms, pct, redis_parser
-from redis_micro import own_redis_server
+from _report import ms, pct
 
 from reachlimit import Busy, Cancelled, ColdLimiter
 from reachlimit.redis import RedisColdLimiter
@@ -352,48 +353,61 @@ def fmt(row: dict[str, Any]) -> str:
             f"  (n={row['n']})")
 
 
-def main() -> None:
-    parser = redis_parser(__doc__.split("\n\n")[0], "fewer samples")
-    parser.add_argument("--handoffs", type=int, help="hand-offs of each kind (default 400)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child)
-        return
-    n, n_cancel, n_deadline = (30, 5, 3) if args.quick else (400, 40, 15)
-    if args.handoffs is not None:
-        if args.handoffs < 1:
-            parser.error("--handoffs must be at least 1")
-        n = args.handoffs
-    report: dict[str, Any] = {"machine": machine()}
-    if args.url:
-        report["results"] = run(args.url, n, n_cancel, n_deadline, own=False)
-    else:
-        with own_redis_server() as url:
-            report["results"] = run(url, n, n_cancel, n_deadline, own=True)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+def render(report: dict[str, Any]) -> str:
     r = report["results"]
     h = r["handoff"]
-    print("machine:", json.dumps(report["machine"]))
-    print("(a) hand-off, release in one process -> acquire returns in the other:")
-    print(f"  RedisColdLimiter         {fmt(h['limiter'])}")
-    print(f"  LPUSH -> BLPOP doorbell  {fmt(h['doorbell'])}")
-    print(f"  ratio p50 {h['ratio_p50']:.2f}x, p99 {h['ratio_p99']:.2f}x; goal p99 <= "
-          f"{GOAL_P99_MS:g} ms: {'met' if h['goal_met'] else 'MISSED'}; check {h['check']}")
+    out = ["reachlimit: a slot handed from one process to another", *_report.head_lines(report),
+           "(a) hand-off, release in one process -> acquire returns in the other:",
+           f"  RedisColdLimiter         {fmt(h['limiter'])}",
+           f"  LPUSH -> BLPOP doorbell  {fmt(h['doorbell'])}",
+           f"  ratio p50 {h['ratio_p50']:.2f}x, p99 {h['ratio_p99']:.2f}x; goal p99 <= "
+           f"{GOAL_P99_MS:g} ms: {'met' if h['goal_met'] else 'MISSED'}; check {h['check']}"]
     for hz, w in r["waits"].items():
-        print(f"(b) cancel notice, token set -> Cancelled raised (Redis {hz}):")
-        for side in ("redis", "local"):
-            print(f"  {side:6s}  {fmt(w['cancel'][side])}")
+        out.append(f"(b) cancel notice, token set -> Cancelled raised (Redis {hz}):")
+        out += [f"  {side:6s}  {fmt(w['cancel'][side])}" for side in ("redis", "local")]
         for key, label in (
             ("deadline_with_cancel_token", "(c) deadline overshoot, with a cancel token"),
             ("deadline_without_token", "    deadline overshoot, without a token"),
         ):
-            print(f"{label} (wait 0.1 s; Redis {hz}):")
-            for side in ("redis", "local"):
-                print(f"  {side:6s}  {fmt(w[key][side])}")
+            out.append(f"{label} (wait 0.1 s; Redis {hz}):")
+            out += [f"  {side:6s}  {fmt(w[key][side])}" for side in ("redis", "local")]
+    return _report.closing(out, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _report.parser(_report.description(__doc__), "fewer samples: a few seconds")
+    p.add_argument("--url", help="an existing Redis (its database is flushed)")
+    p.add_argument("--handoffs", type=int, help="hand-offs of each kind (default 400)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(args.child)
+        return 0
+    n, n_cancel, n_deadline = (30, 5, 3) if args.quick else (400, 40, 15)
+    if args.handoffs is not None:
+        if args.handoffs < 1:
+            p.error("--handoffs must be at least 1")
+        n = args.handoffs
+    report = _report.start("redis_handoff")
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if url is None:
+            from tests.support.redis_sentinel import running
+            from tests.support.redis_server import RedisServer
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reachlimit-")))
+            url = stack.enter_context(running(RedisServer(tmp))).url()
+        with contextlib.closing(make_client(url)) as client:
+            report["machine"]["redis_server"] = client.info("server")["redis_version"]
+        report["config"] = {"handoffs": n, "cancels": n_cancel, "deadlines": n_deadline,
+                            "quick": args.quick}
+        report["results"] = run(url, n, n_cancel, n_deadline, own=args.url is None)
+    h = report["results"]["handoff"]
+    report["figures"] = {"hand-off p50 ms": h["limiter"]["p50_ms"],
+                         "hand-off p99 ms": h["limiter"]["p99_ms"],
+                         "hand-off p99 / doorbell p99": h["ratio_p99"]}
+    return _report.finish(report, args, render)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

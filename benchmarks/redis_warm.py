@@ -1,39 +1,42 @@
 #!/usr/bin/env python3
 """A warm hit on the shared Redis cache against a warm hit on the in-process cache.
 
-    python benchmarks/redis_warm.py            # full run, about 10 s
+    python benchmarks/redis_warm.py            # about 10 s
     python benchmarks/redis_warm.py --quick    # a couple of seconds, rough figures
-    python benchmarks/redis_warm.py --json     # the same figures as JSON on stdout
     python benchmarks/redis_warm.py --url redis://127.0.0.1:6379/15   # an existing Redis
                                                # (the database is FLUSHED: use a spare one)
 
-Without ``--url`` it starts its own ``redis-server`` (Debian's package) on a free loopback
-port in a temporary directory, without persistence, and stops it by PID at the end.
+Without ``--url`` it starts its own ``redis-server`` (``tests/support/redis_server.py``: a free
+loopback port, a temporary directory, no persistence, stopped by PID).
 
 What is measured: ``ColdPath.get(key, build)`` for a key that is warm, on a ``RedisCache``
 (default settings: the hit is served by its in-process first level, ``local_ttl`` 1 s, so a
 Redis ``GET`` refills it about once a second) against the same call on a ``TTLCache``. Both
-paths share one ``ColdLimiter`` type and never build. The two are timed in alternating rounds
-(the baseline first on even rounds); the ratio is the median of the per-round ratios, with the
-best-of-rounds ratio and the spread beside it. Goal: at most 1.2x. The Redis commands sent
-while timing are counted, to show how rarely a warm hit reaches Redis.
+paths share one ``ColdLimiter`` type and never build. The pair is timed by ``_paired.py``
+(alternating rounds in worker processes, the median of the rounds' ratios). Goal: at most
+1.2x. The Redis commands sent while timing are counted, to show how rarely a warm hit reaches
+Redis.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
-import time
-from collections.abc import Callable
+import contextlib
+import itertools
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from _common import alternating, machine, ratios, redis_parser
-from redis_micro import own_redis_server
+import _paired
+import _report
+from _paired import Pair, Spec, Worker, call
 
 from reachlimit import ColdLimiter, ColdPath, TTLCache
 from reachlimit.redis import RedisCache
 from tests.support.redis_clients import CountingRedis  # the suite's: counts by command name
 
+SPEC = Spec("redis_warm", sides=("local", "redis"), unit="ns", rounds=41, quick_rounds=5)
 GOAL = 1.2
 KEYS = 16
 
@@ -42,80 +45,71 @@ def never() -> Any:
     raise AssertionError("a warm key was built")
 
 
-def timed(path: ColdPath, keys: list[str]) -> Callable[[int], float]:
-    """``run(n)``: ``n`` warm gets over ``keys`` in turn; the seconds they took."""
-    get = path.get
-
-    def run(n: int) -> float:
-        rounds, rest = divmod(n, len(keys))
-        batch = keys * rounds + keys[:rest]
-        start = time.perf_counter()
-        for key in batch:
-            get(key, never)
-        return time.perf_counter() - start
-
-    return run
+def warm_gets(path: ColdPath[Any], keys: list[str]) -> Any:
+    """One warm get an operation, over ``keys`` in turn."""
+    get, turn = path.get, itertools.cycle(keys)
+    return lambda: get(next(turn), never)
 
 
-def run(url: str, number: int, rounds: int) -> dict[str, Any]:
-    client = CountingRedis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+def pairs(worker: Worker) -> Iterator[Pair]:
+    client = CountingRedis.from_url(worker.args.url, socket_timeout=0.5,
+                                    socket_connect_timeout=0.5)  # fmt: skip
     client.flushdb()
     keys = [f"report|{i}|7|g1" for i in range(KEYS)]
     value = {"nodes": list(range(20)), "summary": "warm"}
-    local = ColdPath(ColdLimiter(), TTLCache())
-    shared_cache = RedisCache(client, "bench-warm")
-    shared = ColdPath(ColdLimiter(), shared_cache)
+    local: ColdPath[Any] = ColdPath(ColdLimiter(), TTLCache())
+    shared_cache: RedisCache[Any] = RedisCache(client, "bench-warm")
+    shared: ColdPath[Any] = ColdPath(ColdLimiter(), shared_cache)
     for key in keys:
         local.cache.set(key, value)
         shared_cache.set(key, value)
-    before = sum(client.sent.values())
-    base_s, cand_s = alternating(timed(local, keys), timed(shared, keys), number, rounds)
-    sent = sum(client.sent.values()) - before
-    figures = ratios(base_s, cand_s)
-    stats = shared.stats()
+    before = client.total()
+    yield Pair("warm_hit", call("TTLCache", warm_gets(local, keys)),
+               call("RedisCache", warm_gets(shared, keys)),
+               lambda: {"redis_commands_while_timing": client.total() - before,
+                        "builds": shared.stats().builds})
     client.flushdb()
     client.close()
-    return {
-        "redis_ns": round(statistics.median(cand_s) * 1e9, 1),
-        "local_ns": round(statistics.median(base_s) * 1e9, 1),
-        "ratio": round(figures["ratio"], 3),
-        "ratio_best": round(figures["ratio_best"], 3),
-        "ratio_spread": [round(x, 3) for x in figures["ratio_spread"]],
-        "rounds": rounds,
-        "ops_per_round": number,
-        "redis_commands_while_timing": sent,
-        "builds": stats.builds,
-        "goal": GOAL,
-        "met": figures["ratio"] <= GOAL,
-    }
 
 
-def main() -> None:
-    parser = redis_parser(__doc__.split("\n\n")[0], "fewer, shorter rounds")
-    parser.add_argument("--number", type=int, help="warm gets per round and side")
-    parser.add_argument("--rounds", type=int, help="alternating rounds")
-    args = parser.parse_args()
-    number, rounds = (20_000, 9) if args.quick else (100_000, 41)
-    number = args.number or number
-    rounds = args.rounds or rounds
-    if args.url:
-        result = run(args.url, number, rounds)
-    else:
-        with own_redis_server() as url:
-            result = run(url, number, rounds)
-    report = {"machine": machine(), "results": {"warm_hit": result}}
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    print("machine:", json.dumps(report["machine"]))
-    print(
-        f"warm hit, ColdPath.get on RedisCache vs on TTLCache: {result['redis_ns']} ns vs "
-        f"{result['local_ns']} ns, median ratio {result['ratio']}x (best {result['ratio_best']}x,"
-        f" spread {result['ratio_spread'][0]}-{result['ratio_spread'][1]}x; {rounds} rounds x "
-        f"{number}); Redis commands while timing: {result['redis_commands_while_timing']}"
-    )
-    print(f"goal <= {GOAL}x: {'met' if result['met'] else 'NOT met'}")
+def render(report: dict[str, Any]) -> str:
+    row = report["results"]["warm_hit"]
+    out = ["reachlimit: a warm hit on RedisCache against one on TTLCache",
+           *_report.head_lines(report), _paired.timing_line(row), ""]
+    out += _paired.table([("ColdPath.get on RedisCache", "on TTLCache", row)], SPEC)
+    out += [f"Redis commands while timing: {row['redis_commands_while_timing']}; builds "
+            f"{row['builds']}; median ratio {row['ratio']:.3f}x", "",
+            f"goal <= {GOAL}x: {'met' if row['met'] else 'NOT met'}"]
+    return _report.closing(out, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _paired.parser(__doc__, SPEC)
+    p.add_argument("--url", help="an existing Redis (its database is flushed)")
+    args, argv = _paired.parse(p, SPEC, argv)
+    if args.worker is not None:
+        return _paired.work(args, SPEC, pairs)
+    report = _report.start(SPEC.name)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if url is None:
+            from tests.support.redis_sentinel import running
+            from tests.support.redis_server import RedisServer
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reachlimit-")))
+            url = stack.enter_context(running(RedisServer(tmp))).url()
+        group = _paired.run_group(__file__, [*argv, "--url", url], args)
+        with contextlib.closing(CountingRedis.from_url(url)) as client:
+            report["machine"]["redis_server"] = client.info("server")["redis_version"]
+    row = _paired.figures(group, SPEC, "warm_hit")
+    row.update(goal=GOAL, met=row["ratio"] <= GOAL)
+    report.update(_paired.suite_json(group))
+    report.update(config=_paired.config(args, group), results={"warm_hit": row},
+                  goals=[_report.goal("warm hit on RedisCache vs on TTLCache", f"<= {GOAL}x",
+                                      row["ratio"], row["met"])],
+                  figures={"warm_hit ratio": row["ratio"]})
+    return _report.finish(report, args, render)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -410,9 +410,9 @@ def test_a_grant_held_across_a_migration_of_its_slot_is_released_once(
 
 
 def test_the_cluster_micro_benchmark_runs() -> None:
-    """benchmarks/redis_cluster_micro.py, as a process with its own cluster: it finishes and
+    """benchmarks/redis_micro.py --cluster, as a process with its own cluster: it finishes and
     reports what it promises (never its speed)."""
-    report = run_json("redis_cluster_micro.py")
+    report = run_json("redis_micro.py", "--cluster")
     for key in ("fast_path", "refusal_vs_get", "refusal_vs_ping"):
         row = report["results"][key]
         assert row["limiter_us"] > 0 and row["baseline_us"] > 0 and row["ratio"] > 0
