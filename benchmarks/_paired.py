@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import timeit
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,6 +381,53 @@ def parse(p: argparse.ArgumentParser, spec: Spec,
     args = p.parse_args(argv)
     settle(p, args, spec)
     return args, argv
+
+
+class Session:
+    """One run of a paired script: in a worker process, :meth:`work`; in the script's own
+    process, the report begun (the load average at the start), the groups of workers run
+    (:meth:`group`), and the result finished (:meth:`finish`)."""
+
+    def __init__(self, script: str, p: argparse.ArgumentParser, spec: Spec, pairs: PairsOf,
+                 argv: list[str] | None) -> None:  # fmt: skip
+        self.script, self.spec, self.pairs = script, spec, pairs
+        self.args, self.argv = parse(p, spec, argv)
+        self.in_worker = self.args.worker is not None
+        self.report = {} if self.in_worker else _report.start(spec.name)
+        self.groups: list[Group] = []
+
+    def work(self) -> int:
+        return work(self.args, self.spec, self.pairs)
+
+    def group(self, name: str = "", env: Callable[[], dict[str, str]] | None = None,
+              argv: tuple[str, ...] = ()) -> Group:  # fmt: skip
+        """A group of workers run: each gets the script's argv and ``argv``."""
+        group = run_group(self.script, [*self.argv, *argv], self.args, name, env)
+        self.groups.append(group)
+        return group
+
+    def finish(self, render: Callable[[dict[str, Any]], str],
+               draw: Callable[[dict[str, Any], Path], None] | None = None,
+               **parts: Any) -> int:  # fmt: skip
+        """The result: the groups' pyperf suite, the run's settings (and ``config``), the
+        script's ``parts``; written, drawn, printed (``_report.finish``)."""
+        self.report.update(suite_json(*self.groups))
+        self.report.update(config={**config(self.args, self.groups[0]),
+                                   **parts.pop("config", {})}, **parts)  # fmt: skip
+        return _report.finish(self.report, self.args, render, draw)
+
+
+def ratio_goals(goals: Iterable[tuple[str, str, float]],
+                results: Mapping[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+    """A goal for each ``(name, pair, highest ratio)``: the pair's ratio at most that."""
+    return [_report.goal(name, f"<= {most:g}x", results[key]["ratio"],
+                         results[key]["ratio"] <= most) for name, key, most in goals]
+
+
+def ratio_figures(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The headline figures of paired results: each pair's ratio."""
+    return {f"{prefix}{key} ratio": row["ratio"] for key, row in results.items()
+            if isinstance(row, dict) and "ratio" in row}
 
 
 # -- the text report ---------------------------------------------------------------------------

@@ -114,16 +114,19 @@ def start(name: str) -> dict[str, Any]:
 
 
 def finish(report: dict[str, Any], args: argparse.Namespace,
-           render: Callable[[dict[str, Any]], str]) -> int:  # fmt: skip
+           render: Callable[[dict[str, Any]], str],
+           draw: Callable[[dict[str, Any], Path], None] | None = None) -> int:  # fmt: skip
     """The end of a run: the load average now and the run's length added, the result written
-    to ``--output``, printed as JSON with ``--json`` or else as ``render`` writes it. Returns
-    0 (the exit status)."""
+    to ``--output``, drawn to ``--plot`` (by ``draw``), printed as JSON with ``--json`` or else
+    as ``render`` writes it. Returns 0 (the exit status)."""
     report["machine"]["loadavg_end"] = loadavg()
     report["elapsed_s"] = round(time.time() - report["started"], 1)
     text = json.dumps(report, indent=2)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text + "\n", encoding="utf-8")
+    if draw is not None and getattr(args, "plot", None) is not None:
+        draw(report, args.plot)
     print(text if args.json else render(report))
     return 0
 
@@ -140,6 +143,55 @@ def parser(description: str, quick: str) -> argparse.ArgumentParser:
                    help="also write the result as JSON to PATH (compare two with compare.py)")
     p.add_argument("--quick", action="store_true", help=quick)
     return p
+
+
+#: The options several scripts take: name (``--build-ms`` is ``build_ms``) -> (type, what).
+OPTIONS: dict[str, tuple[type, str]] = {
+    "active": (int, "builds at once (REACHLIMIT_ACTIVE)"),
+    "queue": (int, "waiting places (REACHLIMIT_QUEUE)"),
+    "wait": (float, "the longest wait, in s (REACHLIMIT_WAIT)"),
+    "build_ms": (float, "one cold build, in ms"),
+    "servers": (int, "gunicorn servers (of a shared set-up)"),
+    "workers": (int, "gthread workers per server (of a shared set-up)"),
+    "threads": (int, "threads per worker"),
+    "rounds": (int, "rounds of every variant"),
+    "duration": (float, "seconds measured per variant"),
+    "timeout": (float, "a client request's socket timeout, in s"),
+    "clients": (int, "closed-loop clients"),
+    "crawlers": (int, "the crawler's connections (closed-loop clients)"),
+    "polite": (int, "polite clients"),
+    "burst_keys": (int, "distinct cold keys of the burst"),
+    "steady_s": (float, "length of the steady streams, in s"),
+    "herd": (int, "requests for one cold key in the herd"),
+    "idle_s": (float, "the idle warm phase before and after, in s"),
+    "warm_ms": (float, "one warm request every this many ms (open loop)"),
+    "rate": (str, "the flask-limiter rate (default: the build capacity per second)"),
+}
+
+
+def options(p: argparse.ArgumentParser,
+            **defaults: Any) -> Callable[[argparse.Namespace], None]:  # fmt: skip
+    """The shared options of :data:`OPTIONS` named, each with its default, or a pair (the
+    default, the quick run's); the help says both. Returns ``settle(args)``, which gives
+    every one left unset its default, or its quick value under ``--quick``, and makes a
+    number that is not above 0 (below 0, for ``--queue``) a usage error."""
+    for name, default in defaults.items():
+        kind, what = OPTIONS[name]
+        full, quick = default if isinstance(default, tuple) else (default, default)
+        shown = "" if full is None else f" (default {full}" + (
+            f", quick {quick})" if quick != full else ")")
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=what + shown)
+
+    def settle(args: argparse.Namespace) -> None:
+        for name, default in defaults.items():
+            full, quick = default if isinstance(default, tuple) else (default, default)
+            if getattr(args, name) is None:
+                setattr(args, name, quick if args.quick else full)
+            value, least = getattr(args, name), 0 if name == "queue" else 1e-9
+            if isinstance(value, int | float) and value < least:
+                p.error(f"--{name.replace('_', '-')} must be {'>= 0' if least == 0 else '> 0'}")
+
+    return settle
 
 
 def description(doc: str | None) -> str:
@@ -174,16 +226,24 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def head_lines(report: Mapping[str, Any]) -> list[str]:
-    """The lines of a text report's head that say where and when it ran, and what."""
+#: The names the text reports give the versions a result records.
+VERSION_NAMES = {"flask": "Flask", "gunicorn": "gunicorn", "flask_limiter": "Flask-Limiter",
+                 "redis_py": "redis-py", "redis_server": "redis-server",
+                 "prometheus_client": "prometheus_client", "pyperf": "pyperf"}  # fmt: skip
+
+
+def head(title: str, report: Mapping[str, Any]) -> list[str]:
+    """A text report's head: its title, then where and when it ran, and what."""
     m = report["machine"]
     end = m.get("loadavg_end")
     commit = report["commit"] or "unknown"
     return [
+        title,
         f"machine: {m['platform']}",
         f"         {m['cpu']}, {m['cores']} cores, {m['python']}, GIL switch interval "
         f"{m['switch_interval_ms']:g} ms; load average {' '.join(map(str, m['loadavg']))} at "
         f"the start" + (f", {' '.join(map(str, end))} at the end" if end else ""),
+        "         " + ", ".join(f"{name} {m[k]}" for k, name in VERSION_NAMES.items() if m.get(k)),
         f"code:    reachlimit {report['reachlimit_version']} at commit {commit}"
         f"{' with uncommitted changes' if report['dirty'] else ''}, {report['date']}",
     ]
@@ -195,7 +255,11 @@ def ruled(head: str) -> list[str]:
 
 
 def closing(out: list[str], report: Mapping[str, Any]) -> str:
-    """The text report: ``out``'s lines and the run's total time last."""
+    """The text report: ``out``'s lines, the goals (:func:`goal_lines`) when the report
+    states its goals that way, and the run's total time last."""
+    goals = report.get("goals")
+    if goals and isinstance(goals, list) and "goal" in goals[0]:
+        out = [*out, *goal_lines(goals)]
     return "\n".join([*out, f"total time {report['elapsed_s']:.1f} s"])
 
 
@@ -204,12 +268,12 @@ def goal(name: str, target: str, value: float | None, met: bool) -> dict[str, An
     return {"goal": name, "target": target, "value": value, "met": bool(met)}
 
 
-def goal_lines(goals: list[dict[str, Any]], spec: str = ".2f", unit: str = "x") -> list[str]:
+def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
     """``goals:`` and one line a goal: met or MISSED, the value against its target."""
     out = ["goals:"]
     for g in goals:
         v = g["value"]
-        value = f"{v:{spec}}{unit}" if isinstance(v, float) else str(v)
+        value = f"{v:.3f}" if isinstance(v, float) else str(v)
         out.append(f"  [{'met' if g['met'] else 'MISSED':>6}] {g['goal']}: {value} "
                    f"(goal {g['target']})")  # fmt: skip
     return out

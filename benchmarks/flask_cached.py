@@ -135,32 +135,21 @@ def pairs(worker: Worker) -> Iterator[Pair]:
 
 def render(report: dict[str, Any]) -> str:
     r = report["results"]
-    out = ["reachlimit @rl.cached() through a whole WSGI request", *_report.head_lines(report),
+    out = [*_report.head("reachlimit @rl.cached() through a whole WSGI request", report),
            _paired.timing_line(r["warm_hit"]), ""]
     out += _paired.table([(a, b, r[key]) for key, a, b in LABELS], SPEC)
     out += [f"check: builds {r['warm_hit']['builds']} (2 warm-ups a process, none while timing), "
             f"refusals counted {r['refusal']['refusals_counted']:,}", ""]
-    out += _report.goal_lines(report["goals"], ".3f")
     return _report.closing(out, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _paired.parser(__doc__, SPEC)
-    args, argv = _paired.parse(p, SPEC, argv)
-    if args.worker is not None:
-        return _paired.work(args, SPEC, pairs)
-    report = _report.start(SPEC.name)
-    group = _paired.run_group(__file__, argv, args)
-    results = _paired.results(group, SPEC)
-    report.update(_paired.suite_json(group))
-    report.update(
-        config=_paired.config(args, group),
-        results=results,
-        goals=[_report.goal(name, f"<= {most:g}x", results[key]["ratio"],
-                            results[key]["ratio"] <= most) for name, key, most in GOALS],
-        figures={f"{key} ratio": results[key]["ratio"] for key, _, _ in LABELS},
-    )
-    return _report.finish(report, args, render)
+    run = _paired.Session(__file__, _paired.parser(__doc__, SPEC), SPEC, pairs, argv)
+    if run.in_worker:
+        return run.work()
+    results = _paired.results(run.group(), SPEC)
+    return run.finish(render, results=results, goals=_paired.ratio_goals(GOALS, results),
+                      figures=_paired.ratio_figures(results))
 
 
 if __name__ == "__main__":

@@ -153,46 +153,39 @@ def pairs(worker: Worker) -> Iterator[Pair]:
 
 def render(report: dict[str, Any]) -> str:
     first = report["modes"]["one_process"]["results"]["warm_request"]
-    out = ["reachlimit: the cost of Prometheus metrics on the extension's hot paths",
-           *_report.head_lines(report), _paired.timing_line(first), ""]
+    out = [*_report.head("reachlimit: the cost of Prometheus metrics on the extension's hot paths",
+                         report), _paired.timing_line(first), ""]
     for mode, figures in report["modes"].items():
         out += [f"{mode} (prometheus_client's {'several' if figures['multiprocess'] else 'one'}"
                 "-process mode)"]
         out += _paired.table([(f"{label}, on", "off", figures["results"][case])
                               for case, label in CASES.items()], SPEC)  # fmt: skip
         out.append("")
-    out += _report.goal_lines(report["goals"], ".3f")
     return _report.closing(out, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _paired.parser(__doc__, SPEC)
-    args, argv = _paired.parse(p, SPEC, argv)
-    if args.worker is not None:
-        return _paired.work(args, SPEC, pairs)
-    report = _report.start(SPEC.name)
-    groups = []
+    run = _paired.Session(__file__, _paired.parser(__doc__, SPEC), SPEC, pairs, argv)
+    if run.in_worker:
+        return run.work()
     with tempfile.TemporaryDirectory(prefix="reachlimit-metrics-") as tmp:
         def own_directory() -> dict[str, str]:
             return {"PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(dir=tmp)}
 
-        for mode, several in MODES.items():
-            groups.append(_paired.run_group(__file__, argv, args, mode,
-                                            own_directory if several else None))
+        groups = [run.group(mode, own_directory if several else None)
+                  for mode, several in MODES.items()]
     modes = {g.name: {"multiprocess": g.extra["multiprocess"], "results": _paired.results(g, SPEC),
                       "checks": g.extra["checks"]} for g in groups}  # fmt: skip
-    report.update(_paired.suite_json(*groups))
-    report.update(
-        config=_paired.config(args, groups[0]),
-        modes=modes,
-        goals=[_report.goal(f"{case.replace('_', ' ')} with metrics on, {mode.replace('_', ' ')} "
-                            "mode", f"<= {GOAL}x", figures["results"][case]["ratio"],
-                            figures["results"][case]["ratio"] <= GOAL)
-               for mode, figures in modes.items() for case in ("warm_request", "refusal_request")],
-        figures={f"{mode}/{case} ratio": figures["results"][case]["ratio"]
-                 for mode, figures in modes.items() for case in CASES},
-    )
-    return _report.finish(report, args, render)
+    goals = [(f"{case.replace('_', ' ')} with metrics on, {mode.replace('_', ' ')} mode",
+              case, figures["results"]) for mode, figures in modes.items()
+             for case in ("warm_request", "refusal_request")]  # fmt: skip
+    return run.finish(
+        render, modes=modes,
+        goals=[_paired.ratio_goals([(name, case, GOAL)], results)[0]
+               for name, case, results in goals],
+        figures={k: v for mode, figures in modes.items()
+                 for k, v in _paired.ratio_figures(figures["results"], f"{mode}/").items()},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -266,8 +266,7 @@ def pairs(worker: Worker) -> Iterator[Pair]:
 
 
 def goals(results: dict[str, Any], refusals: int) -> list[dict[str, Any]]:
-    out = [_report.goal(name, f"<= {most:g}x", results[key]["ratio"], results[key]["ratio"] <= most)
-           for name, key, most in GOALS]  # fmt: skip
+    out = _paired.ratio_goals(GOALS, results)
     a = results["allocations"]
     worst = max(abs(d) for d in a["refusal_gate"] + a["refusal_queue0"])
     out.append(_report.goal(f"lasting blocks over {refusals:,} refusals (worst repeat, both paths)",
@@ -278,7 +277,7 @@ def goals(results: dict[str, Any], refusals: int) -> list[dict[str, Any]]:
 
 def render(report: dict[str, Any]) -> str:
     r = report["results"]
-    out = ["reachlimit micro-benchmarks", *_report.head_lines(report),
+    out = [*_report.head("reachlimit micro-benchmarks", report),
            _paired.timing_line(r["fast_path"]), ""]
     out += _paired.table([(a, b, r[key]) for key, a, b in LABELS], SPEC)
     for key, label in (("refusal_gate", "queue=8"), ("refusal_queue0", "queue=0")):
@@ -294,7 +293,6 @@ def render(report: dict[str, Any]) -> str:
             f"  queue=8 full gate        {a['refusal_gate']}",
             f"  queue=0                  {a['refusal_queue0']}",
             f"  baseline put_nowait      {a['baseline_put_nowait']}", ""]
-    out += _report.goal_lines(report["goals"])
     return _report.closing(out, report)
 
 
@@ -305,24 +303,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats of the allocation check (default 3, quick 1)")
     plots.add_option(p)
-    args, argv = _paired.parse(p, SPEC, argv)
+    run = _paired.Session(__file__, p, SPEC, pairs, argv)
+    args = run.args
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.refusals < 1 or args.repeats < 1:
         p.error("--refusals and --repeats must be >= 1")
-    if args.worker is not None:
-        return _paired.work(args, SPEC, pairs)
-    report = _report.start(SPEC.name)
-    group = _paired.run_group(__file__, argv, args)
+    if run.in_worker:
+        return run.work()
+    group = run.group()
     results = _paired.results(group, SPEC)
+    figures = _paired.ratio_figures(results)
     results["allocations"] = group.extra["allocations"]
-    report.update(_paired.suite_json(group))
-    report.update(config={**_paired.config(args, group), "refusals": args.refusals,
-                          "repeats": args.repeats},
-                  results=results, goals=goals(results, args.refusals),
-                  figures={f"{key} ratio": results[key]["ratio"] for key, _, _ in LABELS})
-    if args.plot is not None:
-        plots.micro(report, args.plot)
-    return _report.finish(report, args, render)
+    return run.finish(render, config={"refusals": args.refusals, "repeats": args.repeats},
+                      results=results, goals=goals(results, args.refusals), figures=figures,
+                      draw=plots.micro)
 
 
 if __name__ == "__main__":

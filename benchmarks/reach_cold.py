@@ -24,8 +24,6 @@ Prints the machine, each database and the figures; the webapp wants the 7-day co
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sqlite3
 import statistics
@@ -36,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _common  # also puts the repository root on sys.path, for webapp
-from _common import pct
+import _report  # also puts the repository root on sys.path, for webapp
+from _report import pct
 
 from webapp import create_app
 from webapp.db import open_readonly
@@ -113,17 +111,15 @@ def measure(db: Path, targets: int, seed: int, say: Callable[..., None]) -> dict
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = _report.parser(_report.description(__doc__),
+                            "one small demo database (300 nodes, 50,000 observations), 5 targets")
     parser.add_argument("--db", type=Path, help="an existing demo database (default: write them)")
     parser.add_argument("--sizes", default="100000,300000,1000000",
                         help="observations of each demo database to write (comma-separated)")
     parser.add_argument("--nodes", type=int, default=30, help="how many targets to sample")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
-    parser.add_argument("--quick", action="store_true",
-                        help="one small demo database (300 nodes, 50,000 observations), 5 targets")
-    parser.add_argument("--json", action="store_true", help="the figures as JSON on stdout")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else print
     targets = 5 if args.quick else args.nodes
     try:
@@ -131,9 +127,10 @@ def main() -> None:
     except ValueError:
         parser.error("--sizes takes whole numbers separated by commas")
 
-    machine = {**_common.machine(), "sqlite": sqlite3.sqlite_version}
-    say(f"machine: {machine}")
-    report: dict[str, Any] = {"machine": machine, "databases": []}
+    report = _report.start("reach_cold")
+    report["machine"]["sqlite"] = sqlite3.sqlite_version
+    report["databases"] = []
+    say("\n".join(_report.head("reachlimit: the webapp's reach reports, cold and warm", report)))
     with tempfile.TemporaryDirectory() as tmp:
         if args.db is not None:
             dbs = [args.db]
@@ -148,9 +145,11 @@ def main() -> None:
                 dbs.append(db)
         for db in dbs:
             report["databases"].append(measure(db, targets, args.seed, say))
-    if args.json:
-        print(json.dumps(report, indent=2))
+    report["config"] = {"targets": targets, "seed": args.seed, "quick": args.quick}
+    report["figures"] = {f"{Path(d['database']['path']).name} 7-day cold median s":
+                         d["windows"]["7"]["median_s"] for d in report["databases"]}
+    return _report.finish(report, args, lambda r: _report.closing([], r))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,12 +42,12 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import _load
 import _report
 import redis
 from _report import ms, pct
@@ -356,7 +356,7 @@ def fmt(row: dict[str, Any]) -> str:
 def render(report: dict[str, Any]) -> str:
     r = report["results"]
     h = r["handoff"]
-    out = ["reachlimit: a slot handed from one process to another", *_report.head_lines(report),
+    out = [*_report.head("reachlimit: a slot handed from one process to another", report),
            "(a) hand-off, release in one process -> acquire returns in the other:",
            f"  RedisColdLimiter         {fmt(h['limiter'])}",
            f"  LPUSH -> BLPOP doorbell  {fmt(h['doorbell'])}",
@@ -389,14 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--handoffs must be at least 1")
         n = args.handoffs
     report = _report.start("redis_handoff")
-    with contextlib.ExitStack() as stack:
-        url = args.url
-        if url is None:
-            from tests.support.redis_sentinel import running
-            from tests.support.redis_server import RedisServer
-
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reachlimit-")))
-            url = stack.enter_context(running(RedisServer(tmp))).url()
+    with _load.redis_unless(args.url) as url:
         with contextlib.closing(make_client(url)) as client:
             report["machine"]["redis_server"] = client.info("server")["redis_version"]
         report["config"] = {"handoffs": n, "cancels": n_cancel, "deadlines": n_deadline,

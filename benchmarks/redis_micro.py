@@ -235,13 +235,11 @@ def mode(args: Any) -> str:
 def render(report: dict[str, Any]) -> str:
     r = report["results"]
     rows = LABELS[report["config"]["mode"]]
-    out = [f"reachlimit RedisColdLimiter hot paths ({report['config']['mode']})",
-           *_report.head_lines(report), _paired.timing_line(r[rows[0][0]]), ""]
+    out = [*_report.head(f"reachlimit RedisColdLimiter hot paths ({report['config']['mode']})",
+                         report), _paired.timing_line(r[rows[0][0]]), ""]
     out += _paired.table([(a, b, r[key]) for key, a, b in rows], SPEC)
     checks = {k: row["check"] for k, row in r.items() if "check" in row}
     out += [f"refusal check: {checks}", ""]
-    if report["goals"]:
-        out += _report.goal_lines(report["goals"], ".3f")
     return _report.closing(out, report)
 
 
@@ -253,29 +251,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls-url", help=argparse.SUPPRESS)
     p.add_argument("--cluster", action="store_true",
                    help="on a three-primary Redis Cluster of its own")
-    args, argv = _paired.parse(p, SPEC, argv)
-    if args.worker is not None:
-        return _paired.work(args, SPEC, pairs)
+    run = _paired.Session(__file__, p, SPEC, pairs, argv)
+    args = run.args
+    if run.in_worker:
+        return run.work()
     if args.url and (args.tls or args.cluster):
         p.error("--tls and --cluster start their own servers: leave out --url")
     if args.tls and args.cluster:
         p.error("--tls or --cluster, not both")
-    report = _report.start(SPEC.name)
     with servers(args) as where:
-        group = _paired.run_group(__file__, [*argv, *where], args)
+        group = run.group(argv=tuple(where))
         with contextlib.closing(bench_client(where[1] if where else args.url)) as client:
-            report["machine"]["redis_server"] = server_version(client)
+            run.report["machine"]["redis_server"] = server_version(client)
     results = _paired.results(group, SPEC)
-    report.update(_paired.suite_json(group))
-    report.update(
-        config={**_paired.config(args, group), "mode": mode(args)},
-        results=results,
-        goals=[] if args.tls or args.cluster else [
-            _report.goal(f"{key} vs its baseline", f"<= {most:g}x", results[key]["ratio"],
-                         results[key]["ratio"] <= most) for key, most in GOALS.items()],
-        figures={f"{key} ratio": row["ratio"] for key, row in results.items()},
-    )
-    return _report.finish(report, args, render)
+    goals = [] if args.tls or args.cluster else _paired.ratio_goals(
+        [(f"{key} vs its baseline", key, most) for key, most in GOALS.items()], results)
+    return run.finish(render, config={"mode": mode(args)}, results=results, goals=goals,
+                      figures=_paired.ratio_figures(results))
 
 
 if __name__ == "__main__":

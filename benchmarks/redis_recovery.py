@@ -5,7 +5,6 @@ the second after an outage of the shared budget's Redis.
     python benchmarks/redis_recovery.py              # 5 rounds, both kinds of outage: ~2 min
     python benchmarks/redis_recovery.py --rounds 10  # more rounds
     python benchmarks/redis_recovery.py --quick      # 1 round of each kind: ~30 s
-    python benchmarks/redis_recovery.py --json       # the same figures as JSON on stdout
 
 The service: ``--servers`` gunicorn masters (the shipped ``webapp/gunicorn.conf.py``) x
 ``--workers`` gthread workers serving ``tests.apps.build_log_app`` on one ``redis-server``
@@ -15,9 +14,9 @@ builds at once and ``queue`` waiting for the whole service (the extension's defa
 one log shared by every process, so the builds running at once service-wide are read along
 that log (``at_once_along``), never from a sampled gauge.
 
-The load, bounded: ``--clients`` client threads (at most 64), each sending distinct cold
-keys one after another, round-robin over the servers, pausing 50 to 150 ms after any answer
-but 200; at most ``--clients`` requests are ever in flight. Loopback only.
+The load, bounded: ``--clients`` closed-loop clients (``_load.Clients``, at most 64), each
+sending distinct cold keys one after another, round-robin over the servers, pausing 50 to 150
+ms after any answer but 200; at most ``--clients`` requests are ever in flight. Loopback only.
 
 A round (one for each kind of outage asked for, ``--outage``):
 
@@ -42,18 +41,16 @@ worker's line).
 Over the rounds: min, median and max of each, per kind of outage, next to the bound
 ``active x (1 + processes)`` (Redis's budget, plus each process's fallback full). The machine
 and its load average are printed at the start and at the end: the figures are only as quiet
-as the machine. Nothing is asserted; no 5xx and no transport error are reported as goals.
+as the machine. No 5xx and no transport error are reported as goals.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -61,9 +58,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import _common
-import _http
-from _http import Sample, fetch
+import _load
+import _report
+from _load import Answer, Clients
 
 from tests.support.gunicorn_server import GunicornServer
 from tests.support.redis_server import RedisServer
@@ -75,9 +72,8 @@ MAX_CLIENTS = 64
 BACK_DEADLINE_S = 20.0
 #: How often the build log's length is sampled during a round.
 SAMPLE_S = 0.005
-#: A worker's line saying Redis is back, in the shipped config's log format.
-BACK_LINE = re.compile(r"\[pid (\d+)\] reachlimit: reachlimit: Redis at \S+ answers again")
-DOWN_LINE = re.compile(r"\[pid (\d+)\] reachlimit: reachlimit: Redis at \S+ is unavailable")
+#: A worker's lines saying Redis is away and back, in the shipped config's log format.
+BACK_LINE, DOWN_LINE = _load.REDIS_BACK_LINE, _load.REDIS_DOWN_LINE
 ACTIVE, QUEUE, WAIT_S = 2, 8, 3.0  # the extension's defaults (REACHLIMIT_WAIT 3 s)
 #: The figures of a round, summed up over the rounds.
 FIELDS = ("before", "during", "after_1s", "after_back_1s", "after_back_2nd_s", "back_ms")
@@ -188,54 +184,28 @@ def lines_of(servers: list[GunicornServer], pattern: re.Pattern[str], since: lis
 # -- the load ---------------------------------------------------------------------------------
 
 
-class Load:
-    """``clients`` threads, each sending distinct cold keys one after another (round-robin
-    over ``ports``), pausing 50 to 150 ms after any answer but 200, until stopped."""
+def load(ports: list[int], clients: int, timeout_s: float, answers: list[Answer]) -> Clients:
+    """``clients`` closed-loop clients, each sending distinct cold keys one after another
+    (round-robin over ``ports``), pausing 50 to 150 ms after any answer but 200."""
+    return Clients(clients, lambda i, n: _load.get(ports[(i + n) % len(ports)],
+                                                   f"/report/c{i}-{n}", "cold", timeout_s),
+                   answers, (0.05, 0.15), name="client")  # fmt: skip
 
-    def __init__(self, ports: list[int], clients: int, timeout_s: float) -> None:
-        self.samples: list[Sample] = []  # appended by the client threads (list.append)
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(i, ports, timeout_s), daemon=True,
-                             name=f"client-{i}")
-            for i in range(clients)
-        ]
-        for t in self._threads:
-            t.start()
 
-    def _run(self, i: int, ports: list[int], timeout_s: float) -> None:
-        jitter = random.Random(i)
-        n = 0
-        while not self._stop.is_set():
-            sample = fetch(ports[(i + n) % len(ports)], f"/report/c{i}-{n}", "cold", timeout_s)
-            self.samples.append(sample)
-            n += 1
-            if sample.status != 200:
-                self._stop.wait(jitter.uniform(0.05, 0.15))
-
-    def statuses(self, start: float, end: float) -> Counter[str]:
-        return Counter(
-            str(s.status) if s.status is not None else "error"
-            for s in list(self.samples) if start <= s.start < end
-        )
-
-    def stop(self, timeout_s: float) -> int:
-        """Stop every client (joined within ``timeout_s`` in all); how many were stuck."""
-        self._stop.set()
-        deadline = time.perf_counter() + timeout_s
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.perf_counter()))
-        return sum(t.is_alive() for t in self._threads)
+def statuses(answers: list[Answer], start: float, end: float) -> Counter[str]:
+    """The statuses of the requests sent between ``start`` and ``end`` (the wall clock)."""
+    return Counter(str(a.status) if a.status is not None else "error"
+                   for a in list(answers) if start <= a.start < end)  # fmt: skip
 
 
 # -- one round ---------------------------------------------------------------------------------
 
 
 def one_round(kind: str, redis_server: RedisServer, servers: list[GunicornServer],
-              log: BuildLog, load: Load, cfg: Config) -> dict[str, Any]:
+              log: BuildLog, answers: list[Answer], cfg: Config) -> dict[str, Any]:
     sampler = Sampler(log)
     try:
-        began = time.perf_counter()
+        began, began_wall = time.perf_counter(), time.time()
         time.sleep(cfg.steady_s)  # the load on Redis: the phase measured, not a wait
         offsets = [len(s.stderr()) for s in servers]
         out_at = time.perf_counter()
@@ -261,7 +231,7 @@ def one_round(kind: str, redis_server: RedisServer, servers: list[GunicornServer
                    timeout=BACK_DEADLINE_S, interval=0.01)
         all_back_at = time.perf_counter()
         time.sleep(max(2.0, cfg.settle_s))  # the two seconds after it: the load settling
-        end = time.perf_counter()
+        end_wall = time.time()
     finally:
         sampler.stop()
     at = sampler.at
@@ -274,7 +244,7 @@ def one_round(kind: str, redis_server: RedisServer, servers: list[GunicornServer
         "after_back_1s": log.peak(at(all_back_at), at(all_back_at + 1.0)),
         "after_back_2nd_s": log.peak(at(all_back_at + 1.0), at(all_back_at + 2.0)),
         "back_ms": round((all_back_at - back_at) * 1000, 1),
-        "statuses": dict(load.statuses(began, end)),
+        "statuses": dict(statuses(answers, began_wall, end_wall)),
     }
 
 
@@ -294,59 +264,40 @@ def summary(rounds: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
     return out
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    started = time.perf_counter()
-    machine = _common.machine()
-    with tempfile.TemporaryDirectory(prefix="reachlimit-recovery-") as tmp:
-        base = Path(tmp)
-        (base / "redis").mkdir()
-        redis_server = RedisServer(base / "redis")
-        redis_server.start()
-        try:
-            log = BuildLog(base / "builds")
-            servers = service(base, log, redis_server.url(), cfg)
-            with _http.all_serving(servers):
-                where = _http.service_machine([("gunicorn", "gunicorn"), ("redis_py", "redis")],
-                                              redis_server.port)
-                load = Load([s.port for s in servers], cfg.clients, cfg.wait_s + 10)
-                rounds: list[dict[str, Any]] = []
-                try:
-                    for _ in range(cfg.rounds):
-                        for kind in cfg.outages:
-                            rounds.append(one_round(kind, redis_server, servers, log, load, cfg))
-                finally:
-                    stuck = load.stop(cfg.wait_s + 20)
-                errors = Counter[str]()
-                for r in rounds:
-                    errors.update({k: v for k, v in r["statuses"].items()
-                                   if k == "error" or k.startswith("5")})
-        finally:
-            redis_server.stop()
-    return {
-        "machine": {**machine, **where},
-        "machine_end": {"loadavg": [round(x, 2) for x in os.getloadavg()]},
-        "config": {**asdict(cfg), "bound": cfg.bound},
-        "rounds": rounds,
-        "summary": summary(rounds, cfg),
-        "goals": [
-            {"goal": "no 5xx and no transport error", "met": not errors and not stuck,
-             "errors": dict(errors), "stuck_clients": stuck},
-        ],
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
+def run(cfg: Config, report: dict[str, Any]) -> None:
+    with _load.place(report, "recovery", redis=True) as where:
+        redis_server = where.redis
+        log = BuildLog(where.dir / "builds")
+        servers = service(where.dir, log, redis_server.url(), cfg)
+        answers: list[Answer] = []
+        with _load.serving_all(servers):
+            clients = load([s.port for s in servers], cfg.clients, cfg.wait_s + 10, answers)
+            rounds: list[dict[str, Any]] = []
+            try:
+                for _ in range(cfg.rounds):
+                    for kind in cfg.outages:
+                        rounds.append(one_round(kind, redis_server, servers, log, answers, cfg))
+            finally:
+                stuck = clients.stop(cfg.wait_s + 20)
+    errors = Counter[str]()
+    for r in rounds:
+        errors.update({k: v for k, v in r["statuses"].items() if k == "error" or k[0] == "5"})
+    report.update(
+        config={**asdict(cfg), "bound": cfg.bound}, rounds=rounds, summary=summary(rounds, cfg),
+        goals=[{"goal": "no 5xx and no transport error", "met": not errors and not stuck,
+                "errors": dict(errors), "stuck_clients": stuck}],
+        figures={f"{kind} {field} {k}": f[k] for kind, fields in summary(rounds, cfg).items()
+                 for field, f in fields.items() if field != "back_ms" for k in ("median", "max")},
+    )  # fmt: skip
 
 
 def render(report: dict[str, Any]) -> str:
     cfg = report["config"]
     out = [
-        "Builds at once when Redis comes back",
-        *_common.machine_lines(report["machine"]),
-        f"         load average at the start {report['machine']['loadavg']}, "
-        f"at the end {report['machine_end']['loadavg']}",
+        *_load.head("Builds at once when Redis comes back", report),
         f"service: {cfg['servers']} servers x {cfg['workers']} workers on one Redis; budget "
-        f"active {cfg['active']}, queue {cfg['queue']}, wait {cfg['wait_s']:g} s; builds "
-        f"{cfg['build_s'] * 1000:g} ms; {cfg['clients']} clients; outage "
-        f"{cfg['outage_s']:g} s; bound active x (1 + processes) = {cfg['bound']}",
+        f"{cfg['clients']} clients; outage {cfg['outage_s']:g} s; bound active x (1 + "
+        f"processes) = {cfg['bound']}",
         "",
     ]
     out += ["builds at once, service-wide: before the outage, during it, in the second after "
@@ -354,7 +305,7 @@ def render(report: dict[str, Any]) -> str:
             "said it is back; and when that was", ""]
     head = (f"{'round':<6}{'outage':<8}{'before':>7}{'during':>7}{'after 1s':>9}"
             f"{'back 1st s':>11}{'back 2nd s':>11}{'all back ms':>12}  statuses")
-    out += _common.ruled(head)
+    out += _report.ruled(head)
     for n, r in enumerate(report["rounds"]):
         out.append(f"{n:<6}{r['outage']:<8}{r['before']:>7}{r['during']:>7}{r['after_1s']:>9}"
                    f"{r['after_back_1s']:>11}{r['after_back_2nd_s']:>11}{r['back_ms']:>12.0f}"
@@ -368,54 +319,35 @@ def render(report: dict[str, Any]) -> str:
     for goal in report["goals"]:
         out.append(f"goal: {goal['goal']}: {'met' if goal['met'] else 'NOT met'}"
                    f"{'' if goal['met'] else f' ({goal})'}")
-    return _common.closing(out, report)
+    return _report.closing(out, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(
-        "Measure the builds at once, service-wide, when the shared budget's Redis comes back "
-        "after an outage (killed and restarted, or paused).",
-        "one round of each kind of outage, 1 s outages: about 30 s",
-    )
-    a_ = p.add_argument
-    a_("--rounds", type=int, default=None, help="rounds (default 5, quick 1)")
-    a_("--outage", choices=(*OUTAGES, "both"), default="both",
-       help="kill (SIGKILL, restart), pause (SIGSTOP, SIGCONT) or both (default)")
-    a_("--outage-s", type=float, default=None, help="outage length in s (default 2, quick 1)")
-    a_("--servers", type=int, default=2, help="gunicorn masters (default 2)")
-    a_("--workers", type=int, default=2, help="workers per server (default 2)")
-    a_("--clients", type=int, default=None, help=f"client threads (default 16, quick 12; "
-       f"at most {MAX_CLIENTS})")
-    a_("--build-ms", type=float, default=200.0, help="one build in ms (default 200)")
-    a_("--steady-s", type=float, default=None, help="steady phase in s (default 2, quick 1)")
-    a_("--settle-s", type=float, default=None, help="load after each round in s (default 2, "
-       "quick 1)")
+    p = _report.parser(_report.description(__doc__),
+                       "one round of each kind of outage, 1 s outages: about 30 s")
+    settle = _report.options(p, rounds=(5, 1), servers=2, workers=2, clients=(16, 12),
+                             build_ms=200.0, steady_s=(2.0, 1.0))
+    p.add_argument("--outage", choices=(*OUTAGES, "both"), default="both",
+                   help="kill (SIGKILL, restart), pause (SIGSTOP, SIGCONT) or both (default)")
+    p.add_argument("--outage-s", type=float, default=None,
+                   help="outage length in s (default 2, quick 1)")
+    p.add_argument("--settle-s", type=float, default=None,
+                   help="load after each round in s (default 2, quick 1)")
     a = p.parse_args(argv)
-
-    def pick(value: Any, default: Any, quick: Any) -> Any:
-        return value if value is not None else (quick if a.quick else default)
-
+    settle(a)
     cfg = Config(
-        servers=a.servers,
-        workers=a.workers,
-        clients=pick(a.clients, 16, 12),
-        build_s=a.build_ms / 1000,
-        steady_s=pick(a.steady_s, 2.0, 1.0),
-        outage_s=pick(a.outage_s, 2.0, 1.0),
-        settle_s=pick(a.settle_s, 2.0, 1.0),
-        rounds=pick(a.rounds, 5, 1),
+        servers=a.servers, workers=a.workers, clients=a.clients, build_s=a.build_ms / 1000,
+        steady_s=a.steady_s, outage_s=a.outage_s or (1.0 if a.quick else 2.0),
+        settle_s=a.settle_s or (1.0 if a.quick else 2.0), rounds=a.rounds,
         outages=list(OUTAGES) if a.outage == "both" else [a.outage],
-    )
-    if min(cfg.servers, cfg.workers, cfg.clients, cfg.rounds) < 1:
-        p.error("need --servers, --workers, --clients and --rounds >= 1")
+    )  # fmt: skip
     if cfg.clients > MAX_CLIENTS:
         p.error(f"--clients is at most {MAX_CLIENTS} (the load is bounded)")
-    if min(cfg.build_s, cfg.steady_s, cfg.outage_s, cfg.settle_s) <= 0:
-        p.error("need --build-ms, --steady-s, --outage-s and --settle-s > 0")
-    if _http.redis_missing():
-        return 2
-    _http.unwind_on_sigterm()
-    return _http.finish(run(cfg), a.json, render)
+    if min(cfg.outage_s, cfg.settle_s) <= 0:
+        p.error("need --outage-s and --settle-s > 0")
+    report = _report.start("redis_recovery")
+    run(cfg, report)
+    return _report.finish(report, a, render)
 
 
 if __name__ == "__main__":

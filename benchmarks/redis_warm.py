@@ -23,11 +23,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import _load
 import _paired
 import _report
 from _paired import Pair, Spec, Worker, call
@@ -74,8 +73,8 @@ def pairs(worker: Worker) -> Iterator[Pair]:
 
 def render(report: dict[str, Any]) -> str:
     row = report["results"]["warm_hit"]
-    out = ["reachlimit: a warm hit on RedisCache against one on TTLCache",
-           *_report.head_lines(report), _paired.timing_line(row), ""]
+    out = [*_report.head("reachlimit: a warm hit on RedisCache against one on TTLCache", report),
+           _paired.timing_line(row), ""]
     out += _paired.table([("ColdPath.get on RedisCache", "on TTLCache", row)], SPEC)
     out += [f"Redis commands while timing: {row['redis_commands_while_timing']}; builds "
             f"{row['builds']}; median ratio {row['ratio']:.3f}x", "",
@@ -86,29 +85,19 @@ def render(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = _paired.parser(__doc__, SPEC)
     p.add_argument("--url", help="an existing Redis (its database is flushed)")
-    args, argv = _paired.parse(p, SPEC, argv)
-    if args.worker is not None:
-        return _paired.work(args, SPEC, pairs)
-    report = _report.start(SPEC.name)
-    with contextlib.ExitStack() as stack:
-        url = args.url
-        if url is None:
-            from tests.support.redis_sentinel import running
-            from tests.support.redis_server import RedisServer
-
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reachlimit-")))
-            url = stack.enter_context(running(RedisServer(tmp))).url()
-        group = _paired.run_group(__file__, [*argv, "--url", url], args)
+    run = _paired.Session(__file__, p, SPEC, pairs, argv)
+    if run.in_worker:
+        return run.work()
+    with _load.redis_unless(run.args.url) as url:
+        group = run.group(argv=("--url", url))
         with contextlib.closing(CountingRedis.from_url(url)) as client:
-            report["machine"]["redis_server"] = client.info("server")["redis_version"]
+            run.report["machine"]["redis_server"] = _load.redis_version(client)
     row = _paired.figures(group, SPEC, "warm_hit")
     row.update(goal=GOAL, met=row["ratio"] <= GOAL)
-    report.update(_paired.suite_json(group))
-    report.update(config=_paired.config(args, group), results={"warm_hit": row},
-                  goals=[_report.goal("warm hit on RedisCache vs on TTLCache", f"<= {GOAL}x",
-                                      row["ratio"], row["met"])],
-                  figures={"warm_hit ratio": row["ratio"]})
-    return _report.finish(report, args, render)
+    results = {"warm_hit": row}
+    return run.finish(render, results=results, figures=_paired.ratio_figures(results),
+                      goals=_paired.ratio_goals(
+                          [("warm hit on RedisCache vs on TTLCache", "warm_hit", GOAL)], results))
 
 
 if __name__ == "__main__":

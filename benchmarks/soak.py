@@ -5,7 +5,6 @@ schedule of faults hits it; then the checks that nothing was lost and no promise
     python benchmarks/soak.py --seed 1 --minutes 10     # the long form
     python benchmarks/soak.py --seed 1 --quick          # the short form the suite runs: ~60 s
     python benchmarks/soak.py --seed 1 --sentinel       # on Sentinel, with one failover
-    python benchmarks/soak.py --seed 1 --json           # the same report as JSON on stdout
 
 Exit status 0 when every check holds, 1 when one failed (the report says which), 2 when
 redis-server (or, with --sentinel, redis-sentinel) is missing.
@@ -20,7 +19,8 @@ stale and are refreshed while the run lasts), ``--lease`` 10 s. Every build writ
 and end, with the time and its PID, to one log shared by every process, so the builds
 running at once service-wide are read along that log, never from a sampled gauge.
 
-The load, bounded, loopback only, every client on its own connection per request:
+The load, bounded, loopback only, every client on its own connection per request (closed
+loops, ``_load.Clients``; every request ``_load.get``):
 
     crawler  ``--crawlers`` connections from 127.0.0.2, distinct cold keys back to back
              (50-150 ms pause after an answer but 200): the queue stays busy
@@ -107,7 +107,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -115,13 +114,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _common
-import _http
-from _common import ms, pct
-from redis_recovery import BACK_LINE, DOWN_LINE
+import _load
+import _report
+from _load import CRAWLER_ADDR, READER_ADDR, Answer, Clients
+from _report import ms, pct
 
 from tests.apps.soak_app import HOLD, RAISE, LogLine, at_once, read_log
-from tests.support.clients import Herd, http_request, raw_client
+from tests.support.clients import Herd, raw_client
 from tests.support.gunicorn_server import GunicornServer
 from tests.support.redis_limiters import burst_accounted, refusals
 from tests.support.redis_sentinel import Gate, SentinelSet, build_log_server, running
@@ -136,8 +135,10 @@ ACTIVE, QUEUE, WAIT_S, RETRY_AFTER = 2, 8, 3.0, 2
 SOCKET_TIMEOUT_S = 0.5
 #: The longest backoff of a worker's probe of a Redis that is away.
 PROBE_CAP_S = 5.0
-#: The answers' addresses: Linux routes all of 127/8 to loopback.
-CRAWLER_ADDR, POLITE_BASE, READER_ADDR, FAULT_ADDR = "127.0.0.2", 3, "127.0.0.20", "127.0.0.1"
+#: The faults' own requests come from here (the clients' addresses are _load's).
+FAULT_ADDR = "127.0.0.1"
+#: A worker's lines saying Redis is away and back.
+BACK_LINE, DOWN_LINE = _load.REDIS_BACK_LINE, _load.REDIS_DOWN_LINE
 #: No fault in the first seconds: every server serving, the popular keys built.
 WARMUP_S = 4.0
 #: Time between a build's stamp and its answer: the store, a loaded machine, the way back.
@@ -243,98 +244,42 @@ def schedule(cfg: Config) -> list[Fault]:
     return faults
 
 
-# -- the answers ------------------------------------------------------------------------------
-
-
-@dataclass
-class Answer:
-    """One request: who asked (``kind``), what, when (``start``/``end``: wall clock, the
-    clock the builds stamp with), how long, and what came back."""
-
-    kind: str
-    path: str
-    start: float
-    end: float
-    latency: float
-    status: int | None  # None: a transport error
-    error: str | None = None
-    cache_status: str | None = None
-    built: float | None = None
-    body: bytes = b""
-
-    @property
-    def age(self) -> float | None:
-        """How old the answer's data was when it arrived."""
-        return None if self.built is None else self.end - self.built
-
-
-def ask(kind: str, port: int, path: str, source: str, timeout: float) -> Answer:
-    """One GET from ``source`` on its own connection; never raises."""
-    start, began = time.time(), time.perf_counter()
-    try:
-        reply = http_request(port, "GET", path, timeout=timeout,
-                             headers={"Connection": "close"}, source=source)
-    except (OSError, http.client.HTTPException) as exc:
-        return Answer(kind, path, start, time.time(), time.perf_counter() - began, None,
-                      type(exc).__name__)
-    latency, end = time.perf_counter() - began, time.time()
-    built = None
-    if reply.status == 200:
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            built = float(reply.json()["built"])
-    return Answer(kind, path, start, end, latency, reply.status,
-                  cache_status=reply.headers.get("cache-status"), built=built,
-                  body=reply.body if reply.status >= 500 else b"")
+# -- the load ---------------------------------------------------------------------------------
 
 
 class Load:
-    """The crawler, the polite clients and the readers (module design), until stopped."""
+    """The crawler, the polite clients and the readers (module design), until stopped; their
+    answers in ``answers``."""
 
     def __init__(self, ports: list[int], cfg: Config) -> None:
         self.answers: list[Answer] = []  # appended by the client threads (list.append)
-        self._stop = threading.Event()
-        self._timeout = cfg.bound_s + cfg.lease_s + 10  # never the figure measured
-        jobs: list[tuple[str, int, Callable[[int, random.Random, int], tuple[str, str, float]]]]
-        jobs = [("crawler", i, self._crawl) for i in range(cfg.crawlers)]
-        jobs += [("polite", i, self._polite) for i in range(cfg.polite)]
-        jobs += [("reader", i, self._read) for i in range(cfg.readers)]
-        self._popular = cfg.popular
-        self._threads = [
-            threading.Thread(target=self._run, args=(kind, i, step, ports, cfg.seed),
-                             name=f"{kind}-{i}", daemon=True)
-            for kind, i, step in jobs
-        ]
-        for t in self._threads:
-            t.start()
+        timeout = cfg.bound_s + cfg.lease_s + 10  # never the figure measured
 
-    def _crawl(self, i: int, rng: random.Random, n: int) -> tuple[str, str, float]:
-        return f"/report/crawl-{i}-{n}", CRAWLER_ADDR, rng.uniform(0.05, 0.15)
+        def sender(kind: str, path: Callable[[int, int], str],
+                   source: Callable[[int], str]) -> Callable[[int, int], Answer]:  # fmt: skip
+            return lambda i, n: _load.get(ports[(i + n) % len(ports)], path(i, n), kind,
+                                          timeout, source(i))  # fmt: skip
 
-    def _polite(self, i: int, rng: random.Random, n: int) -> tuple[str, str, float]:
-        return f"/report/polite-{i}-{n}", f"127.0.0.{POLITE_BASE + i}", rng.uniform(0.5, 1.5)
+        def popular(i: int, n: int) -> str:  # a popular key drawn from the seed
+            return f"/report/pop-{random.Random(f'{cfg.seed}-{i}-{n}').randrange(cfg.popular)}"
 
-    def _read(self, i: int, rng: random.Random, n: int) -> tuple[str, str, float]:
-        return f"/report/pop-{rng.randrange(self._popular)}", READER_ADDR, rng.uniform(0.05, 0.15)
-
-    def _run(self, kind: str, i: int, step: Callable[[int, random.Random, int],
-             tuple[str, str, float]], ports: list[int], seed: int) -> None:
-        rng = random.Random(f"{seed}-{kind}-{i}")  # the pacing, seeded too
-        n = 0
-        while not self._stop.is_set():
-            path, source, pause = step(i, rng, n)
-            answer = ask(kind, ports[(i + n) % len(ports)], path, source, self._timeout)
-            self.answers.append(answer)
-            n += 1
-            if kind != "crawler" or answer.status != 200:
-                self._stop.wait(pause)
+        self._clients = [
+            Clients(cfg.crawlers, sender("crawler", lambda i, n: f"/report/crawl-{i}-{n}",
+                                         lambda i: CRAWLER_ADDR),
+                    self.answers, (0.05, 0.15), seed=f"{cfg.seed}-crawler", name="crawler"),
+            Clients(cfg.polite, sender("polite", lambda i, n: f"/report/polite-{i}-{n}",
+                                       _load.polite_addr),
+                    self.answers, (0.5, 1.5), every=True, seed=f"{cfg.seed}-polite",
+                    name="polite"),
+            Clients(cfg.readers, sender("reader", popular, lambda i: READER_ADDR),
+                    self.answers, (0.05, 0.15), every=True, seed=f"{cfg.seed}-reader",
+                    name="reader"),
+        ]  # fmt: skip
 
     def stop(self, timeout_s: float) -> int:
         """Stop every client (joined within ``timeout_s`` in all); how many were stuck."""
-        self._stop.set()
         deadline = time.perf_counter() + timeout_s
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.perf_counter()))
-        return sum(t.is_alive() for t in self._threads)
+        return sum(c.stop(max(0.0, deadline - time.perf_counter())) for c in self._clients)
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -480,7 +425,7 @@ class Faults:
         port = self.servers[fault.args["server"]].port
         statuses = []
         for _ in range(3):
-            answer = ask("fault", port, path, FAULT_ADDR, self.cfg.bound_s + 10)
+            answer = _load.get(port, path, "fault", self.cfg.bound_s + 10, FAULT_ADDR)
             self.answers.append(answer)
             statuses.append(answer.status)
             if answer.status != 429:
@@ -654,7 +599,7 @@ def workers_idle(servers: list[GunicornServer]) -> dict[str, Any]:
     def all_idle() -> bool:
         for server in servers:
             with contextlib.suppress(OSError, http.client.HTTPException, RuntimeError):
-                body = _http.get_json(server.port, "GET", "/debug/health")
+                body = _load.get_json(server.port, "GET", "/debug/health")
                 last[int(body["pid"])] = {k: body["reach"].get(k) for k in fields}
         live = {pid for s in servers for pid in s.worker_pids()}
         return live <= set(last) and all(
@@ -732,8 +677,7 @@ def wait_for(t: float, t0: float) -> None:
     time.sleep(max(0.0, t0 + t - time.time()))
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    started = time.perf_counter()
+def run(cfg: Config, report: dict[str, Any]) -> None:
     faults = schedule(cfg)
     with tempfile.TemporaryDirectory(prefix="reachlimit-soak-") as tmp, \
             contextlib.ExitStack() as stack:
@@ -741,10 +685,10 @@ def run(cfg: Config) -> dict[str, Any]:
         gate_dir = base / "builds"
         backend = stack.enter_context(running(Backend(base, cfg.sentinel)))
         stack.callback((gate_dir / "open").touch)  # no held build left behind, whatever
-        servers = stack.enter_context(_http.all_serving(service(base, gate_dir, backend.url(),
+        servers = stack.enter_context(_load.serving_all(service(base, gate_dir, backend.url(),
                                                                 cfg)))
-        machine = _http.service_machine([("gunicorn", "gunicorn"), ("redis_py", "redis")],
-                                        backend.port())
+        with contextlib.closing(Watch(backend.url(), cfg)) as watch:
+            report["machine"]["redis_server"] = _load.redis_version(watch.client)
         t0 = time.time()
         load = Load([s.port for s in servers], cfg)
         runner = Faults(backend, servers, t0, cfg)
@@ -787,10 +731,8 @@ def run(cfg: Config) -> dict[str, Any]:
     for fault in faults:
         for left in fault.detail.get("left", []):
             left["logged"] = _logged_status(access, left["path"])
-    report = {
+    report.update({
         "seed": cfg.seed,
-        "machine": machine,
-        "machine_end": {"loadavg": [round(x, 2) for x in os.getloadavg()]},
         "config": {**asdict(cfg), "recovery_s": cfg.recovery_s, "bound_s": cfg.bound_s,
                    "quiet_s": cfg.quiet_s},
         "load_s": round(load_end, 1),
@@ -804,10 +746,14 @@ def run(cfg: Config) -> dict[str, Any]:
         "after_load": after_load,
         "at_end": at_end,
         "stuck_clients": stuck,
-    }
+    })
     report["checks"] = checks(report, cfg)
-    report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    return report
+    a = report["answers"]
+    report["figures"] = {"answers": a["count"], "answer p99 ms": a["p99_ms"],
+                         "most builds at once outside the windows": builds["peak_outside"],
+                         "most builds at once in a window": max(
+                             (w["peak"] for w in window_figures), default=0),
+                         "checks not met": sum(not c["met"] for c in report["checks"])}
 
 
 #: The start of a line of the shipped config's log: its time (local, to the millisecond).
@@ -914,16 +860,12 @@ def checks(report: dict[str, Any], cfg: Config) -> list[dict[str, Any]]:
 
 def render(report: dict[str, Any]) -> str:
     cfg, a, st = report["config"], report["answers"], report["stale"]
+    where = "Sentinel (a primary, a replica, three sentinels)" if cfg["sentinel"] else "one Redis"
     out = [
-        f"Soak, seed {report['seed']}: {cfg['servers']} servers x {cfg['workers']} workers on "
-        f"{'Sentinel (a primary, a replica, three sentinels)' if cfg['sentinel'] else 'one Redis'}"
-        f", load {report['load_s']:g} s",
-        *_common.machine_lines(report["machine"]),
-        f"         load average at the start {report['machine']['loadavg']}, "
-        f"at the end {report['machine_end']['loadavg']}",
-        f"budget: active {cfg['active']}, queue {cfg['queue']}, wait {cfg['wait_s']:g} s, "
-        f"lease {cfg['lease_s']:g} s; TTL {cfg['ttl_s']:g} s, stale {cfg['stale_s']:g} s; "
-        f"builds {cfg['build_s'] * 1000:g} ms; load: {cfg['crawlers']} crawler connections, "
+        *_load.head(f"Soak, seed {report['seed']}: {cfg['servers']} servers x "
+                      f"{cfg['workers']} workers on {where}, load {report['load_s']:g} s", report),
+        f"         lease {cfg['lease_s']:g} s; TTL {cfg['ttl_s']:g} s, stale {cfg['stale_s']:g} s; "
+        f"load: {cfg['crawlers']} crawler connections, "
         f"{cfg['polite']} polite, {cfg['readers']} readers of {cfg['popular']} popular keys",
         f"bounds: an answer {cfg['bound_s']:g} s; a Redis fault's window ends "
         f"{cfg['recovery_s']:g} s after it; builds at once in a window <= "
@@ -932,20 +874,20 @@ def render(report: dict[str, Any]) -> str:
         "faults (seconds after the load began)",
     ]
     head = f"{'n':>3} {'kind':<14}{'planned':>8}{'start':>8}{'end':>8}  details"
-    out += _common.ruled(head)
+    out += _report.ruled(head)
     for f in report["faults"]:
-        out.append(f"{f['n']:>3} {f['kind']:<14}{f['at']:>8.2f}{_common.fmt(f['start'], '.2f'):>8}"
-                   f"{_common.fmt(f['end'], '.2f'):>8}  {f['args']} {f['detail']}")
+        out.append(f"{f['n']:>3} {f['kind']:<14}{f['at']:>8.2f}{_report.fmt(f['start'], '.2f'):>8}"
+                   f"{_report.fmt(f['end'], '.2f'):>8}  {f['args']} {f['detail']}")
     out += ["", "windows: builds at once (read along the build log)"]
     head = (f"{'fault':>5} {'kind':<14}{'start':>8}{'end':>8}{'length':>8}{'peak':>6}"
             f"{'> active ms':>12}{'> bound ms':>11}{'down':>6}{'back':>6}{'last back':>10}")
-    out += _common.ruled(head)
+    out += _report.ruled(head)
     for w in report["windows"]:
         o = w["outage_lines"]
         out.append(f"{w['fault']:>5} {w['kind']:<14}{w['start_s']:>8.2f}{w['end_s']:>8.2f}"
                    f"{w['length_s']:>8.2f}{w['peak']:>6}{w['over_active_ms']:>12}"
                    f"{w['over_bound_ms']:>11}{o['down']:>6}{o['back']:>6}"
-                   f"{_common.fmt(o['last_back_s'], '.2f'):>10}")
+                   f"{_report.fmt(o['last_back_s'], '.2f'):>10}")
     out += ["(down, back: the workers that logged Redis unavailable, and answering again, in "
             "the window; last back: when the last did)"]
     if report["unscheduled_outage_lines"]:
@@ -953,11 +895,11 @@ def render(report: dict[str, Any]) -> str:
     b = report["builds"]
     out += [f"builds {b['builds']}; most at once outside the windows {b['peak_outside']}, "
             f"anywhere {b['peak']}", "",
-            f"answers {a['count']}: {a['status']}; latency p50 {_common.fmt(a['p50_ms'])} ms, "
-            f"p99 {_common.fmt(a['p99_ms'])} ms, max {_common.fmt(a['max_ms'])} ms"]
+            f"answers {a['count']}: {a['status']}; latency p50 {_report.fmt(a['p50_ms'])} ms, "
+            f"p99 {_report.fmt(a['p99_ms'])} ms, max {_report.fmt(a['max_ms'])} ms"]
     for kind, k in a["by_kind"].items():
-        out.append(f"  {kind:<8} {k['count']:>6}  {k['status']}  p50 {_common.fmt(k['p50_ms'])}"
-                   f" p99 {_common.fmt(k['p99_ms'])} max {_common.fmt(k['max_ms'])} ms")
+        out.append(f"  {kind:<8} {k['count']:>6}  {k['status']}  p50 {_report.fmt(k['p50_ms'])}"
+                   f" p99 {_report.fmt(k['p99_ms'])} max {_report.fmt(k['max_ms'])} ms")
     out += [f"transport errors across a worker kill {a['errors_across_a_kill']}, answers over "
             f"the bound across a worker kill {a['over_bound_across_a_kill']}",
             f"readers: {st['answers']} answers {st['cache_status']}; oldest {st['oldest_s']} s "
@@ -977,7 +919,7 @@ def render(report: dict[str, Any]) -> str:
         extra = {k: v for k, v in c.items() if k not in ("check", "met")}
         out.append(f"check: {c['check']}: {'met' if c['met'] else 'NOT met'}"
                    f"{'' if c['met'] or not extra else f' {extra}'}")
-    return _common.closing(out, report)
+    return _report.closing(out, report)
 
 
 # -- the figures' table (benchmarks/README.md) -------------------------------------------------
@@ -1000,7 +942,7 @@ def table_row(report: dict[str, Any]) -> str:
     above = [w["over_bound_ms"] for w in redis_windows if w["over_bound_ms"]]
     burst = report["burst"].get("burst", report["burst"])
     missed = [c["check"] for c in report["checks"] if not c["met"]]
-    load = report["machine"]["loadavg"][0], report["machine_end"]["loadavg"][0]
+    load = report["machine"]["loadavg"][0], report["machine"]["loadavg_end"][0]
     return (
         f"| seed {report['seed']}, {report['load_s'] / 60:.0f} min (load {load[0]:g} -> "
         f"{load[1]:g}) | {len(report['faults'])}: "
@@ -1019,7 +961,7 @@ def table_row(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _common.parser(
+    p = _report.parser(
         "A soak of the service on Redis (2 gunicorn servers x 2 workers): a steady mixed "
         "load (a crawler, polite clients, readers of popular keys) while a seeded schedule "
         "of faults hits it (a worker killed, Redis paused, Redis restarted empty, a client "
@@ -1037,11 +979,9 @@ def main(argv: list[str] | None = None) -> int:
     a_("--fault-every", type=float, default=15.0, help="seconds between faults, about "
        "(default 15; every kind runs at least once)")
     a_("--lease", type=float, default=10.0, help="REACHLIMIT_LEASE in s (default 10)")
-    a_("--build-ms", type=float, default=200.0, help="one build in ms (default 200)")
+    settle = _report.options(p, build_ms=200.0, crawlers=8, polite=3)
     a_("--ttl", type=float, default=2.0, help="REACHLIMIT_CACHE_TTL in s (default 2)")
     a_("--stale", type=float, default=4.0, help="REACHLIMIT_STALE in s (default 4)")
-    a_("--crawlers", type=int, default=8, help="the crawler's connections (default 8)")
-    a_("--polite", type=int, default=3, help="polite clients (default 3)")
     a_("--readers", type=int, default=2, help="readers of the popular keys (default 2)")
     a_("--popular", type=int, default=4, help="popular keys (default 4)")
     a_("--burst", type=int, default=20, help="distinct cold keys of the final burst "
@@ -1053,6 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     a_("--table", nargs="+", metavar="REPORT", help="run nothing: print the figures' table "
        "(benchmarks/README.md) of these --json reports")
     a = p.parse_args(argv)
+    settle(a)
     if a.table:
         print("\n".join([*TABLE_HEAD, *(table_row(json.loads(Path(f).read_text()))
                                          for f in a.table)]))
@@ -1066,23 +1007,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     if cfg.crawlers + cfg.polite + cfg.readers > MAX_CLIENTS:
         p.error(f"at most {MAX_CLIENTS} clients in all (the load is bounded)")
-    if min(cfg.crawlers, cfg.polite, cfg.readers, cfg.popular) < 1:
-        p.error("need --crawlers, --polite, --readers and --popular >= 1")
+    if min(cfg.readers, cfg.popular) < 1:
+        p.error("need --readers and --popular >= 1")
     if cfg.burst <= cfg.active + cfg.queue:
         p.error(f"--burst must be more than active + queue ({cfg.active + cfg.queue})")
-    if min(cfg.build_s, cfg.ttl_s, cfg.stale_s, cfg.lease_s, cfg.fault_every_s) <= 0:
-        p.error("need --build-ms, --ttl, --stale, --lease and --fault-every > 0")
+    if min(cfg.ttl_s, cfg.stale_s, cfg.lease_s, cfg.fault_every_s) <= 0:
+        p.error("need --ttl, --stale, --lease and --fault-every > 0")
     kinds = len(SENTINEL_KINDS if cfg.sentinel else PLAIN_KINDS)
     if cfg.duration_s - cfg.quiet_s - WARMUP_S < kinds:
         p.error(f"--minutes too short for {kinds} faults (the load needs at least "
                 f"{(WARMUP_S + cfg.quiet_s + kinds) / 60:.2f} minutes)")
-    if _http.redis_missing():
+    if _load.redis_missing():
         return 2
     if cfg.sentinel and shutil.which("redis-sentinel") is None:
         p.exit(2, "redis-sentinel is not installed (Debian: apt-get install redis-sentinel)\n")
-    _http.unwind_on_sigterm()
-    report = run(cfg)
-    _http.finish(report, a.json, render)
+    report = _report.start("soak")
+    _load.unwind_on_sigterm()
+    run(cfg, report)
+    _report.finish(report, a, render)
     return 0 if all(c["met"] for c in report["checks"]) else 1
 
 

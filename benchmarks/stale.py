@@ -1,193 +1,102 @@
 #!/usr/bin/env python3
-"""Stale-while-revalidate: popular reports across their TTL, and what a fresh hit costs.
+"""Stale-while-revalidate: popular reports across their TTL under gunicorn, and what a fresh
+warm hit costs against a route returning its dict.
 
-    python benchmarks/stale.py            # defaults: about 2 minutes
+    python benchmarks/stale.py            # about 2 minutes
     python benchmarks/stale.py --quick    # about 40 s, rough figures
-    python benchmarks/stale.py --json     # the same figures as JSON on stdout
 
-(a) popular  one gunicorn server (``-k gthread``, 1 worker, 24 threads) on 127.0.0.1 serving
-    this module's :func:`create_app` (the extension with its default limits, a build that
-    sleeps ``--build-ms`` (300) and stamps its value with the time it was built). For each
-    TTL of ``--ttls`` (1, 2 s) and each ``REACHLIMIT_STALE`` of 0 (the baseline: every entry
-    expires) and ``--stale`` (60 s), on a fresh server:
+(a) popular  one gunicorn server (``_load.Server``: ``benchmarks/app.py``, ``-k gthread``, 1
+    worker, 24 threads) with the extension's default limits and builds of ``--build-ms``
+    (300) stamped with when they were built. For each TTL of ``--ttls`` (1, 2 s) and each
+    ``REACHLIMIT_STALE`` of 0 (the baseline: every entry expires) and ``--stale`` (60 s), on
+    a fresh server:
 
-      quiet    ``--keys`` (6) reader threads, each polling its own popular key every
-               ``--poll-ms`` (20 ms) on a new connection, for ``--duration`` s (10; quick 4)
-      crawler  the same readers while ``--crawlers`` (12) threads from another loopback
-               address (127.0.0.2: another client to fair admission) ask for distinct cold
-               keys back to back, keeping both slots busy and the queue full
+      quiet    ``--keys`` (6) readers (``_load.Clients``, from 127.0.0.20), each asking for
+               its own popular key, pausing ``--poll-ms`` (20 ms) after each answer, for
+               ``--duration`` s (10; quick 4)
+      crawler  the same readers while ``--crawlers`` (12) clients from 127.0.0.2 (another
+               client to fair admission) ask for distinct cold keys back to back, keeping both
+               slots busy and the queue full
 
-    Figures per run: the readers' p50/p99 (client side, connect to last byte) against the
-    idle warm p50 (the quiet run's p50 of answers that were fresh hits, same TTL and stale,
-    so a ratio of one server against itself); the share of readers' answers that were 200;
-    builds per popular key per TTL (the server's own count); the oldest data served (the
-    largest answer-time minus built-at, in TTLs); the crawler's 200s and 429s.
-    Goals, with stale on: p99 <= 3x the idle warm p50 (quiet); builds per key per TTL <= 2;
-    under the crawler >= 99 % of popular answers 200 and the oldest data a few TTLs (< 5),
-    never the whole stale window.
+    Figures per run: the readers' p50/p99 (client side) against the idle warm p50 (the quiet
+    run's p50 of answers that were fresh hits, same TTL and stale); the share of readers'
+    answers that were 200 and that were stale; builds per popular key per TTL (the app's own
+    count); the oldest data served (the largest age of an answer, in TTLs); the crawler's
+    statuses. Goals, with stale on: p99 <= 3x the idle warm p50 (quiet); builds per key per
+    TTL <= 2; under the crawler >= 99 % of popular answers 200 and the oldest data a few TTLs
+    (< 5), never the whole stale window.
 
-(b) fresh hit  in one process, a whole WSGI request (``app(environ, start_response)``, no
+(b) fresh hit  a whole WSGI request in one process (``app(environ, start_response)``, no
     socket): a warm hit through ``rl.cold()`` with ``REACHLIMIT_STALE=300`` against a route of
-    the same app returning its cached dict (``jsonify`` of a dict looked up in a plain dict);
-    alternating rounds, the median per-round ratio. Goal: <= 1.2x (the early-refresh draw is
-    made only near the TTL's end, so a fresh hit pays for the stale window almost nothing).
-    The same with ``REACHLIMIT_STALE=0`` is shown beside it.
+    the same app returning its cached dict (``jsonify`` of a dict looked up in a plain dict),
+    timed by ``_paired.py`` (alternating rounds in worker processes, the median of the
+    rounds' ratios). Goal: <= 1.2x (the early-refresh draw is made only near the TTL's end,
+    so a fresh hit pays for the stale window almost nothing). The same with
+    ``REACHLIMIT_STALE=0`` beside it.
 
-Printed, never asserted. Every server is stopped by PID.
+Every server is stopped by PID.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
-import threading
 import time
-import timeit
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _common
-import _http
-from _common import ms, pct
+import _load
+import _paired
+import _report
+from _load import CRAWLER_ADDR, READER_ADDR, Answer, Server
+from _paired import Pair, Spec, Worker, wsgi_caller, wsgi_side
+from _report import fmt, ms, pct
 
-from tests.support import HOST
-
-CRAWLER_SOURCE, READER_SOURCE = "127.0.0.2", "127.0.0.3"
-
-
-# -- the app ----------------------------------------------------------------------------------
+SPEC = Spec("stale", sides=("plain", "cold"), unit="us", rounds=11, quick_rounds=5)
 
 
-def create_app() -> Any:
-    """The app factory (gunicorn ``stale:create_app()`` from ``benchmarks/``):
-    ``REACHLIMIT_*`` from the environment, ``BENCH_BUILD_MS``, ``BENCH_TOKEN``."""
-    from flask import Flask, jsonify, request
-    from http_app import stats_response
-
-    from reachlimit.flask import CONFIG_KEYS, ReachLimit
-
-    app = Flask(__name__)
-    app.config.update({k: os.environ[k] for k in CONFIG_KEYS if k in os.environ})
-    build_s = float(os.environ.get("BENCH_BUILD_MS", "300")) / 1000
-    token = os.environ.get("BENCH_TOKEN")
-    rl = ReachLimit(app)
-    lock = threading.Lock()
-    per_key: Counter[str] = Counter()  # guarded by lock
-    running = [0, 0]  # now, most; guarded by lock
-
-    def build(key: str) -> dict[str, Any]:
-        with lock:
-            per_key[key] += 1
-            running[0] += 1
-            running[1] = max(running)
-        try:
-            time.sleep(build_s)
-            return {"key": key, "built_at": time.time()}
-        finally:
-            with lock:
-                running[0] -= 1
-
-    @app.get("/report")
-    def report() -> Any:
-        key = request.args.get("key", "")
-        return jsonify(rl.cold(key, lambda: build(key)))
-
-    @app.get("/stats")
-    def stats() -> Any:
-        with lock:
-            builds = dict(per_key)
-            most = running[1]
-        return stats_response(pid=os.getpid(), token=token, reach=rl.stats().as_dict(),
-                              builds=builds, max_in_flight=most)
-
-    return app
+# -- (a) popular keys over HTTP ---------------------------------------------------------------
 
 
-# -- (a) popular keys over HTTP -----------------------------------------------------------
-
-
-def one_get(port: int, path: str, source: str) -> tuple[float, int | None, dict[str, str], bytes]:
-    import http.client
-
-    start = time.perf_counter()
-    conn = http.client.HTTPConnection(HOST, port, timeout=10, source_address=(source, 0))
-    try:
-        conn.request("GET", path, headers={"Connection": "close"})
-        resp = conn.getresponse()
-        body = resp.read()
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        return time.perf_counter() - start, resp.status, headers, body
-    except OSError:
-        return time.perf_counter() - start, None, {}, b""
-    finally:
-        conn.close()
-
-
-def run_phase(port: int, cfg: dict[str, Any], crawl: bool) -> dict[str, Any]:
-    stop = threading.Event()
-    readers: list[list[tuple[float, int | None, str, float]]] = []
-    crawled: Counter[str] = Counter()
-    crawl_lock = threading.Lock()
+def run_phase(server: Server, cfg: dict[str, Any], crawl: bool) -> dict[str, Any]:
+    port, timeout = server.port, 10.0
     keys = [f"popular-{i}-{uuid.uuid4().hex[:6]}" for i in range(cfg["keys"])]
     for key in keys:  # warm each popular key once before the clock starts
-        one_get(port, f"/report?key={key}", READER_SOURCE)
-
-    def reader(key: str, out: list[tuple[float, int | None, str, float]]) -> None:
-        next_at = time.perf_counter()
-        while not stop.is_set():
-            latency, status, headers, body = one_get(port, f"/report?key={key}", READER_SOURCE)
-            age = 0.0
-            if status == 200:
-                age = time.time() - json.loads(body)["built_at"]
-            out.append((latency, status, headers.get("cache-status", ""), age))
-            next_at += cfg["poll_s"]
-            stop.wait(max(0.0, next_at - time.perf_counter()))
-
-    def crawler(i: int) -> None:
-        n = 0
-        while not stop.is_set():
-            _, status, _, _ = one_get(port, f"/report?key=crawl-{i}-{n}", CRAWLER_SOURCE)
-            n += 1
-            with crawl_lock:
-                crawled[str(status)] += 1
-
-    threads = []
-    for key in keys:
-        out: list[tuple[float, int | None, str, float]] = []
-        readers.append(out)
-        threads.append(threading.Thread(target=reader, args=(key, out), daemon=True))
+        _load.get(port, f"/report?key={key}", "reader", timeout, READER_ADDR)
+    before = {key: server.stats(key)["builds"]["key_builds"] for key in keys}
+    readers: list[Answer] = []
+    crawled: list[Answer] = []
+    clients = [_load.Clients(len(keys), lambda i, n: _load.get(
+        port, f"/report?key={keys[i]}", "reader", timeout, READER_ADDR), readers,
+        (cfg["poll_s"], cfg["poll_s"]), every=True, name="reader")]  # fmt: skip
     if crawl:
-        threads += [threading.Thread(target=crawler, args=(i,), daemon=True)
-                    for i in range(cfg["crawlers"])]
-    before = _http.get_json(port, "GET", "/stats")["builds"]
-    for t in threads:
-        t.start()
-    time.sleep(cfg["duration"])
-    stop.set()
-    for t in threads:
-        t.join(30)
-    after = _http.get_json(port, "GET", "/stats")
-    samples = [s for out in readers for s in out]
-    latencies = [s[0] for s in samples]
-    fresh_hits = [s[0] for s in samples if s[1] == 200 and "ttl=-" not in s[2]
-                  and "; hit" in s[2]]
-    builds = [after["builds"].get(k, 0) - before.get(k, 0) for k in keys]
-    ttls = cfg["duration"] / cfg["ttl"]
+        tag = uuid.uuid4().hex[:6]
+        clients.append(_load.Clients(cfg["crawlers"], lambda i, n: _load.get(
+            port, f"/report?key=crawl-{tag}-{i}-{n}", "crawler", timeout, CRAWLER_ADDR),
+            crawled, name="crawler"))  # fmt: skip
+    time.sleep(cfg["duration"])  # the phase measured
+    for c in clients:
+        c.stop(30)
+    builds = [server.stats(key)["builds"]["key_builds"] - before[key] for key in keys]
+    after = server.stats()["builds"]
+    samples = list(readers)
+    latencies = [a.latency for a in samples]
+    fresh_hits = [a.latency for a in samples if a.status == 200
+                  and "ttl=-" not in (a.cache_status or "") and "; hit" in (a.cache_status or "")]
+    stale = [a for a in samples if "ttl=-" in (a.cache_status or "")]
     return {
         "answers": len(samples),
-        "ok_share": sum(1 for s in samples if s[1] == 200) / len(samples) if samples else None,
-        "stale_share": (sum(1 for s in samples if "ttl=-" in s[2]) / len(samples)
-                        if samples else None),
+        "ok_share": sum(a.status == 200 for a in samples) / len(samples) if samples else None,
+        "stale_share": len(stale) / len(samples) if samples else None,
         "p50_ms": ms(pct(latencies, 50)),
         "p99_ms": ms(pct(latencies, 99)),
         "fresh_hit_p50_ms": ms(pct(fresh_hits, 50)),
-        "builds_per_key_per_ttl": max(builds) / ttls if builds else None,
-        "oldest_data_ttls": max((s[3] for s in samples), default=0.0) / cfg["ttl"],
-        "crawler": dict(crawled),
+        "builds_per_key_per_ttl": max(builds) / (cfg["duration"] / cfg["ttl"]) if builds else None,
+        "oldest_data_ttls": max((a.age or 0.0 for a in samples), default=0.0) / cfg["ttl"],
+        "crawler": dict(Counter(str(a.status) for a in crawled)),
         "max_builds_at_once": after["max_in_flight"],
     }
 
@@ -197,30 +106,23 @@ def popular(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     for ttl in cfg["ttls"]:
         for stale in (0.0, cfg["stale"]):
             env = {"REACHLIMIT_CACHE_TTL": str(ttl), "REACHLIMIT_STALE": str(stale),
-                   "BENCH_BUILD_MS": str(cfg["build_ms"])}
-            with tempfile.TemporaryDirectory(prefix="bench-stale-") as tmp:
-                server = _http.BenchGunicorn("stale:create_app()", Path(tmp), "stale", env,
-                                             workers=1, threads=24)
-                with _http.all_serving([server]):
-                    run_cfg = {**cfg, "ttl": ttl}
-                    quiet = run_phase(server.port, run_cfg, crawl=False)
-                    crawl = run_phase(server.port, run_cfg, crawl=True)
+                   "BENCH_BUILD_MS": str(cfg["build_ms"])}  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="reachlimit-stale-") as tmp, \
+                    _load.serving_all([Server("stale", env, Path(tmp), threads=24)]) as [server]:
+                run_cfg = {**cfg, "ttl": ttl}
+                quiet = run_phase(server, run_cfg, crawl=False)
+                crawl = run_phase(server, run_cfg, crawl=True)
             idle = quiet["fresh_hit_p50_ms"]
             for name, phase in (("quiet", quiet), ("crawler", crawl)):
-                p99 = phase["p99_ms"]
-                phase["p99_x_idle_p50"] = p99 / idle if idle and p99 else None
+                phase["p99_x_idle_p50"] = _report.ratio_of(phase["p99_ms"], idle)
                 rows.append({"ttl_s": ttl, "stale_s": stale, "scenario": name, **phase})
     return rows
 
 
-# -- (b) a fresh hit in one process -----------------------------------------------------------
+# -- (b) a fresh hit in one process ------------------------------------------------------------
 
 
-def fresh_hit(number: int, rounds: int) -> dict[str, Any]:
-    return {f"stale_{stale}": _fresh_hit_at(stale, number, rounds) for stale in (300, 0)}
-
-
-def _fresh_hit_at(stale: int, number: int, rounds: int) -> dict[str, Any]:
+def fresh_hit(stale: int) -> Iterator[Pair]:
     from flask import Flask, jsonify
     from werkzeug.test import EnvironBuilder
 
@@ -239,68 +141,57 @@ def _fresh_hit_at(stale: int, number: int, rounds: int) -> dict[str, Any]:
     def cold_route(key: str) -> Any:
         return jsonify(rl.cold(key, lambda: {"key": key, "n": 1}))
 
-    def start_response(status: str, headers: Any, exc_info: Any = None) -> None:
-        pass
-
-    def request(environ: dict[str, Any]) -> bytes:
-        body = app(dict(environ), start_response)
-        try:
-            return b"".join(body)
-        finally:
-            getattr(body, "close", lambda: None)()
-
+    request = wsgi_caller(app, [])
     plain_env = EnvironBuilder(path="/plain/k").get_environ()
     cold_env = EnvironBuilder(path="/cold/k").get_environ()
-    assert json.loads(request(cold_env)) == json.loads(request(plain_env))  # now warm
-    ns = {"request": request, "plain_env": plain_env, "cold_env": cold_env}
-    base = timeit.Timer("request(plain_env)", globals=ns)
-    cand = timeit.Timer("request(cold_env)", globals=ns)
-    base_s, cand_s = _common.alternating(base.timeit, cand.timeit, number, rounds)
-    with app.app_context():
-        figures = rl.stats()
-    assert figures.builds == 1 and figures.hits >= number * rounds  # every timed one a hit
+    assert request(cold_env) == request(plain_env)  # now warm
+
+    def checks() -> dict[str, Any]:
+        with app.app_context():
+            figures = rl.stats()
+        return {"builds": figures.builds, "hits": figures.hits}  # every timed one a hit
+
+    yield Pair(f"stale_{stale}", wsgi_side("plain dict route", request, plain_env),
+               wsgi_side("rl.cold() hit", request, cold_env), checks)
     rl.close(app)
-    return {
-        "plain_us": min(base_s) * 1e6, "cold_us": min(cand_s) * 1e6,
-        **_common.ratios(base_s, cand_s),
-    }
 
 
-# -- main -----------------------------------------------------------------------------------
+def pairs(worker: Worker) -> Iterator[Pair]:
+    for stale in (300, 0):
+        yield from fresh_hit(stale)
+
+
+# -- the report ----------------------------------------------------------------------------------
 
 
 def render(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    out = [f"machine: {m['cpu']} ({m['cores']} cores), {m['python']}, load {m['loadavg_1m']}",
+    out = [*_report.head("reachlimit stale answers: popular keys over HTTP, a fresh hit", report),
            "", "(a) popular keys (readers' answers; p99 against the quiet run's fresh-hit p50)",
            f"{'ttl':>4} {'stale':>6} {'scenario':>8} {'200 %':>6} {'stale %':>7} {'p50 ms':>7} "
            f"{'p99 ms':>7} {'p99/idle':>8} {'builds/key/ttl':>14} {'oldest ttls':>11} crawler"]
     for r in report["popular"]:
+        share = {k: None if r[k] is None else 100 * r[k] for k in ("ok_share", "stale_share")}
         out.append(
-            f"{r['ttl_s']:>4} {r['stale_s']:>6} {r['scenario']:>8} "
-            f"{_common.fmt(100 * r['ok_share'])!s:>6} {_common.fmt(100 * r['stale_share'])!s:>7} "
-            f"{_common.fmt(r['p50_ms'])!s:>7} {_common.fmt(r['p99_ms'])!s:>7} "
-            f"{_common.fmt(r['p99_x_idle_p50'])!s:>8} "
-            f"{_common.fmt(r['builds_per_key_per_ttl'], '.2f')!s:>14} "
-            f"{_common.fmt(r['oldest_data_ttls'], '.2f')!s:>11} {r['crawler']}"
-        )
-    out += ["", "(b) a fresh warm hit, whole WSGI request: rl.cold() vs a route returning its dict"]
-    for name, r in report["fresh_hit"].items():
-        out.append(f"  {name}: {r['cold_us']:.1f} us vs {r['plain_us']:.1f} us = "
-                   f"{r['ratio']:.3f}x (best {r['ratio_best']:.3f}x, rounds "
-                   f"{r['ratio_spread'][0]:.3f}-{r['ratio_spread'][1]:.3f})")
-    out += ["", "goals:"]
-    for g in report["goals"]:
-        out.append(f"  [{'met' if g['met'] else 'MISSED'}] {g['goal']}: {g['value']} "
-                   f"({g['target']})")
-    return "\n".join(out)
+            f"{r['ttl_s']:>4} {r['stale_s']:>6} {r['scenario']:>8} {fmt(share['ok_share']):>6} "
+            f"{fmt(share['stale_share']):>7} {fmt(r['p50_ms']):>7} {fmt(r['p99_ms']):>7} "
+            f"{fmt(r['p99_x_idle_p50']):>8} {fmt(r['builds_per_key_per_ttl'], '.2f'):>14} "
+            f"{fmt(r['oldest_data_ttls'], '.2f'):>11} {r['crawler']}")
+    hits = report["fresh_hit"]
+    out += ["", "(b) a fresh warm hit, whole WSGI request: rl.cold() vs a route returning its dict",
+            _paired.timing_line(hits["stale_300"])]
+    out += _paired.table([(f"rl.cold() hit, {name}", "plain dict route", r)
+                          for name, r in hits.items()], SPEC)  # fmt: skip
+    return _report.closing([*out, ""], report)
 
 
 def goals(report: dict[str, Any], stale: float) -> list[dict[str, Any]]:
     on = [r for r in report["popular"] if r["stale_s"] == stale]
     quiet = [r for r in on if r["scenario"] == "quiet"]
     crawl = [r for r in on if r["scenario"] == "crawler"]
-    worst = lambda rows, k: max((r[k] for r in rows if r[k] is not None), default=None)  # noqa: E731
+
+    def worst(rows: list[dict[str, Any]], k: str) -> float | None:
+        return max((r[k] for r in rows if r[k] is not None), default=None)
+
     least = min((r["ok_share"] for r in crawl if r["ok_share"] is not None), default=None)
     p99x, builds = worst(quiet, "p99_x_idle_p50"), worst(on, "builds_per_key_per_ttl")
     oldest = worst(crawl, "oldest_data_ttls")
@@ -314,32 +205,33 @@ def goals(report: dict[str, Any], stale: float) -> list[dict[str, Any]]:
          oldest is not None and oldest < 5),
         ("fresh warm hit vs a route returning its dict", "<= 1.2x", hit, hit <= 1.2),
     ]
-    return [{"goal": g, "target": t, "value": None if v is None else round(v, 3), "met": bool(m)}
-            for g, t, v, m in rows]
+    return [_report.goal(g, t, v, m) for g, t, v, m in rows]
 
 
-def main() -> int:
-    p = _common.parser(__doc__.splitlines()[1], "4 s per phase, TTL 1 s only, fewer rounds")
-    p.add_argument("--ttls", default="1,2")
-    p.add_argument("--stale", type=float, default=60.0)
-    p.add_argument("--keys", type=int, default=6)
-    p.add_argument("--crawlers", type=int, default=12)
-    p.add_argument("--poll-ms", type=float, default=20.0)
-    p.add_argument("--build-ms", type=float, default=300.0)
-    p.add_argument("--duration", type=float, default=None)
-    args = p.parse_args()
-    _http.unwind_on_sigterm()
+def main(argv: list[str] | None = None) -> int:
+    p = _paired.parser(__doc__, SPEC)
+    settle = _report.options(p, crawlers=12, build_ms=300.0, duration=(10.0, 4.0))
+    a_ = p.add_argument
+    a_("--ttls", default="1,2", help="REACHLIMIT_CACHE_TTL values in s, comma-separated "
+       "(default 1,2; quick 1)")
+    a_("--stale", type=float, default=60.0, help="REACHLIMIT_STALE when on, in s (default 60)")
+    a_("--keys", type=int, default=6, help="popular keys, one reader each (default 6)")
+    a_("--poll-ms", type=float, default=20.0, help="a reader's pause after an answer (20 ms)")
+    run = _paired.Session(__file__, p, SPEC, pairs, argv)
+    if run.in_worker:
+        return run.work()
+    args = run.args
+    settle(args)
     cfg = {
         "ttls": [1.0] if args.quick else [float(x) for x in args.ttls.split(",")],
         "stale": args.stale, "keys": args.keys, "crawlers": args.crawlers,
-        "poll_s": args.poll_ms / 1000, "build_ms": args.build_ms,
-        "duration": args.duration or (4.0 if args.quick else 10.0),
-    }
-    report: dict[str, Any] = {"machine": _common.machine(), "config": cfg}
-    report["popular"] = popular(cfg)
-    report["fresh_hit"] = fresh_hit(2_000 if args.quick else 5_000, 5 if args.quick else 11)
-    report["goals"] = goals(report, cfg["stale"])
-    return _http.finish(report, args.json, render)
+        "poll_s": args.poll_ms / 1000, "build_ms": args.build_ms, "duration": args.duration,
+    }  # fmt: skip
+    _load.unwind_on_sigterm()
+    run.report["popular"] = popular(cfg)
+    run.report["fresh_hit"] = hits = _paired.results(run.group(), SPEC)
+    return run.finish(render, config=cfg, goals=goals(run.report, cfg["stale"]),
+                      figures=_paired.ratio_figures(hits))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import pytest
 from tests.support import ROOT
 from tests.support.bench_scripts import run_json, run_script
 
-POLICIES = ["none", "pool(2)", "timed-sem", "refuse@2", "reachlimit"]
+POLICIES = ["none", "pool2", "timed-sem", "refuse2", "reachlimit"]
 SCENARIOS = ["burst", "steady", "herd", "mixed"]
 
 
@@ -32,19 +32,10 @@ def require_gunicorn_and_redis() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["threaded_burst.py", "reach_cold.py", "http_load.py", "http_redis.py", "fair_admission.py",
-     "deadline.py"],
-)
-def test_help_of_a_load_run(name: str) -> None:
-    proc = run_script(name, "--help", timeout=30)
-    assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--json" in proc.stdout
-
-
-@pytest.mark.parametrize(
-    "name",
     ["micro.py", "flask_cached.py", "metrics_overhead.py", "redis_micro.py", "redis_warm.py",
-     "redis_handoff.py", "compare.py"],
+     "redis_handoff.py", "threaded_burst.py", "reach_cold.py", "http_load.py", "http_redis.py",
+     "fair_admission.py", "deadline.py", "stale.py", "redis_recovery.py", "soak.py",
+     "compare.py"],
 )
 def test_help(name: str) -> None:
     """Every script says what it does and what each of its options is for."""
@@ -338,7 +329,7 @@ def test_http_redis_quick_json() -> None:
         if r["variant"] == "process":  # a budget per worker
             assert r["max_in_flight"] <= config["servers"] * config["workers"] * active, r
     redis_row = next(r for r in rows if r["variant"] == "redis")
-    assert redis_row["redis_path"] in ("library", "extension")
+    assert redis_row["redis_path"] == "extension"
     # One budget for the service: never more than `active` builds in all processes together,
     # and every 429 is one refusal of the shared limiter (no follower shares a new key).
     assert redis_row["max_in_flight"] <= active
@@ -432,7 +423,7 @@ def test_deadline_quick_json() -> None:
     # Two build lengths and a shorter measured phase than --quick's; the script's own bounds
     # end it well inside the subprocess timeout.
     report = run_json("deadline.py", "--builds", "0.1,1", "--duration", "2", timeout=280)
-    assert "loadavg_1m" in report["machine"] and "loadavg_end" in report["machine"]
+    assert "loadavg" in report["machine"] and "loadavg_end" in report["machine"]
     config = report["config"]
     assert (config["builds"], config["setups"], config["rounds"]) == ([0.1, 1.0], ["single"], 1)
     assert (config["active"], config["queue"]) == (2, 8)

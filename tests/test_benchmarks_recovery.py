@@ -34,8 +34,8 @@ def test_redis_recovery_quick_json() -> None:
 
     require_redis_server()
     report = run_json("redis_recovery.py", "--clients", "8", "--outage-s", "0.5", timeout=180)
-    assert {"loadavg", "gunicorn", "redis_server"} <= set(report["machine"])
-    assert len(report["machine_end"]["loadavg"]) == 3
+    assert {"loadavg", "loadavg_end", "gunicorn", "redis_server"} <= set(report["machine"])
+    assert len(report["machine"]["loadavg_end"]) == 3
     config = report["config"]
     assert (config["servers"], config["workers"], config["rounds"]) == (2, 2, 1)
     assert config["outages"] == ["kill", "pause"]

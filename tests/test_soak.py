@@ -124,7 +124,7 @@ def test_builds_at_once_are_judged_inside_and_outside_the_windows(soak: ModuleTy
 def _answer(soak: ModuleType, path: str, start: float, latency: float,
             status: int | None, kind: str = "crawler") -> Any:
     body = b'{"error": "build failed"}' if status == 500 else b""
-    return soak.Answer(kind, path, start, start + latency, latency, status, body=body)
+    return soak.Answer(kind, path, start, latency, status, body=body)
 
 
 def test_answers_are_judged_against_their_bound(soak: ModuleType) -> None:
@@ -154,10 +154,11 @@ def test_answers_are_judged_against_their_bound(soak: ModuleType) -> None:
 def test_a_stale_answer_older_than_its_window_is_found(soak: ModuleType) -> None:
     cfg = soak.Config(seed=1, minutes=1)
     limit = cfg.ttl_s + cfg.stale_s + soak.AGE_SLACK_S
-    fresh = soak.Answer("reader", "/report/pop-0", 10.0, 10.01, 0.01, 200,
-                        cache_status="reachlimit; hit; ttl=1", built=9.0)
-    old = soak.Answer("reader", "/report/pop-1", 20.0, 20.01, 0.01, 200,
-                      cache_status="reachlimit; hit; ttl=-3", built=20.01 - limit - 0.1)
+    fresh = soak.Answer("reader", "/report/pop-0", 10.0, 0.01, 200,
+                        headers={"cache-status": "reachlimit; hit; ttl=1"}, body=b'{"built": 9.0}')
+    old = soak.Answer("reader", "/report/pop-1", 20.0, 0.01, 200,
+                      headers={"cache-status": "reachlimit; hit; ttl=-3"},
+                      body=json.dumps({"built": 20.01 - limit - 0.1}).encode())
     judged = soak.judge_stale([fresh], cfg)
     assert (judged["too_old"], judged["cache_status"]) == (0, {"hit": 1})
     judged = soak.judge_stale([fresh, old], cfg)
@@ -237,8 +238,8 @@ def test_the_short_soak_ran_every_fault_of_its_seed(
         assert fault["at"] <= fault["start"] <= fault["end"], fault
     windowed = [f["n"] for f in report["faults"] if f["kind"] in soak.WINDOWED]
     assert [w["fault"] for w in report["windows"]] == windowed
-    assert {"loadavg", "gunicorn", "redis_server"} <= set(report["machine"])
-    assert len(report["machine_end"]["loadavg"]) == 3
+    assert {"loadavg", "loadavg_end", "gunicorn", "redis_server"} <= set(report["machine"])
+    assert len(report["machine"]["loadavg_end"]) == 3
     answers = report["answers"]
     assert answers["count"] == sum(answers["status"].values()) > 0
     assert answers["p50_ms"] <= answers["p99_ms"] <= answers["max_ms"]
