@@ -265,18 +265,12 @@ class Shape:
     overload: float = 2.0
 
 
-#: The plans, by name, and what each is.
-PLANS = {
-    "arrival": "the burst's number of warm requests at once, no cold work (a control)",
-    "burst": "distinct cold keys at once",
-    "steady": "distinct cold keys arriving evenly at the overload x the capacity",
-    "herd": "requests for one cold key at once",
-    "mixed": "the steady cold stream with as many warm requests between its arrivals",
-}
-
-
 def plan(name: str, shape: Shape, tag: str) -> list[Request]:
-    """The requests of the plan ``name`` (see :data:`PLANS`), its cold keys new (``tag``)."""
+    """The requests of the plan ``name``, its cold keys new (``tag``): ``arrival`` (the
+    burst's number of warm requests at once: a control), ``burst`` (distinct cold keys at
+    once), ``steady`` (distinct cold keys arriving evenly at ``overload`` x the capacity),
+    ``herd`` (requests for one cold key at once), ``mixed`` (``steady`` with as many warm
+    requests between its arrivals)."""
     rate = shape.overload * shape.capacity
     steady = max(1, round(rate * shape.steady_s))
     if name == "arrival":
@@ -359,17 +353,18 @@ def open_loop(send: Callable[[int], None], interval_s: float, cap: int, join_s: 
 
 
 class Clients:
-    """``count`` closed-loop clients, each in its own thread until :meth:`stop`: client ``i``
-    sends ``send(i, n)`` (its ``n``-th request; the answer goes to ``answers``), then pauses
-    for a time drawn by its own seeded generator from ``pause`` (seconds): after every answer,
-    or with ``every`` false only after one that is not a 200 (a client backing off after a
-    refusal; none at all: back to back)."""
+    """``count`` closed-loop clients, each in its own thread until :meth:`stop`, released
+    together once all are started: client ``i`` sends ``send(i, n)`` (its ``n``-th request;
+    the answer goes to ``answers``), then pauses for a time drawn by its own seeded generator
+    from ``pause`` (seconds): after every answer, or with ``every`` false only after one that
+    is not a 200 (a client backing off after a refusal; none at all: back to back)."""
 
     def __init__(self, count: int, send: Callable[[int, int], Answer], answers: list[Answer],
                  pause: tuple[float, float] = (0.0, 0.0), every: bool = False,
                  seed: str = "", name: str = "client") -> None:  # fmt: skip
         self.answers = answers  # appended by the client threads (list.append)
         self._stop = threading.Event()
+        self._go = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(i, send, pause, every, f"{seed}-{i}"),
                              name=f"{name}-{i}", daemon=True)  # fmt: skip
@@ -377,10 +372,12 @@ class Clients:
         ]
         for t in self._threads:
             t.start()
+        self._go.set()
 
     def _run(self, i: int, send: Callable[[int, int], Answer], pause: tuple[float, float],
              every: bool, seed: str) -> None:  # fmt: skip
         jitter = random.Random(seed)  # its own generator: a client thread shares none
+        self._go.wait()
         n = 0
         while not self._stop.is_set():
             answer = send(i, n)

@@ -419,9 +419,11 @@ class Session:
 
 def ratio_goals(goals: Iterable[tuple[str, str, float]],
                 results: Mapping[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
-    """A goal for each ``(name, pair, highest ratio)``: the pair's ratio at most that."""
-    return [_report.goal(name, f"<= {most:g}x", results[key]["ratio"],
-                         results[key]["ratio"] <= most) for name, key, most in goals]
+    """A goal for each ``(name, pair, highest ratio)``: the pair's ratio at most that (the
+    goal names its pair)."""
+    return [{**_report.goal(name, f"<= {most:g}x", results[key]["ratio"],
+                            results[key]["ratio"] <= most), "pair": key}
+            for name, key, most in goals]  # fmt: skip
 
 
 def ratio_figures(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

@@ -70,8 +70,8 @@ def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.3f}x [{q[0]:.2f}-{q[2]:.2f}]"
 
 
-def change(before: float | None, after: float | None) -> str:
-    if before is None or after is None or not before:
+def change(before: Any, after: Any) -> str:
+    if not isinstance(before, int | float) or not isinstance(after, int | float) or not before:
         return "-"
     return f"{(after - before) / before * 100:+.1f}%"
 
@@ -105,8 +105,9 @@ def compare(before_path: Path, after_path: Path) -> str:
         head = f"{'figure':<48} {'before':>10} {'after':>10} {'change':>8}"
         out += ["", "figures (one value each: no test)", *_report.ruled(head)]
         for k in others:
-            out.append(f"{k:<48} {_report.fmt(fa[k], '.3g'):>10} {_report.fmt(fb[k], '.3g'):>10} "
-                       f"{change(fa[k], fb[k]):>8}")
+            a, b = (_report.fmt(x, ".3g") if isinstance(x, float) else str(x)
+                    for x in (fa[k], fb[k]))  # fmt: skip
+            out.append(f"{k:<48} {a:>10} {b:>10} {change(fa[k], fb[k]):>8}")
     return "\n".join(out)
 
 

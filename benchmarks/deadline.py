@@ -427,8 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     report.update(
         config={**asdict(cfg), "quick": a.quick, "setups": setups}, results=results,
         summary=summary, burst=bursts, all_met=all(all(s["met"].values()) for s in summary),
-        figures={f"{s['setup']} {s['build_s']:g} s {k} {v}": s[k][i] for s in summary
-                 for k in ("whole_waits", "goodput_per_s") for i, v in enumerate(VARIANTS)},
+        figures={f"{s['setup']}, {s['build_s']:g} s builds: whole waits off -> on; goodput "
+                 "on / off": f"{s['whole_waits'][0]:g} -> {s['whole_waits'][1]:g}; "
+                 f"{_report.fmt(s['goodput_ratio'], '.2f')}" for s in summary},
     )  # fmt: skip
     return _report.finish(report, a, render)
 

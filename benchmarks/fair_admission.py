@@ -333,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         config={**asdict(cfg), "quick": a.quick, "setups": setups, "variants": variants,
                 "crawler_addr": CRAWLER_ADDR, "polite_addrs": cfg.polite_addrs()},
         results=results, all_met=all(all(r["met"].values()) for r in results),
-        figures={f"{r['setup']} {r['variant']} {k}": r[k] for r in results if r["round"] == 1
-                 for k in ("polite_first_try_pct", "crawler_share_pct", "goodput_pct")},
+        figures={
+            **{f"{r['setup']} {r['variant']} polite first-try %": r["polite_first_try_pct"]
+               for r in results if r["round"] == 1},
+            **{f"{r['setup']} remote_addr {k}": r[k] for r in results
+               if r["round"] == 1 and r["variant"] == "remote_addr"
+               for k in ("crawler_share_pct", "goodput_pct")},
+        },
     )  # fmt: skip
     return _report.finish(report, a, render, plots.fair_admission)
 

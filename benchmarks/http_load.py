@@ -302,9 +302,13 @@ def main(argv: list[str] | None = None) -> int:
                 "quick": a.quick, "policies": policies, "scenarios": scenarios},
         skipped=skipped, results=results, idle=idles, goals=goals,
         holders=[g["policy"] for g in goals if g["all"]],
-        figures={f"{g['policy']} {k}": v for g in goals for k, v in (
-            ("most builds at once", g["max_in_flight"]), ("429 p99 ms", g["refused_p99_ms"]),
-            ("steady warm p99 x idle", g["warm_x_idle"].get("steady")))},
+        figures={
+            "policies holding every goal": ", ".join(g["policy"] for g in goals if g["all"]),
+            **{f"reachlimit {k}": v for g in goals if g["policy"] == "reachlimit" for k, v in (
+                ("most builds at once", g["max_in_flight"]), ("429 p99 ms", g["refused_p99_ms"]),
+                ("steady warm p99 x idle", g["warm_x_idle"].get("steady")),
+                ("herd builds", g["herd_builds"]))},
+        },
     )  # fmt: skip
     return _report.finish(report, a, render, plots.http_load)
 

@@ -177,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     modes = {g.name: {"multiprocess": g.extra["multiprocess"], "results": _paired.results(g, SPEC),
                       "checks": g.extra["checks"]} for g in groups}  # fmt: skip
     goals = [(f"{case.replace('_', ' ')} with metrics on, {mode.replace('_', ' ')} mode",
-              case, figures["results"]) for mode, figures in modes.items()
+              case, figures["results"], mode) for mode, figures in modes.items()
              for case in ("warm_request", "refusal_request")]  # fmt: skip
     return run.finish(
         render, modes=modes,
-        goals=[_paired.ratio_goals([(name, case, GOAL)], results)[0]
-               for name, case, results in goals],
+        goals=[{**_paired.ratio_goals([(name, case, GOAL)], results)[0], "pair": f"{mode}/{case}"}
+               for name, case, results, mode in goals],
         figures={k: v for mode, figures in modes.items()
                  for k, v in _paired.ratio_figures(figures["results"], f"{mode}/").items()},
     )  # fmt: skip

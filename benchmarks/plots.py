@@ -1,24 +1,22 @@
 #!/usr/bin/env python3
-"""The figures of docs/benchmarks.md, drawn from the benchmarks' own reports (matplotlib: the
+"""The figures of docs/benchmarks.md, drawn from the benchmarks' own results (matplotlib: the
 ``bench`` extra).
 
-A script run with ``--plot PATH`` (``micro.py``, ``http_load.py``, ``fair_admission.py``)
-draws its report into ``PATH`` as a PNG once it has run; the same report saved with
-``--json`` can be drawn again later:
+``figures.py`` draws every one from the results kept in ``benchmarks/results/``; a script run
+with ``--plot PATH`` (``micro.py``, ``http_load.py``, ``fair_admission.py``) draws its own
+result once it has run, and a result saved with ``--output`` can be drawn again later:
 
-    python benchmarks/micro.py --json --plot docs/_static/bench/micro.png > micro.json
-    python benchmarks/plots.py micro micro.json docs/_static/bench/micro.png
+    python benchmarks/micro.py --output micro.json --plot micro.png
+    python benchmarks/plots.py micro micro.json micro.png
 
-Every figure says under it where it was made: the machine, the date and the load average the
-report recorded (other processes on the cores move the absolute figures; the ratios and
-the shares are what the pages judge). Drawing stamps the report with its ``date`` when it has
-none, so a report printed after it carries the date it was drawn with.
+Every figure says under it where it was made: the machine, the date, the commit and the load
+average the result recorded (other processes on the cores move the absolute figures; the
+ratios and the shares are what the pages judge).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from collections.abc import Callable
@@ -55,14 +53,12 @@ def _pyplot() -> Any:
 
 
 def stamp(report: dict[str, Any]) -> str:
-    """The line under a figure: the machine, the date and the load the report recorded."""
+    """The line under a figure: the machine, the date, the commit and the load the result
+    recorded."""
     m = report["machine"]
-    load = m.get("loadavg", [m.get("loadavg_1m")])[0]
-    date = report.setdefault("date", datetime.date.today().isoformat())
-    return (
-        f"{m['cpu']}, {m['cores']} cores, {m['python']}; {date}; "
-        f"1-minute load average {load} (the machine was shared)"
-    )
+    end = m.get("loadavg_end", ["?"])[0]
+    return (f"{m['cpu']}, {m['cores']} cores, {m['python']}; {report['date']}, commit "
+            f"{report['commit']}; 1-minute load average {m['loadavg'][0]} -> {end}")
 
 
 def _save(fig: Any, report: dict[str, Any], path: Path) -> None:
@@ -81,6 +77,47 @@ def _legend(fig: Any, ax: Any, columns: int) -> None:
 
 # -- micro.py ---------------------------------------------------------------------------------
 
+def _ratio_bars(ax: Any, rows: list[tuple[str, dict[str, Any], float | None]]) -> None:
+    """One bar a pair, top down: the median of the rounds' ratios, whiskers over the
+    quartiles, the goal as a red mark; ``rows`` are (label, figures, goal)."""
+    ys = list(range(len(rows)))[::-1]
+    for y, (_label, r, most) in zip(ys, rows, strict=True):
+        lo, hi = r["ratio_iqr"]
+        ax.barh(y, r["ratio"], color=REACHLIMIT, height=0.6)
+        ax.errorbar(r["ratio"], y, xerr=[[r["ratio"] - lo], [hi - r["ratio"]]], color="black",
+                    capsize=3, lw=1)  # fmt: skip
+        ax.text(max(hi, r["ratio"], most or 0) + 0.05, y, f"{r['ratio']:.2f}x", va="center",
+                fontsize=8)  # fmt: skip
+        if most is not None:
+            ax.plot([most, most], [y - 0.4, y + 0.4], color=GOAL, lw=2)
+    ax.axvline(1.0, color=BASELINE, ls="--", lw=1)
+    ax.set_yticks(ys, [label for label, _r, _m in rows], fontsize=8)
+    ax.set_xlim(0, max(2.0, max(r["ratio_iqr"][1] for _l, r, _m in rows) + 0.6))
+    ax.set_xlabel("subject / baseline, timed in turn (median of the rounds, quartiles; lower is "
+                  "better; red: the goal)", fontsize=8)  # fmt: skip
+
+
+def ratios(reports: list[dict[str, Any]], path: Path) -> None:
+    """Every pair of every paired result, one bar each, grouped by result."""
+    plt = _pyplot()
+    rows: list[tuple[str, dict[str, Any], float | None]] = []
+    for report in reports:
+        parts = report["modes"] if "modes" in report else {
+            "": {"results": report.get("results") or report.get("fresh_hit")}}
+        goals = {g["pair"]: float(g["target"].split()[-1].rstrip("x")) for g in
+                 report.get("goals", []) if g.get("pair") and g["target"].startswith("<=")}
+        for mode, part in parts.items():
+            for key, r in part["results"].items():
+                if isinstance(r, dict) and "ratio_iqr" in r:
+                    name = f"{mode}/{key}" if mode else key
+                    rows.append((f"{report['benchmark']}: {name}", r, goals.get(name)))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.4))
+    _ratio_bars(ax, rows)
+    ax.set_title("every paired ratio", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    _save(fig, reports[0], path)
+
+
 #: micro.py's pairs: result key, label, the goal's highest ratio (None: shown, not judged).
 MICRO_ROWS = (
     ("fast_path", "fast path: acquire + release\nvs BoundedSemaphore(2) pair", 1.0),
@@ -91,34 +128,13 @@ MICRO_ROWS = (
 )
 
 
-def _ns(x: float) -> str:
-    return f"{x / 1000:.1f} us" if x >= 10_000 else f"{x:.0f} ns"
-
-
 def micro(report: dict[str, Any], path: Path) -> None:
-    """One bar per pair: the median per-round ratio, whiskers over the rounds' spread, the
-    goal as a red mark."""
+    """One bar a pair of micro.py (its ratio, quartiles and goal)."""
     plt = _pyplot()
-    rows = [(k, label, most) for k, label, most in MICRO_ROWS if k in report["results"]]
+    rows = [(label, report["results"][k], most) for k, label, most in MICRO_ROWS
+            if k in report["results"]]  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 0.9 * len(rows) + 1.6))
-    ys = list(range(len(rows)))[::-1]
-    for y, (key, _label, most) in zip(ys, rows, strict=True):
-        r = report["results"][key]
-        lo, hi = r["ratio_spread"]
-        ax.barh(y, r["ratio"], color=REACHLIMIT, height=0.6)
-        ax.errorbar(r["ratio"], y, xerr=[[r["ratio"] - lo], [hi - r["ratio"]]], color="black",
-                    capsize=3, lw=1)  # fmt: skip
-        ax.text(max(hi, r["ratio"], most or 0) + 0.05, y,
-                f"{r['ratio']:.2f}x  ({_ns(r['limiter_ns'])} vs {_ns(r['baseline_ns'])})",
-                va="center", fontsize=8)  # fmt: skip
-        if most is not None:
-            ax.plot([most, most], [y - 0.4, y + 0.4], color=GOAL, lw=2)
-    ax.axvline(1.0, color=BASELINE, ls="--", lw=1)
-    ax.set_yticks(ys, [label for _k, label, _m in rows], fontsize=8)
-    ax.set_xlim(0, max(2.0, max(report["results"][k]["ratio_spread"][1] for k, _l, _m in rows)
-                       + 1.2))  # fmt: skip
-    ax.set_xlabel("time per operation / baseline's (median of alternating rounds; lower is "
-                  "better; red: the goal)", fontsize=8)  # fmt: skip
+    _ratio_bars(ax, rows)
     c = report["config"]
     ax.set_title(f"micro.py: the hot paths as ratios ({c['rounds']} alternating rounds in "
                  f"{c['processes']} processes)", fontsize=10)  # fmt: skip

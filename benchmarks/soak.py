@@ -98,7 +98,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
-import json
 import os
 import random
 import re
@@ -922,44 +921,6 @@ def render(report: dict[str, Any]) -> str:
     return _report.closing(out, report)
 
 
-# -- the figures' table (benchmarks/README.md) -------------------------------------------------
-
-TABLE_HEAD = (
-    "| run | faults | answers 200 / 429 / 500 / transport errors | p50 / p99 / max ms "
-    "| most at once outside windows | Redis windows: how many peaked at each count "
-    "| oldest popular answer | final burst | checks not met |",
-    "|---|---|---|---|---|---|---|---|---|",
-)
-
-
-def table_row(report: dict[str, Any]) -> str:
-    """One run's row of the figures' table, from its ``--json`` report (module design), so
-    that the table in benchmarks/README.md is made from the runs, never typed."""
-    a, st = report["answers"], report["answers"]["status"]
-    kinds = Counter(f["kind"] for f in report["faults"])
-    redis_windows = [w for w in report["windows"] if w["kind"] != "kill_worker"]
-    peaks = Counter(w["peak"] for w in redis_windows)
-    above = [w["over_bound_ms"] for w in redis_windows if w["over_bound_ms"]]
-    burst = report["burst"].get("burst", report["burst"])
-    missed = [c["check"] for c in report["checks"] if not c["met"]]
-    load = report["machine"]["loadavg"][0], report["machine"]["loadavg_end"][0]
-    return (
-        f"| seed {report['seed']}, {report['load_s'] / 60:.0f} min (load {load[0]:g} -> "
-        f"{load[1]:g}) | {len(report['faults'])}: "
-        + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items()))
-        + f" | {st.get('200', 0)} / {st.get('429', 0)} / {st.get('500', 0)} / "
-        f"{st.get('error', 0)} ({a['errors_across_a_kill']} at a worker kill) "
-        f"| {a['p50_ms']:.1f} / {a['p99_ms']:.0f} / {a['max_ms']:.0f} "
-        f"| {report['builds']['peak_outside']} "
-        f"| " + ", ".join(f"{p}: {n}" for p, n in sorted(peaks.items()))
-        + (f" (above {report['config']['window_bound']} for {', '.join(map(str, above))} ms)"
-           if above else "")
-        + f" | {report['stale']['oldest_s']:.1f} s (limit {report['stale']['limit_s']:g}) "
-        f"| {burst['granted']} of {burst['keys']}, {burst['peak']} at once "
-        f"| {'; '.join(missed) or 'none'} |"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     p = _report.parser(
         "A soak of the service on Redis (2 gunicorn servers x 2 workers): a steady mixed "
@@ -990,14 +951,8 @@ def main(argv: list[str] | None = None) -> int:
        "wait + 2 socket timeouts + build (default 1: a loaded machine)")
     a_("--keep-logs", metavar="DIR", help="copy the build log and every server's log "
        "into DIR at the end")
-    a_("--table", nargs="+", metavar="REPORT", help="run nothing: print the figures' table "
-       "(benchmarks/README.md) of these --json reports")
     a = p.parse_args(argv)
     settle(a)
-    if a.table:
-        print("\n".join([*TABLE_HEAD, *(table_row(json.loads(Path(f).read_text()))
-                                         for f in a.table)]))
-        return 0
     cfg = Config(
         seed=a.seed, minutes=a.minutes if a.minutes is not None else (0.75 if a.quick else 10.0),
         sentinel=a.sentinel, crawlers=a.crawlers, polite=a.polite, readers=a.readers,

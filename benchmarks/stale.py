@@ -195,7 +195,6 @@ def goals(report: dict[str, Any], stale: float) -> list[dict[str, Any]]:
     least = min((r["ok_share"] for r in crawl if r["ok_share"] is not None), default=None)
     p99x, builds = worst(quiet, "p99_x_idle_p50"), worst(on, "builds_per_key_per_ttl")
     oldest = worst(crawl, "oldest_data_ttls")
-    hit = report["fresh_hit"]["stale_300"]["ratio"]
     rows = [
         ("stale on, quiet: p99 vs idle warm p50", "<= 3x", p99x, p99x is not None and p99x <= 3),
         ("stale on: builds per key per TTL", "<= 2", builds, builds is not None and builds <= 2),
@@ -203,9 +202,10 @@ def goals(report: dict[str, Any], stale: float) -> list[dict[str, Any]]:
          least is not None and least >= 0.99),
         ("stale on, crawler: oldest data served (TTLs)", "< 5", oldest,
          oldest is not None and oldest < 5),
-        ("fresh warm hit vs a route returning its dict", "<= 1.2x", hit, hit <= 1.2),
     ]
-    return [_report.goal(g, t, v, m) for g, t, v, m in rows]
+    return [_report.goal(g, t, v, m) for g, t, v, m in rows] + _paired.ratio_goals(
+        [("fresh warm hit vs a route returning its dict", "stale_300", 1.2)],
+        report["fresh_hit"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     _load.unwind_on_sigterm()
     run.report["popular"] = popular(cfg)
     run.report["fresh_hit"] = hits = _paired.results(run.group(), SPEC)
-    return run.finish(render, config=cfg, goals=goals(run.report, cfg["stale"]),
-                      figures=_paired.ratio_figures(hits))
+    report_goals = goals(run.report, cfg["stale"])
+    return run.finish(render, config=cfg, goals=report_goals, figures={
+        **_paired.ratio_figures(hits),
+        **{g["goal"]: g["value"] for g in report_goals if "pair" not in g}})
 
 
 if __name__ == "__main__":

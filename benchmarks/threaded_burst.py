@@ -267,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     report.update(
         config={**asdict(cfg), "quick": a.quick, "policies": policies, "scenarios": scenarios},
         results=results, goals=goals(results, cfg),
-        figures={f"{r['policy']} {r['scenario']} {k}": r[k] for r in results
-                 if r["scenario"] == "burst"
-                 for k in ("max_in_flight", "goodput_pct_of_limit", "warm_p99_vs_idle")},
+        figures={
+            "policies holding every goal": ", ".join(
+                g["policy"] for g in goals(results, cfg) if g["all"]),
+            **{f"reachlimit {r['scenario']} {k}": r[k] for r in results
+               if r["policy"] == "reachlimit" and r["scenario"] == "burst"
+               for k in ("max_in_flight", "goodput_pct_of_limit", "warm_p99_vs_idle")},
+        },
     )  # fmt: skip
     return _report.finish(report, a, render)
 

@@ -35,7 +35,7 @@ def require_gunicorn_and_redis() -> None:
     ["micro.py", "flask_cached.py", "metrics_overhead.py", "redis_micro.py", "redis_warm.py",
      "redis_handoff.py", "threaded_burst.py", "reach_cold.py", "http_load.py", "http_redis.py",
      "fair_admission.py", "deadline.py", "stale.py", "redis_recovery.py", "soak.py",
-     "compare.py"],
+     "compare.py", "figures.py", "plots.py"],
 )
 def test_help(name: str) -> None:
     """Every script says what it does and what each of its options is for."""
@@ -44,7 +44,7 @@ def test_help(name: str) -> None:
     usage, _, rest = proc.stdout.partition("\n\n")
     description, _, options = rest.partition("\n\n")
     assert description.strip() and not description.startswith("options:"), proc.stdout
-    if name != "compare.py":
+    if name not in ("compare.py", "figures.py", "plots.py"):
         assert "--quick" in options and "--json" in options and "--output" in options
     # An option without help: a line that names it, nothing after it there or below it.
     lines = options.splitlines()
@@ -133,16 +133,26 @@ def test_a_paired_result_is_a_pyperf_suite_that_compare_reads(tmp_path: Path) ->
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["micro", "http_load", "fair_admission"])
-def test_plots_draws_the_reports_of_docs_benchmarks_again(kind: str, tmp_path: Path) -> None:
-    """The figures of docs/benchmarks.md are drawn again from the reports saved beside them,
-    as the page says; a report missing a field the figure needs fails here."""
+def test_plots_draws_the_kept_results_again(kind: str, tmp_path: Path) -> None:
+    """The figures of docs/benchmarks.md are drawn again from the results kept in
+    benchmarks/results/, as the page says; a result missing a field the figure needs fails
+    here."""
     pytest.importorskip("matplotlib")
     figure = tmp_path / f"{kind}.png"
-    saved = ROOT / "docs" / "_static" / "bench" / f"{kind}.json"
+    saved = ROOT / "benchmarks" / "results" / f"{kind}.json"
     proc = run_script("plots.py", kind, str(saved), str(figure), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert figure.read_bytes().startswith(PNG)
-    assert (ROOT / "docs" / "_static" / "bench" / f"{kind}.png").read_bytes().startswith(PNG)
+    for drawn in (kind, "ratios"):
+        assert (ROOT / "docs" / "_static" / "bench" / f"{drawn}.png").read_bytes().startswith(PNG)
+
+
+def test_the_pages_figures_are_the_kept_results() -> None:
+    """benchmarks/README.md and docs/benchmarks.md show the figures of the results kept in
+    benchmarks/results/, as benchmarks/figures.py makes them: a figure typed by hand, or a
+    result changed without running it, fails here."""
+    proc = run_script("figures.py", "--check", timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.timeout(120)
@@ -166,8 +176,10 @@ def test_flask_cached_quick_json() -> None:
     assert "(goal <= 1.05x)" in text and "(goal <= 1.2x)" in text
 
 @pytest.mark.timeout(120)
-def test_threaded_burst_quick_json() -> None:
-    report = run_json("threaded_burst.py")
+def test_threaded_burst_quick_json(tmp_path: Path) -> None:
+    result = tmp_path / "threaded_burst.json"
+    report = run_json("threaded_burst.py", "--output", str(result))
+    assert json.loads(result.read_text()) == report  # --output writes what --json prints
     rows = report["results"]
     assert [(r["scenario"], r["policy"]) for r in rows] == [
         (s, p) for s in SCENARIOS for p in POLICIES
@@ -200,6 +212,11 @@ def test_threaded_burst_quick_json() -> None:
     assert herd["reachlimit"]["herd_builds"] == 1
     assert herd["reachlimit"]["refused"] == 0
     assert [g["policy"] for g in report["goals"]] == POLICIES
+    # compare.py sets two load results' headline figures side by side (no test: one value each).
+    proc = run_script("compare.py", str(result), str(result), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "figures (one value each: no test)" in proc.stdout
+    assert "reachlimit burst max_in_flight" in proc.stdout
 
 
 # -- benchmarks/http_load.py: gunicorn on 127.0.0.1, one server per policy --------------------
