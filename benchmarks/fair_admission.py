@@ -336,9 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         figures={
             **{f"{r['setup']} {r['variant']} polite first-try %": r["polite_first_try_pct"]
                for r in results if r["round"] == 1},
-            **{f"{r['setup']} remote_addr {k}": r[k] for r in results
+            **{f"{r['setup']} remote_addr {name}": r[k] for r in results
                if r["round"] == 1 and r["variant"] == "remote_addr"
-               for k in ("crawler_share_pct", "goodput_pct")},
+               for k, name in (("crawler_share_pct", "crawler's share of the builds %"),
+                               ("goodput_pct", "goodput %"))},
         },
     )  # fmt: skip
     return _report.finish(report, a, render, plots.fair_admission)

@@ -216,7 +216,7 @@ def test_threaded_burst_quick_json(tmp_path: Path) -> None:
     proc = run_script("compare.py", str(result), str(result), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "figures (one value each: no test)" in proc.stdout
-    assert "reachlimit burst max_in_flight" in proc.stdout
+    assert "reachlimit burst: most builds at once" in proc.stdout
 
 
 # -- benchmarks/http_load.py: gunicorn on 127.0.0.1, one server per policy --------------------
