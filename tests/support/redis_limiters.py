@@ -162,6 +162,15 @@ def burst_accounted(
     return seen[-1]
 
 
+def reservations_over(client: redis.Redis, tag: str) -> bool:
+    """Whether no recovery reservation of the budget ``tag`` ("{<prefix>:<name>}") is in
+    force on ``client``'s server: a process back from an outage reserves the other
+    processes' shares for a moment (``lua/limiter.lua``'s Reservations), and a burst sent
+    meanwhile finds fewer slots than the budget's."""
+    until = client.hget(f"{tag}:stats", "reserved_until")
+    return until is None or int(until) <= server_ms(client)
+
+
 def server_ms(client: redis.Redis) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
