@@ -33,7 +33,7 @@ import redis
 from reachlimit import Busy, ColdLimiter, ColdPath, Refresher, TTLCache
 from reachlimit.redis import RedisColdLimiter, RedisGrant, SharedPathCounters
 from tests.support.clock import FakeClock
-from tests.support.redis_clients import CountingRedis, PausedRenewals
+from tests.support.redis_clients import Commands, CountingRedis, PausedRenewals
 from tests.support.redis_limiters import server_ms
 from tests.support.refreshes import refreshing, threads_named
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
@@ -273,6 +273,33 @@ def test_in_a_child_a_grant_is_renewed_past_its_lease_and_the_parents_is_not(
     # The child renewed its own grant, and left the parent's alone: it ended with its lease.
     assert report == {"renewed": True, "lost": False, "parents_end": None}
     assert parents.lease_lost
+
+
+@pytest.mark.redis
+def test_in_a_child_a_limiters_calls_go_on_connections_of_its_own(
+    client: CountingRedis, make_client: Callable[..., redis.Redis],
+    make_limiter: Callable[..., RedisColdLimiter],
+) -> None:
+    """A plain client's limiter sends its scripts pre-packed on a connection of the client's
+    pool (``reachlimit/redis/_packed.py``): in a child, redis-py's pool gives it connections
+    of the child's own, never the parent's (whose replies the two would read in turn)."""
+    parent = make_client(redis.Redis, client_name="forked")
+    lim = make_limiter(client=parent, active=1, queue=1)
+    lim.acquire().release()  # the parent's pooled connection is open
+    [parents] = [c["addr"] for c in client.client_list() if c["name"] == "forked"]
+    commands = Commands(client)
+
+    def child() -> dict[str, Any]:
+        with lim.acquire():
+            held = lim.stats().active
+        return {"held": held, "after": lim.stats().active}
+
+    report = in_child(child)
+    scripts = [addr for addr, command in commands.sources_until_now() if command == "EVALSHA"]
+    assert report == {"held": 1, "after": 0}
+    assert len(scripts) == 4 and parents not in scripts, (parents, scripts)
+    with lim.acquire():  # and the parent's connection answers its own calls still
+        assert lim.stats().active == 1
 
 
 @pytest.mark.redis

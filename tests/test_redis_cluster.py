@@ -1,14 +1,15 @@
 """reachlimit.redis on a REAL three-primary Redis Cluster (``tests/support/redis_cluster.py``).
 
-design: one cluster for the module (forming one takes seconds), emptied before each test.
-The module's ``client`` fixture is ``reachlimit.redis.connect(redis+cluster://...)``, so the
-suite's ``make_limiter`` and ``factory`` fixtures (``tests/support/redis_limiters.py``) make
-limiters on the cluster, and the limiter's key properties and fair-admission rules (the
-checks ``tests/test_redis_mutants.py`` and ``tests/test_redis_fairness.py`` run on one Redis)
-run here unchanged. What only a cluster has is proved against the nodes themselves: a
-limiter's keys in one slot, cache entries on several nodes, a node that forgot its scripts,
-a node or the whole cluster restarted empty, and the limiter's slot migrated while a grant
-is held. Nothing waits on time: every wait is for a state, bounded.
+design: one cluster for the module (forming one takes seconds), emptied before each test. The
+module's ``client`` fixture is ``reachlimit.redis.connect(redis+cluster://...)`` (and so is its
+``plain_client``), so the suite's ``make_limiter`` and ``factory`` fixtures
+(``tests/support/redis_limiters.py``) make limiters on the cluster, and the limiter's key
+properties and fair-admission rules (the checks ``tests/test_redis_mutants.py`` and
+``tests/test_redis_fairness.py`` run on one Redis) run here unchanged. What only a cluster has
+is proved against the nodes themselves: a limiter's keys in one slot, cache entries on several
+nodes, a node that forgot its scripts, a node or the whole cluster restarted empty, and the
+limiter's slot migrated while a grant is held. Nothing waits on time: every wait is for a
+state, bounded.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def cluster_client_fixture(redis_cluster: RedisCluster) -> Iterator[Any]:
     client = connect(redis_cluster.url())
     yield client
     client.close()
+
+
+@pytest.fixture(name="plain_client")
+def cluster_plain_client_fixture(client: Any) -> Any:
+    """The module's ``client`` again (overrides the suite's plain client, on which
+    ``make_limiter`` makes its limiters by default): a cluster has no other."""
+    return client
 
 
 _names = (f"c{n}" for n in itertools.count())  # a fresh budget name per use

@@ -49,7 +49,10 @@ from tests.test_redis_cache_mutants import (
     check_the_size_bound_evicts_the_oldest,
     mutant_cache,
 )
-from tests.test_redis_cluster import cluster_client_fixture  # noqa: F401 (the client fixture)
+from tests.test_redis_cluster import (  # noqa: F401 (the client fixtures)
+    cluster_client_fixture,
+    cluster_plain_client_fixture,
+)
 from tests.test_redis_mutants import mutant
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from reachlimit import Busy
 from reachlimit.redis import RedisColdLimiter, client_id
 from tests.support import fairness
 from tests.support.limiter import assert_exact_capacity, start_acquire
-from tests.support.redis_clients import CountingRedis
+from tests.support.redis_clients import Commands, CountingRedis
 from tests.support.redis_limiters import LimiterScript, doorbell
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
@@ -52,18 +53,19 @@ def test_fair_admission_rule(
 
 def test_a_displaced_waiter_learns_it_through_its_doorbell_at_once(
     threads: ThreadRunner, make: Callable[..., RedisColdLimiter],
-    make_client: Callable[..., CountingRedis],
+    make_client: Callable[..., redis.Redis], client: CountingRedis,
 ) -> None:
     """The victim never polls (its poll interval is longer than the test): its blocking read
     of its doorbell is what ends its wait, with "displaced"."""
     lim = make(1, 2)
-    own = make_client()  # the victim's alone, so what it sends can be counted
+    # The victim's own plain client, named so that what it sends can be counted at the server.
+    own = make_client(redis.Redis, client_name="victim")
     victim_lim = RedisColdLimiter(own, lim.name, 1, 2, wait=60.0)
     victim_lim.POLL_EVERY = 30.0  # type: ignore[misc]
     # A limiter object's first call also checks the budget's settings in Redis (one more
     # round trip, once): made here, and not counted below.
     victim_lim.stats()
-    own.sent.clear()
+    commands = Commands(client)
     holder = lim.acquire(None, "a")
     first = start_acquire(threads, lim, None, name="a1", client="a")
     wait_until("a1 queued", lambda: lim.stats().queued == 1)
@@ -72,7 +74,8 @@ def test_a_displaced_waiter_learns_it_through_its_doorbell_at_once(
     newcomer = start_acquire(threads, lim, None, name="b1", client="b")
     victim.wait_done()
     assert isinstance(victim.error, Busy) and victim.error.reason == Busy.DISPLACED
-    assert own.sent["EVALSHA"] == 1, own.sent  # its acquire: no poll, no script after it
+    sent = commands.until_now(client_name="victim")
+    assert sent["EVALSHA"] == 1, sent  # its acquire: no poll, no script after it
     s = lim.stats()
     assert (s.queued, s.displaced, s.rejected_timeout, s.rejected_full) == (2, 1, 0, 0)
     holder.release()

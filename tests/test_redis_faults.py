@@ -404,11 +404,14 @@ def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error
 # -- a reply lost on the way back, and the client's retry -------------------------------------
 
 
-class LosesOneReply(redis.Redis):
-    """A client whose next script reply (EVALSHA) is lost once ``lose`` is set: the script
-    runs in Redis, then the client sees a socket timeout, as when the reply is slow or the
-    connection drops just after the command went out. redis-py's retry then sends the same
-    script, with the same arguments, again."""
+class LosesOneReply:
+    """A fault for a client's connections: the next script reply (EVALSHA) is lost once
+    ``lose`` is set. The script runs in Redis, then the connection sees a socket timeout (and
+    drops, as redis-py drops a connection that timed out), as when the reply is slow or the
+    connection drops just after the command went out. The client's retry then sends the same
+    script, with the same arguments, again. Faked in the connection (``client``'s pool makes
+    :class:`_LosingConnection`), so it happens on the path a plain client's limiter sends
+    its scripts by (pre-packed, not through ``execute_command``)."""
 
     lose = False
     #: Lose only a reply equal to this one (``[1, 0]``: a grant), if set.
@@ -416,25 +419,39 @@ class LosesOneReply(redis.Redis):
     #: Run after the lost script, before the retry (another process acting meanwhile).
     meanwhile: Callable[[], object] | None = None
 
-    def _send_command_parse_response(
-        self, conn: Any, command_name: str, *args: Any, **options: Any
-    ) -> Any:
-        reply = super()._send_command_parse_response(conn, command_name, *args, **options)
-        wanted = self.only_reply is None or reply == self.only_reply
-        if self.lose and command_name == "EVALSHA" and wanted:
-            self.lose = False
-            if self.meanwhile is not None:
-                self.meanwhile()
+    def client(self, server: RedisServer) -> redis.Redis:
+        """A plain client of ``server`` with the library's socket timeout and one retry,
+        whose connections have this fault."""
+        connection = type("Losing", (_LosingConnection,), {"fault": self})
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=connection, host="127.0.0.1", port=server.port,
+            socket_timeout=0.5, retry=Retry(NoBackoff(), 1), retry_on_error=RETRIED_ERRORS,
+        ))
+
+
+class _LosingConnection(redis.Connection):
+    """A connection that loses the reply of its script call when its ``fault`` says so."""
+
+    fault: LosesOneReply
+    _script_sent = False
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._script_sent = False  # (a health check's PING, sent from inside, is no script)
+        super().send_packed_command(command, check_health)
+        head = command[0] if isinstance(command, list) else command  # its first chunk
+        self._script_sent = isinstance(head, bytes) and b"EVALSHA" in head[:32]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)
+        fault = self.fault
+        wanted = fault.only_reply is None or reply == fault.only_reply
+        if fault.lose and self._script_sent and wanted:
+            fault.lose = False
+            if fault.meanwhile is not None:
+                fault.meanwhile()
+            self.disconnect()
             raise redis.TimeoutError("the reply was lost")
         return reply
-
-    @classmethod
-    def retrying(cls, server: RedisServer) -> LosesOneReply:
-        """A client of ``server`` with the library's socket timeout and one retry."""
-        return cls(
-            host="127.0.0.1", port=server.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 1),
-            retry_on_error=RETRIED_ERRORS,
-        )
 
 
 def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_run(
@@ -444,13 +461,14 @@ def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_ru
     second time with the same token. Taking the last slot, the first run granted it; the retry
     must say so again, not queue the token behind its own slot (which left it both holding and
     queued, counted twice, and let a later promotion cut its lease to a claim's)."""
-    retrying = LosesOneReply.retrying(redis_server)
+    fault = LosesOneReply()
+    retrying = fault.client(redis_server)
     lim = RedisColdLimiter(retrying, "lost-reply", active=1, queue=2, wait=60.0)
     try:
         lim.stats()  # loads the scripts: the lost reply below is the acquire script's
-        retrying.lose = True
+        fault.lose = True
         grant = lim.acquire()
-        assert not retrying.lose, "no reply was lost: the test tested nothing"
+        assert not fault.lose, "no reply was lost: the test tested nothing"
         state = {
             "holders": client.zcard(lim.keys[0]),
             "queue": client.zcard(lim.keys[1]),
@@ -473,16 +491,17 @@ def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
     """The first run queued the token; before the retry, the holder left and the slot was
     handed to it. The retry claims that slot: a full lease (not the short claim lease that
     would run out under its holder), the hand-off counted once, no doorbell left."""
-    retrying = LosesOneReply.retrying(redis_server)
+    fault = LosesOneReply()
+    retrying = fault.client(redis_server)
     watch = make_watch(1, 2, wait=60.0)
     lim = RedisColdLimiter(retrying, "procs", active=1, queue=2, wait=60.0)
     try:
         holder = watch.acquire()
         lim.stats()  # loads the scripts: the lost reply below is the acquire script's
-        retrying.meanwhile = holder.release
-        retrying.lose = True
+        fault.meanwhile = holder.release
+        fault.lose = True
         grant = lim.acquire()
-        assert not retrying.lose and not holder.held
+        assert not fault.lose and not holder.held
         ends = holders(client, watch)
         assert list(ends) == [grant.token]  # type: ignore[attr-defined]
         now = server_ms(client)
@@ -510,18 +529,19 @@ def test_a_poll_retried_after_its_grant_reply_was_lost_counts_the_grant_once(
     make_watch: Callable[..., RedisColdLimiter],
     threads: Any,
 ) -> None:
-    retrying = LosesOneReply.retrying(redis_server)
+    fault = LosesOneReply()
+    retrying = fault.client(redis_server)
     watch = make_watch(1, 1, wait=60.0)
     lim = RedisColdLimiter(retrying, "procs", active=1, queue=1, wait=60.0)
     try:
         holder = watch.acquire()
         waiter = start_acquire(threads, lim, name="waiter")
         wait_until("queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
-        retrying.only_reply = [1, 0]  # the poll that claims the slot
-        retrying.lose = True
+        fault.only_reply = [1, 0]  # the poll that claims the slot
+        fault.lose = True
         holder.release()
         waiter.wait_done(timeout=DEADLINE)
-        assert waiter.grant is not None and not retrying.lose, waiter.error
+        assert waiter.grant is not None and not fault.lose, waiter.error
         waiter.release()
         s = watch.stats()
         assert (s.active, s.queued) == (0, 0)  # slots and places are never affected

@@ -28,8 +28,8 @@ import redis
 from flask import Flask
 
 from tests.apps.slow_app import BuildGate
+from tests.support.redis_clients import Commands
 from tests.support.redis_lead import (
-    Commands,
     app_fixture,  # noqa: F401 (the app fixture)
     flight_keys,
     ghosts_fill,

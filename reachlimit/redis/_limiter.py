@@ -19,9 +19,10 @@ design:
     (``ResilientLimiter``) decides - its share of the budget while Redis is away, divided by
     the live processes counted in Redis (``members()``, ``_members``; ``T:members``).
 
-    Cost: the script is the same text for every limiter (one SHA), every call sends the
-    keys, the operation and the common arguments encoded once (``_heads``, and ``_run`` for
-    why), and the hot operations (acquire, release, the cold lead) answer their common
+    Cost: the script is the same text for every limiter (one SHA); every call sends the
+    keys, the operation and the common arguments packed once (``_heads``), on a plain
+    ``redis.Redis`` straight on a connection of the client's pool (``_packed``; ``_run``
+    says why), and the hot operations (acquire, release, the cold lead) answer their common
     cases before the script defines any function (``lua/README.md``).
 
     No wasted waits (``deadline``, a budget setting like the others): the rule of
@@ -91,12 +92,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from contextlib import AbstractContextManager
 from typing import Any
-
-from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from .._cancel import POLL_INTERVAL, CancelToken
 from .._errors import Busy, Cancelled
@@ -121,6 +119,7 @@ from ._common import (
 )
 from ._lead import LeadReply, NextCallAnswer
 from ._members import Members
+from ._packed import Head, PackedScript, head
 from ._renewer import LeaseRenewer
 from ._stats import RedisLimiterStats, stats_from_reply
 from ._waker import Waker
@@ -269,27 +268,25 @@ class RedisColdLimiter(Named, LimiterFigures):
             self.PRESENCE, active, queue, self._wait, self._lease, deadline
         )
         # One script for every operation, the same for every limiter (it reads its budget's
-        # settings from Redis): registered for its SHA and its text (``_run`` sends it).
-        self._script: Script = client.register_script(lua.LIMITER)
-        self._sha = self._script.sha.encode()
-        # What each operation sends after the SHA, encoded once: the key count, the keys, the
+        # settings from Redis), sent by ``_run``.
+        self._script = PackedScript(client, lua.LIMITER)
+        # What each operation sends after the SHA, packed once: the key count, the keys, the
         # operation and the common arguments (``_run`` says why); the call's own follow.
         encoded_keys = tuple(key.encode() for key in self._keys)
         encoded_common = tuple(str(arg).encode() for arg in self._common)
         self._heads = {
-            op: (str(len(encoded_keys)).encode(), *encoded_keys, op.encode(), *encoded_common)
+            op: head(str(len(encoded_keys)).encode(), *encoded_keys, op.encode(), *encoded_common)
             for op in OPERATIONS
         }
         # hold_fallback_builds': the budget's live processes too (a recovery reserves their
         # shares).
-        self._heads["hold_fallback_builds"] = (
+        self._heads["hold_fallback_builds"] = head(
             str(len(encoded_keys) + 1).encode(), *encoded_keys, self._members_key.encode(),
             b"hold_fallback_builds", *encoded_common,
         )
         # The cold lead's: its three keys of the request's come after these, then the rest.
-        self._lead_head = (str(len(encoded_keys) + 3).encode(), *encoded_keys)
+        self._lead_head = head(str(len(encoded_keys) + 3).encode(), *encoded_keys)
         self._encoded_common = encoded_common
-        self._execute: Callable[..., Any] = client.execute_command
         read_timeout = socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
         self._block_cap = read_timeout / 2 if read_timeout else math.inf
@@ -433,7 +430,7 @@ class RedisColdLimiter(Named, LimiterFigures):
             self._start()
         return new_token(), who
 
-    def _send(self, token: str, head: tuple[bytes, ...], *args: Any) -> Any:
+    def _send(self, token: str, head: Head, *args: Any) -> Any:
         """An acquire of ``token`` (``_evalsha``); a lost reply loses the token (whatever the
         script did is given up next time)."""
         try:
@@ -491,35 +488,26 @@ class RedisColdLimiter(Named, LimiterFigures):
 
     # -- the script -----------------------------------------------------------------------
 
-    def _evalsha(self, head: tuple[bytes, ...], *args: str | bytes | int) -> Any:
+    def _evalsha(self, head: Head, *args: str | bytes | int) -> Any:
         """One operation of the script (:meth:`_run`), after giving up the tokens whose
         replies were lost."""
         if self._lost_tokens:  # racy read: a token added meanwhile waits for the next call
             self._give_up_lost()
-        return self._run(head, *args)
+        return self._script(head, *args)
 
-    def _run(self, head: tuple[bytes, ...], *args: str | bytes | int) -> Any:
+    def _run(self, head: Head, *args: str | bytes | int) -> Any:
         """One EVALSHA of the script: ``head`` is one of ``_heads`` (the key count, the keys,
-        the operation and the common arguments, encoded), ``args`` the call's own. A Redis
-        that does not know the script (restarted, flushed) gets it loaded and the call made
-        again, as redis-py's ``Script`` does (on a Cluster: one EVAL of its text, sent to
-        the node of its keys).
+        the operation and the common arguments, packed once), ``args`` the call's own. A
+        Redis that does not know the script (restarted, flushed) gets it loaded and the call
+        made again (on a Cluster: one EVAL of its text, sent to the node of its keys).
 
-        Why not ``Script.__call__``: it builds the list of keys and arguments and encodes
-        every one of them again on each call, and redis-py's packing of an argument costs
-        about 0.35 us in Python; an operation sends 16 or more. Measured side by side, one
-        acquire refused for a full queue, through ``Script`` with the same keys and
-        arguments against this (61 alternating rounds of 200 calls, 3 runs; 2-core Xeon VM,
-        CPython 3.11, redis-py 8.2, Redis 7.0 on loopback, load 4 to 6 from other work):
-        ``Script`` took 1.27-1.28x as long, median per call 121-130 us against 89-101 us."""
-        try:
-            return self._execute("EVALSHA", self._sha, *head, *args)
-        except NoScriptError:
-            text = self._script.script
-            if self._cluster:  # SCRIPT LOAD would go to every primary, not to this one
-                return self._execute("EVAL", text, *head, *args)
-            self._client.script_load(text)
-            return self._execute("EVALSHA", self._sha, *head, *args)
+        Why not ``Script.__call__``, nor even ``execute_command``: redis-py packs every
+        argument again on each call (about 0.35 us each in Python; an operation sends 16 or
+        more) and wraps each command in several us of its own (its retry wrapper, response
+        callbacks, metrics), which a ``PING`` and a ``Lock`` pair pay as well. On a plain
+        ``redis.Redis`` the call goes out pre-packed on a connection of the client's pool
+        (``_packed``, whose design note says what stays redis-py's)."""
+        return self._script(head, *args)
 
     def settings(self) -> dict[str, int]:
         """This object's own settings, as it records them in Redis at its first call (the

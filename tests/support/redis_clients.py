@@ -5,7 +5,16 @@ The fixtures are registered for the whole suite by ``tests/conftest.py``
 
 ``make_client(**options)`` makes a client of the module's ``redis_server`` with short socket
 timeouts (0.5 s, as the library advises), closed at teardown; ``client`` is one of those on an
-emptied Redis. ``cls=`` makes a subclass of :class:`CountingRedis` instead.
+emptied Redis. ``cls=`` makes another class instead (a subclass of :class:`CountingRedis`, or
+a plain ``redis.Redis``); ``plain_client`` is a plain ``redis.Redis`` on the emptied Redis.
+
+Which path a limiter's calls take depends on its client (``reachlimit/redis/_packed.py``): on
+a plain ``redis.Redis`` (``plain_client``, what ``connect`` makes, the ``make_limiter``
+fixture's default) they go out pre-packed on a connection of the client's pool, never
+through ``execute_command``; on a :class:`CountingRedis` (a subclass) through its
+``execute_command``, which is how the classes below count and fake what a limiter sends. A
+count of a plain client's round trips is taken at the server: :class:`Commands`
+(``MONITOR``).
 
 Fakes of a process's troubles, seen from Redis, each a client the library object is given:
 :class:`ScriptTrap` (the calls of one operation of a script go to ``trapped``, which a
@@ -17,6 +26,7 @@ never reach Redis while ``paused`` is set, as if its process were paused).
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -161,8 +171,8 @@ def closed_at_teardown(build: Callable[..., C]) -> Iterator[Callable[..., C]]:
 
 
 @pytest.fixture(name="make_client")
-def make_client_fixture(redis_server: RedisServer) -> Iterator[Callable[..., CountingRedis]]:
-    def build(cls: type[CountingRedis] = CountingRedis, **kwargs: Any) -> CountingRedis:
+def make_client_fixture(redis_server: RedisServer) -> Iterator[Callable[..., Any]]:
+    def build(cls: type[redis.Redis] = CountingRedis, **kwargs: Any) -> redis.Redis:
         options: dict[str, Any] = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
         options.update(kwargs)
         return cls(host=HOST, port=redis_server.port, **options)
@@ -175,6 +185,61 @@ def client_fixture(make_client: Callable[..., CountingRedis]) -> CountingRedis:
     c = make_client()
     c.flushall()
     return c
+
+
+@pytest.fixture(name="plain_client")
+def plain_client_fixture(
+    client: CountingRedis, make_client: Callable[..., redis.Redis]
+) -> redis.Redis:
+    """A plain ``redis.Redis`` of the Redis ``client`` emptied: a limiter's calls on it go
+    out pre-packed (module docstring)."""
+    plain: redis.Redis = make_client(redis.Redis)
+    return plain
+
+
+class Commands:
+    """What clients send to ``watcher``'s Redis from now on (``MONITOR``), script-inner calls
+    left out: one entry per round trip, by command name. Counted at the server, so it sees
+    every path a client's calls take."""
+
+    def __init__(self, watcher: redis.Redis) -> None:
+        self._watcher = watcher
+        watcher.ping()  # the marker's connection is open before MONITOR takes another
+        kwargs = watcher.connection_pool.connection_kwargs
+        self._monitor = redis.Redis(connection_pool=redis.ConnectionPool(
+            host=kwargs.get("host", HOST), port=kwargs["port"], socket_timeout=5,
+        )).monitor()
+        self._monitor.__enter__()  # MONITOR is in force once this returns (its OK was read)
+
+    def until_now(self, client_name: str | None = None) -> Counter[str]:
+        """The commands sent so far, read up to a marker the watcher sends now; with
+        ``client_name``, only those of the connections of that name (``CLIENT SETNAME``:
+        redis-py's ``client_name=``) open now."""
+        sent = self.sources_until_now()
+        if client_name is not None:
+            named = {c["addr"] for c in self._watcher.client_list() if c["name"] == client_name}
+            assert named, f"no connection named {client_name!r}"
+            sent = [(addr, command) for addr, command in sent if addr in named]
+        return Counter(command for _, command in sent)
+
+    def sources_until_now(self) -> list[tuple[str, str]]:
+        """As :meth:`until_now`: each command's name with the address of the connection that
+        sent it (``host:port``, as ``CLIENT LIST`` has it), in order."""
+        marker = uuid.uuid4().hex
+        self._watcher.echo(marker)
+        sent: list[tuple[str, str]] = []
+        try:
+            while True:
+                entry = self._monitor.next_command()
+                command = str(entry["command"])
+                if command == f"ECHO {marker}":
+                    return sent
+                if entry["client_type"] != "lua":
+                    sent.append((f"{entry['client_address']}:{entry['client_port']}",
+                                 command.split(" ", 1)[0].upper()))
+        finally:
+            self._monitor.__exit__()
+            self._monitor.connection_pool.disconnect()
 
 
 def restart_if_stopped(server: RedisServer) -> None:

@@ -1,7 +1,8 @@
 """What the tests of the cold lead (``reachlimit/redis/_lead.py``) share: an app of
 ``tests/apps/slow_app.py`` on the module's redis-server (one slot, one queue place, a lease of
 two minutes, so nothing is renewed while a test counts), the test's own limiter to fill that
-budget, the flight keys of the app, and the commands clients send (``MONITOR``).
+budget and the flight keys of the app (the commands clients send are counted with
+``redis_clients.Commands``).
 
 A test module gets the fixtures with::
 
@@ -14,7 +15,6 @@ A test module gets the fixtures with::
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -67,36 +67,6 @@ class Patient(RedisColdLimiter):
     for not polling (it never polls) while the test runs."""
 
     PRESENCE = 120.0
-
-
-class Commands:
-    """What clients send to Redis from now on (``MONITOR``), script-inner calls left out:
-    one entry per round trip, by command name."""
-
-    def __init__(self, watcher: redis.Redis) -> None:
-        self._watcher = watcher
-        watcher.ping()  # the marker's connection is open before MONITOR takes another
-        self._monitor = redis.Redis(connection_pool=redis.ConnectionPool(
-            host=HOST, port=watcher.connection_pool.connection_kwargs["port"], socket_timeout=5,
-        )).monitor()
-        self._monitor.__enter__()  # MONITOR is in force once this returns (its OK was read)
-
-    def until_now(self) -> Counter[str]:
-        """The commands sent so far, read up to a marker the watcher sends now."""
-        marker = uuid.uuid4().hex
-        self._watcher.echo(marker)
-        seen: Counter[str] = Counter()
-        try:
-            while True:
-                entry = self._monitor.next_command()
-                command = str(entry["command"])
-                if command == f"ECHO {marker}":
-                    return seen
-                if entry["client_type"] != "lua":
-                    seen[command.split(" ", 1)[0].upper()] += 1
-        finally:
-            self._monitor.__exit__()
-            self._monitor.connection_pool.disconnect()
 
 
 def quiet(app: Flask) -> None:

@@ -1,6 +1,7 @@
 """Limiters on the test Redis and reads of what they keep there, shared by the Redis test
 modules: the ``make_limiter`` fixture (``make_limiter(**kwargs)``: a ``RedisColdLimiter`` on
-the test's ``client``, or on ``client=``, or a subclass as ``cls=``; every one made is closed at
+the test's ``plain_client``, whose calls go out pre-packed as on the extension's client, or on
+``client=``, or a subclass as ``cls=``; every one made is closed at
 teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
 ``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
@@ -22,7 +23,7 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisColdLimiter, RedisLimiterStats
-from tests.support.redis_clients import CountingRedis, closed_at_teardown
+from tests.support.redis_clients import closed_at_teardown
 from tests.support.redis_mutants import script_text
 from tests.support.waiting import wait_until
 
@@ -91,12 +92,12 @@ class LimiterScript:
 
 
 @pytest.fixture(name="make_limiter")
-def make_limiter_fixture(client: CountingRedis) -> Iterator[Callable[..., RedisColdLimiter]]:
-    """``make_limiter(**kwargs)``: a limiter on the test's client (or ``client=``, or a
-    subclass as ``cls=``); every one made is closed at teardown."""
+def make_limiter_fixture(plain_client: redis.Redis) -> Iterator[Callable[..., RedisColdLimiter]]:
+    """``make_limiter(**kwargs)``: a limiter on the test's plain client (or ``client=``, or
+    a subclass as ``cls=``); every one made is closed at teardown."""
     def build(**kwargs: Any) -> RedisColdLimiter:
         cls = kwargs.pop("cls", RedisColdLimiter)
-        lim: RedisColdLimiter = cls(kwargs.pop("client", client), **kwargs)
+        lim: RedisColdLimiter = cls(kwargs.pop("client", plain_client), **kwargs)
         return lim
 
     yield from closed_at_teardown(build)

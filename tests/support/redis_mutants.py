@@ -14,8 +14,8 @@ a piece found once in it belongs to one operation (or to the steps several share
 mutant of it changes only what that piece does.
 
 ``install(obj, changes)`` replaces the script of one object (a limiter, a cache, a flight,
-a member: each has one, ``_script``; a limiter sends EVALSHA itself with the SHA it keeps
-encoded, ``_sha``, replaced too), and remembers the mutant's text for the test's own calls of
+a member: each has one, ``_script``; a limiter's is a ``PackedScript``, replaced by one of
+the mutant), and remembers the mutant's text for the test's own calls of
 that object's script (``script_text``: the ghosts of ``tests/support/redis_limiters.py`` run
 it). ``mutant_class(base, changes)`` does it for every object a class makes (the checks of
 ``tests/support/limiter_checks.py`` and ``tests/support/fairness.py`` make their own
@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any, TypeVar, cast
 
 from reachlimit.redis import lua
+from reachlimit.redis._packed import PackedScript
 
 #: One replacement: (the real piece, what the mutant has instead).
 Change = tuple[str, str]
@@ -65,15 +66,15 @@ def in_file(name: str, *changes: Change) -> tuple[Change, ...]:
 
 def install(obj: Any, changes: Iterable[Change]) -> None:
     """Replace the script of ``obj`` (its ``_script``) by the mutant of the text it
-    registered (and a limiter's ``_sha`` with it)."""
+    registered (a limiter's ``PackedScript`` by one of the mutant)."""
     assert hasattr(obj, "_script"), f"{type(obj).__name__} has no _script any more"
     text: str = obj._script.script
     mutant = broken(text, changes, f"{type(obj).__name__}'s")
-    script = obj._client.register_script(mutant)
-    obj._script = script
+    if isinstance(obj._script, PackedScript):  # the limiter's: sent pre-packed
+        obj._script = PackedScript(obj._client, mutant)
+    else:
+        obj._script = obj._client.register_script(mutant)
     _INSTALLED[obj] = mutant
-    if hasattr(obj, "_sha"):  # the limiter sends EVALSHA itself, its SHA encoded once
-        obj._sha = script.sha.encode()
 
 
 def script_text(obj: Any, default: str | None = None) -> str:
