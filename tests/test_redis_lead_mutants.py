@@ -56,7 +56,7 @@ def install(app: Flask, old: str, new: str) -> None:
 
 
 _CLAIM_ONLY_ADMITTED = "    if status == 1 or status == 2 then"
-_READ = "  if entry then return {3, entry, redis.call('PTTL', KEYS[13])} end"
+_READ = "  if entry then return {3, entry, redis.call('PTTL', KEYS[2])} end"
 
 #: (old, new) of each mutant, and the check it must fail.
 MUTANTS = dict(zip(

@@ -512,8 +512,8 @@ CLOCK_IN_SECONDS = mutant(
 )
 REFUSAL_COUNTS_THE_DEAD = mutant(
     in_file("limiter", (
-        "  if full and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap\n",
-        "  if full and redis.call('ZCARD', alive) >= queue_cap\n",
+        "  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap\n",
+        "  if full and redis.call('ZCARD', tag .. 'alive') >= queue_cap\n",
     )),
 )
 GIVE_UP_KEEPS_SLOT = mutant(

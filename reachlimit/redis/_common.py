@@ -153,8 +153,8 @@ def registry_key(prefix: str) -> str:
     return f"{prefix}:budgets"
 
 
-#: The fixed keys of a limiter, after its hash tag, in the order its script reads KEYS
-#: (``lua/limiter.lua``; the ninth is the budget's settings hash).
+#: The fixed keys of a limiter, after its hash tag (``lua/limiter.lua`` is given the first and
+#: builds the others from the tag; the ninth is the budget's settings hash).
 LIMITER_KEY_SUFFIXES = (
     "holders", "queue", "alive", "deadline", "stats", "seq", "clientof", "clients", "settings",
     "gone", "since", "took",
@@ -162,7 +162,7 @@ LIMITER_KEY_SUFFIXES = (
 
 
 def limiter_keys(prefix: str, name: str) -> list[str]:
-    """The fixed keys of the limiter ``name`` under ``prefix``, as its scripts take them: one
+    """The fixed keys of the limiter ``name`` under ``prefix`` (``LIMITER_KEY_SUFFIXES``): one
     hash tag, ``{<prefix>:<name>}``, so every script touches one Cluster slot."""
     tag = "{" + prefix + ":" + name + "}"
     return [f"{tag}:{suffix}" for suffix in LIMITER_KEY_SUFFIXES]

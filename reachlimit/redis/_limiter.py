@@ -19,11 +19,12 @@ design:
     (``ResilientLimiter``) decides - its share of the budget while Redis is away, divided by
     the live processes counted in Redis (``members()``, ``_members``; ``T:members``).
 
-    Cost: the script is the same text for every limiter (one SHA); every call sends the
-    keys, the operation and the common arguments packed once (``_heads``), on a plain
-    ``redis.Redis`` straight on a connection of the client's pool (``_packed``; ``_run``
-    says why), and the hot operations (acquire, release, the cold lead) answer their common
-    cases before the script defines any function (``lua/README.md``).
+    Cost: the script is the same text for every limiter (one SHA) and is given one key, from
+    whose tag it builds the budget's others; every call sends that key, the operation and
+    the common argument packed once (``_heads``), on a plain ``redis.Redis`` straight on a
+    connection of the client's pool (``_packed``; ``_run`` says why), and the hot
+    operations (acquire, release, the cold lead) answer their common cases before the
+    script defines any function (``lua/README.md``).
 
     No wasted waits (``deadline``, a budget setting like the others): the rule of
     ``reachlimit._limiter``, decided in the scripts on Redis's clock, no round trip added. With
@@ -254,7 +255,7 @@ class RedisColdLimiter(Named, LimiterFigures):
             raise ValueError("deadline is True or False")
         self._deadline = deadline
         self._bind(client, name, prefix, stores_bytes=False)
-        self._keys = limiter_keys(prefix, name)  # the script's KEYS (its ninth: the settings)
+        self._keys = limiter_keys(prefix, name)  # the first is the script's one KEYS entry
         self._registry = registry_key(prefix)  # every name under the prefix (release_owner)
         self._members_key = members_key(prefix, name)  # the budget's live processes
         self._members: list[Members] = []  # those made by members(): close() stops them
@@ -270,22 +271,16 @@ class RedisColdLimiter(Named, LimiterFigures):
         # One script for every operation, the same for every limiter (it reads its budget's
         # settings from Redis), sent by ``_run``.
         self._script = PackedScript(client, lua.LIMITER)
-        # What each operation sends after the SHA, packed once: the key count, the keys, the
-        # operation and the common arguments (``_run`` says why); the call's own follow.
-        encoded_keys = tuple(key.encode() for key in self._keys)
+        # What each operation sends after the SHA, packed once: the key count and its one key
+        # (``T:holders``: the script builds the budget's other keys from its tag), the
+        # operation and the common argument (``_run`` says why); the call's own follow.
+        holders = self._keys[0].encode()
         encoded_common = tuple(str(arg).encode() for arg in self._common)
         self._heads = {
-            op: head(str(len(encoded_keys)).encode(), *encoded_keys, op.encode(), *encoded_common)
-            for op in OPERATIONS
+            op: head(b"1", holders, op.encode(), *encoded_common) for op in OPERATIONS
         }
-        # hold_fallback_builds': the budget's live processes too (a recovery reserves their
-        # shares).
-        self._heads["hold_fallback_builds"] = head(
-            str(len(encoded_keys) + 1).encode(), *encoded_keys, self._members_key.encode(),
-            b"hold_fallback_builds", *encoded_common,
-        )
-        # The cold lead's: its three keys of the request's come after these, then the rest.
-        self._lead_head = head(str(len(encoded_keys) + 3).encode(), *encoded_keys)
+        # The cold lead's: its three keys of the request's come after it, then the rest.
+        self._lead_head = head(b"4", holders)
         self._encoded_common = encoded_common
         read_timeout = socket_timeout(client)
         # A blocking read must end before the socket's own timeout does.
@@ -314,9 +309,10 @@ class RedisColdLimiter(Named, LimiterFigures):
 
     @property
     def keys(self) -> list[str]:
-        """The fixed keys of this limiter, in the order its script takes them as KEYS
-        (``_common.LIMITER_KEY_SUFFIXES``; each client that waits also has a key of the same
-        hash tag, and each waiter a doorbell while it is promoted: ``lua/README.md``)."""
+        """The fixed keys of this limiter (``_common.LIMITER_KEY_SUFFIXES``, in that order;
+        the first, ``T:holders``, is the one its script is given, which builds the others from
+        its hash tag; each client that waits also has a key of the same hash tag, and each
+        waiter a doorbell while it is promoted: ``lua/README.md``)."""
         return list(self._keys)
 
     def members(self, **options: Any) -> Members:
@@ -496,17 +492,18 @@ class RedisColdLimiter(Named, LimiterFigures):
         return self._script(head, *args)
 
     def _run(self, head: Head, *args: str | bytes | int) -> Any:
-        """One EVALSHA of the script: ``head`` is one of ``_heads`` (the key count, the keys,
-        the operation and the common arguments, packed once), ``args`` the call's own. A
+        """One EVALSHA of the script: ``head`` is one of ``_heads`` (the key count, the key,
+        the operation and the common argument, packed once), ``args`` the call's own. A
         Redis that does not know the script (restarted, flushed) gets it loaded and the call
         made again (on a Cluster: one EVAL of its text, sent to the node of its keys).
 
         Why not ``Script.__call__``, nor even ``execute_command``: redis-py packs every
-        argument again on each call (about 0.35 us each in Python; an operation sends 16 or
-        more) and wraps each command in several us of its own (its retry wrapper, response
-        callbacks, metrics), which a ``PING`` and a ``Lock`` pair pay as well. On a plain
-        ``redis.Redis`` the call goes out pre-packed on a connection of the client's pool
-        (``_packed``, whose design note says what stays redis-py's)."""
+        argument again on each call (about 0.35 us each in Python) and wraps each command in
+        several us of its own (its retry wrapper, response callbacks, metrics), which a
+        ``PING`` and a ``Lock`` pair pay as well. On a plain ``redis.Redis`` the call goes out
+        pre-packed on a connection of the client's pool (``_packed``, whose design note says
+        what stays redis-py's), and the script is given one key instead of twelve
+        (``lua/README.md``, Cost)."""
         return self._script(head, *args)
 
     def settings(self) -> dict[str, int]:

@@ -68,7 +68,8 @@ def release_owner(
     # and wait are not used here).
     mine = script_settings(RedisColdLimiter.PRESENCE, active, 0, 0.001, positive("lease", lease))
     script = client.register_script(lua.LIMITER)
-    freed, dropped = script(keys=limiter_keys(prefix, name), args=["release_owner", *mine, owner])
+    holders = limiter_keys(prefix, name)[0]  # the script's one key: it builds the others
+    freed, dropped = script(keys=[holders], args=["release_owner", *mine, owner])
     client.register_script(lua.MEMBERS)(keys=[members_key(prefix, name)], args=[owner, "0"])
     return int(freed), int(dropped)
 

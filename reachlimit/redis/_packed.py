@@ -8,7 +8,7 @@ design:
     its release against a ``redis.lock.Lock`` pair), and redis-py's ``execute_command``
     costs most of such a call in Python: its retry wrapper, its packing of every argument
     (about 0.35 us each; most of what a limiter call sends is the same on every call: the
-    SHA, the key count and keys, the operation, the common argument), its response
+    SHA, the key count and key, the operation, the common argument), its response
     callbacks and its metrics. Here the constant part (``head``) is packed into the wire's
     form once, a call adds its own few arguments, and the command goes out with the
     connection's own ``send_packed_command`` and ``read_response``.

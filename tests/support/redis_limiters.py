@@ -48,14 +48,15 @@ def _ms(seconds: float) -> int:
 class LimiterScript:
     """``lua/limiter.lua`` (or the mutant installed on ``lim``:
     ``tests/support/redis_mutants.py``) run by the test itself on ``lim``'s budget, with its
-    public key names and settings (``keys``, ``settings()``, ``PRESENCE``), through
+    public key names and settings (the first of ``keys``, from which the script builds the
+    others; ``settings()``, ``PRESENCE``), through
     ``client``: an attempt the test drives one script at a time. A *ghost* is one admitted by
     :meth:`acquire` that never polls nor renews unless the test does: what a process that died
     looks like from Redis (with a ``lim`` whose ``PRESENCE`` is long, a waiter that stays)."""
 
     def __init__(self, client: redis.Redis, lim: RedisColdLimiter) -> None:
         own = lim.settings()
-        self.keys = lim.keys
+        self.keys = lim.keys[:1]  # the script's one KEYS entry: T:holders
         #: ARGV[2] of every operation: the presence period, the lease, then the settings.
         self.figures = (
             f"{_ms(lim.PRESENCE)} {own['lease_ms']} {own['active']} {own['queue']} "

@@ -3,15 +3,18 @@
 -- (reachlimit/redis/_lead.py). README.md, beside this file, says what each key holds and
 -- the rules every operation keeps; each operation's section below says what it answers.
 --
--- KEYS, every operation (one hash tag, T = {<prefix>:<name>}: one Cluster slot)
---    1 T:holders    2 T:queue     3 T:alive      4 T:deadline   5 T:stats    6 T:seq
---    7 T:clientof   8 T:clients   9 T:settings  10 T:gone      11 T:since   12 T:took
+-- KEYS, every operation: 1 T:holders, where T = {<prefix>:<name>} (one hash tag: one Cluster
+-- slot) is the text of KEYS[1] before "holders". Every other key of the budget is built here
+-- from T (same hash tag, same slot; README.md says what each holds):
+--   T:queue   T:alive   T:deadline   T:stats   T:seq   T:clientof   T:clients   T:settings
+--   T:gone    T:since   T:took
+--   T:members          the budget's live processes (members.lua): whose shares a recovery
+--                      reserves (hold_fallback_builds)
+--   T:c:<client id>    one client's waiters         T:w:<token>   a waiter's doorbell
+-- (One KEYS entry, not twelve: Redis handles every KEYS entry of every call, and the hot
+-- operations touch four or five of the keys; README.md's Cost has the figure.)
 -- and the cold lead's (three hash tags: a single Redis only, never a Cluster)
---   13 the cache entry of the key   14 the key's flight claim, F:lead   15 its counter, F:n
--- and hold_fallback_builds'
---   13 T:members   the budget's live processes (members.lua): whose shares a recovery reserves
--- Keys built from T, the text of KEYS[1] before "holders" (same hash tag, same slot)
---   T:c:<client id>   one client's waiters         T:w:<token>   a waiter's doorbell
+--    2 the cache entry of the key    3 the key's flight claim, F:lead    4 its counter, F:n
 --
 -- Reservations. A process back from an outage (hold_fallback_builds with a recovery) that
 -- finds no other recovery under way reserves, for `reserve ms`, the share ceil(active / N)
@@ -45,15 +48,14 @@
 --   release_owner                    3 the owner's prefix, "<host>:<boot id>:<pid>:"
 --   stats                            none
 --
--- Run on its own (README.md has an example): redis-cli --eval limiter.lua <12 keys> , <args>
+-- Run on its own (README.md has an example): redis-cli --eval limiter.lua T:holders , <args>
 
 local op = ARGV[1]
-local holders, queue, alive, deadlines, stats, seq =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local clientof, clients, settings, gone, since, durations =
-    KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local holders = KEYS[1]
 local tag = string.sub(holders, 1, -8)  -- "T:" of "T:holders"
-local of_client = tag .. 'c:'  -- .. client id (T:w:, a doorbell's: `bell`, with the steps)
+-- The keys every operation touches; the others are built where first needed (the hot cases
+-- below build the one or two they touch, the general steps the rest).
+local settings, stats = tag .. 'settings', tag .. 'stats'
 local leading = op == 'lead'
 local acquiring = leading or op == 'acquire'
 local token = ARGV[3]
@@ -63,9 +65,9 @@ local token = ARGV[3]
 -- then a claimed flight {1} (the caller joins it: flight.lua); neither, the acquire below, and
 -- its answer claims the flight for a leader that builds or waits (lead_answer).
 if leading then
-  local entry = redis.call('GET', KEYS[13])
-  if entry then return {3, entry, redis.call('PTTL', KEYS[13])} end
-  if redis.call('EXISTS', KEYS[14]) == 1 then return {1} end
+  local entry = redis.call('GET', KEYS[2])
+  if entry then return {3, entry, redis.call('PTTL', KEYS[2])} end
+  if redis.call('EXISTS', KEYS[3]) == 1 then return {1} end
 end
 
 -- Settings are data: the budget's settings hash, which every process writes when it starts
@@ -126,9 +128,9 @@ local lead_answer
 if leading then
   lead_answer = function(status, left)
     if status == 1 or status == 2 then
-      local n = redis.call('INCR', KEYS[15])
-      redis.call('SET', KEYS[14], n .. ':' .. ARGV[5], 'PX', ARGV[6])
-      redis.call('PEXPIRE', KEYS[15], ARGV[7])
+      local n = redis.call('INCR', KEYS[4])
+      redis.call('SET', KEYS[3], n .. ':' .. ARGV[5], 'PX', ARGV[6])
+      redis.call('PEXPIRE', KEYS[4], ARGV[7])
       return {0, n, status, left}
     end
     return {4, 0, status, left}
@@ -154,7 +156,7 @@ if acquiring then
     if held == 0 or redis.call('ZCOUNT', holders, '-inf', now) == 0 then
       if held >= capacity then
         full = true
-      elseif redis.call('ZSCORE', gone, token) then
+      elseif redis.call('ZSCORE', tag .. 'gone', token) then
         admitted = 3
       else
         local own_lease = tonumber(string.match(ARGV[2], '^%d+ (%d+)'))  -- as below
@@ -170,8 +172,8 @@ if acquiring then
   end
   -- The queue full of live waiters, and this client too small a part of it to displace
   -- anybody (displace(), below: twice its places and two more would have to be fewer).
-  if full and redis.call('ZCOUNT', alive, '(' .. now, '+inf') >= queue_cap
-      and queue_cap < 2 * redis.call('ZCARD', of_client .. (ARGV[4] or '-')) + 2 then
+  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap
+      and queue_cap < 2 * redis.call('ZCARD', tag .. 'c:' .. (ARGV[4] or '-')) + 2 then
     redis.call('HINCRBY', stats, 'rejected_full', 1)
     admitted = 0
   end
@@ -200,6 +202,10 @@ end
 --
 -- The fair queue: each waiter's client in `clientof`, each client's waiters (by ticket) in
 -- T:c:<id>, the waiting clients in turn order in `clients`.
+local queue, alive, deadlines = tag .. 'queue', tag .. 'alive', tag .. 'deadline'
+local seq, clientof, clients = tag .. 'seq', tag .. 'clientof', tag .. 'clients'
+local gone, since, durations = tag .. 'gone', tag .. 'since', tag .. 'took'
+local of_client = tag .. 'c:'  -- .. client id
 local bell = tag .. 'w:'  -- .. token: a waiter's doorbell
 held = held or redis.call('ZCARD', holders)
 local queued = 0  -- never more than queue_cap, but just after the budget was given fewer
@@ -679,7 +685,7 @@ if op == 'hold_fallback_builds' then
       local ends = now + tonumber(reserve_ms)
       redis.call('HSET', stats, 'reserved_until', ends)
       local others = 0
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[13], '(' .. now, '+inf')) do
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', tag .. 'members', '(' .. now, '+inf')) do
         if id ~= me and others < tonumber(processes) - 1 then
           others = others + 1
           for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i) end
