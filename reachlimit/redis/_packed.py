@@ -8,10 +8,11 @@ design:
     its release against a ``redis.lock.Lock`` pair), and redis-py's ``execute_command``
     costs most of such a call in Python: its retry wrapper, its packing of every argument
     (about 0.35 us each; most of what a limiter call sends is the same on every call: the
-    SHA, the key count and key, the operation, the common argument), its response
-    callbacks and its metrics. Here the constant part (``head``) is packed into the wire's
-    form once, a call adds its own few arguments, and the command goes out with the
-    connection's own ``send_packed_command`` and ``read_response``.
+    SHA, the key count and key, the operation, the common argument), its response callbacks
+    and its metrics. Here the constant part (``head``) is packed into the wire's form once, a
+    call adds its own few arguments, and the command goes out with the connection's own
+    ``send_packed_command`` and ``read_response``: ``RedisColdLimiter._run`` has the
+    figures.
 
     What stays redis-py's, so that every promise of the client holds: its pool
     (``get_connection``, ``release``: the fork check that gives a forked child connections
