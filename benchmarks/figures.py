@@ -95,8 +95,8 @@ def soak_row(r: dict[str, Any]) -> str:
         f"{st.get('error', 0)} | {a['p50_ms']:.1f} / {a['p99_ms']:.0f} / {a['max_ms']:.0f} "
         f"| {r['builds']['peak_outside']} | "
         + ", ".join(f"{p}: {n}" for p, n in sorted(peaks.items()))
-        + (f" (above {r['config']['window_bound']} for {', '.join(map(str, above))} ms)"
-           if above else "")
+        + (f" (above {r['config']['window_bound']} and what the outage carried in, for "
+           f"{', '.join(map(str, above))} ms)" if above else "")
         + f" | {fmt(r['stale']['oldest_s'], '.1f')} s | {burst.get('granted', '-')} of "
         f"{burst.get('keys', '-')} | {'; '.join(missed) or 'none'} |"
     )

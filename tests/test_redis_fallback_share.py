@@ -172,6 +172,28 @@ def test_n_stays_the_last_known_while_redis_is_down_and_is_1_before_any_answer(
     url_client.close()
 
 
+def test_a_redis_that_forgot_the_members_leaves_n_as_it_was_for_one_period(
+    client: redis.Redis, members: Callable[..., Members]
+) -> None:
+    # Redis restarted empty: each member is new to it at its next announce, so the first
+    # ones back would count 1, 2, ... and a fallback sized by that count would admit more
+    # than its share. A member Redis forgot keeps the count it knew for one period.
+    procs = [members(owner=f"host{i}:b00t:{100 + i}:", period=1.0) for i in range(3)]
+    assert [m.announce() for m in procs] == [1, 2, 3]
+    assert [m.announce() for m in procs] == [3, 3, 3]  # each knows N now
+    client.flushall()
+    assert procs[0].announce() == 3 and procs[0].count == 3  # Redis counts 1
+    assert client.zcard(KEY) == 1
+    assert procs[1].announce() == 3  # Redis counts 2
+    assert procs[2].announce() == 3  # Redis counts 3: the truth again
+    # Only the first comes back after a second loss: once its period is over the count is
+    # Redis's (the others were gone meanwhile, as after a restart that lost them for good).
+    client.flushall()
+    assert procs[0].announce() == 3
+    wait_until("the count held for one period ended", lambda: procs[0].announce() == 1,
+               interval=0.05)
+
+
 def test_release_owner_removes_every_member_of_a_dead_worker(
     client: redis.Redis, members: Callable[..., Members]
 ) -> None:

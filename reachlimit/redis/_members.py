@@ -15,6 +15,15 @@ design:
     once (:meth:`close`), and the parent of a worker that died removes all of the worker's
     members (``release_owner``: the same script, leaving by the owner's prefix).
 
+    A Redis that restarted empty (or lost the key) knows none of the members: each is new
+    to it at its next announce, within a period, so the first replies count too few. A
+    member that Redis no longer knew (the reply says so) takes its count as at least the
+    one it knew before, for one period: otherwise a fallback sized by that count would
+    admit more than its share (one process counting itself alone admits the whole budget),
+    and the first process back from the outage would reserve too few shares for the others
+    (``lua/limiter.lua``'s Reservations). The soak saw both: 5 builds at once for a bound
+    of 4 after a restart.
+
     A member's id is its owner prefix (``"<host>:<boot id>:<pid>:"``, ``owner_prefix``)
     and a random part: two fallbacks in one process (two apps on one budget) are two
     members, as each admits its own share; a member of a process that died is known by its
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable
 
 from . import lua
@@ -89,6 +99,11 @@ class Members(Daemon):
         self._script = client.register_script(lua.MEMBERS)
         self._id = self._new_id()  # guarded by lock
         self._count = 1  # racy read: the live members Redis counted last (at least 1)
+        # Written by whoever announces: whether this member announced before, and until when
+        # (monotonic) a count that Redis's loss of the members (it restarted empty) made too
+        # small is taken as at least the one known before it (``announce``).
+        self._announced = False
+        self._held_until, self._held = 0.0, 1
         #: Called (in the thread) after each announce that worked: a ``ResilientLimiter``
         #: sets its health's ``probe_soon``, so that Redis back is noticed within a period.
         self.on_answer: Callable[[], object] | None = None
@@ -132,7 +147,15 @@ class Members(Daemon):
                                  args=[member, ms(self._period), "1"])
         else:
             reply = self._script(keys=[self._key], args=[member, ms(self._period)])
-        live = max(1, int(reply))
+        live = max(1, int(reply[0]))
+        if int(reply[1]) and self._announced:
+            # Redis did not know this member any more: it restarted empty (or lost the key),
+            # and the others announce again within a period. Until then its count is too
+            # small, and a fallback sized by it would admit more than its share.
+            self._held_until, self._held = time.monotonic() + self._period, self._count
+        if time.monotonic() < self._held_until:
+            live = max(live, self._held)
+        self._announced = True
         if live != self._count:
             log.debug("reachlimit: %s: %d live process(es) share the budget", self._key, live)
         self._count = live

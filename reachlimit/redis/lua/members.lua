@@ -13,13 +13,16 @@
 --          reservation of its share that another member's recovery made (holders
 --          "#<member id>#<i>": limiter.lua's Reservations) has no reason left and is dropped
 --
--- Replies how many members are live after the call (the announcing one included).
+-- Replies {how many members are live after the call (the announcing one included), 1 if the
+-- announcing member was not among them before (its first announce, or Redis lost it: its
+-- period ended, or Redis restarted empty), else 0}.
 local members, who, period = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', members, '-inf', now)  -- their period ended: gone
+local added = 0
 if period > 0 then
-  redis.call('ZADD', members, now + period, who)
+  added = redis.call('ZADD', members, now + period, who)
   if ARGV[3] == '1' and KEYS[2] then
     local mine = '#' .. who .. '#'
     for _, holder in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
@@ -38,4 +41,4 @@ else
     end
   end
 end
-return redis.call('ZCARD', members)
+return {redis.call('ZCARD', members), added}
