@@ -105,14 +105,22 @@ class TTLCache(Generic[V]):
 
     def lookup(self, key: Hashable) -> Entry | None:
         """The entry of ``key``, fresh or stale (within its stale window), or None."""
+        fields = self.lookup_fields(key)
+        return None if fields is None else _new(Entry, fields)
+
+    def lookup_fields(self, key: Hashable) -> tuple[V, float, float] | None:
+        """:meth:`lookup`'s answer as a plain tuple, the fields of its Entry: what ColdPath's
+        warm read asks (making the Entry would cost a warm hit about as much as the rest of
+        the read)."""
         entry = self._data.get(key)  # as get()
         if entry is None:
             return None
+        fresh_until, value, gone_at, build_time = entry
         now = self._clock()
-        if entry[2] <= now:
+        if gone_at <= now:
             self._drop(key, entry)
             return None
-        return _new(Entry, (entry[1], entry[0] - now, entry[3]))
+        return value, fresh_until - now, build_time
 
     def _drop(self, key: Hashable, entry: tuple[float, V, float, float]) -> None:
         """Drop ``key``'s ``entry``, past its stale window, unless it was set again since."""

@@ -168,10 +168,12 @@ class MeteredColdPath(ColdPath):
         super().__init__(limiter, cache, flight, **options)
         self._metrics = metrics
 
-    def fetch_warm(self, key: Hashable, build: Callable[[], Any]) -> Answer | None:
+    def fetch_warm_fields(
+        self, key: Hashable, build: Callable[[], Any]
+    ) -> tuple[Any, str, float | None] | None:
         metrics = self._metrics
         # (a refresh the answer hands out runs the build later: timed then)
-        answer = super().fetch_warm(key, _TimedBuild(build, metrics))
+        answer = super().fetch_warm_fields(key, _TimedBuild(build, metrics))
         if answer is not None and metrics.per_process:
             metrics.publish(gauges=False)
         return answer

@@ -40,14 +40,17 @@ bounded :class:`~reachlimit._refresh.RefreshBackoff`): its stale hits meanwhile 
 and hand nothing to the refresher. A key built again ends its backoff.
 
 ``_lock`` guards only the counters and the refresher; no cache, build or limiter call is made
-under it. In the child of a fork it is replaced (``reachlimit._fork``), as the refresher's
-own lock is.
+under it. The warm answers (hits and stale answers) are counted without it, each by the
+``next()`` of an ``itertools.count``: one step the interpreter never interrupts, so no count
+is lost between threads, and the warm hit takes no lock at all. In the child of a fork the
+lock is replaced (``reachlimit._fork``), as the refresher's own lock is.
 The cache, the flight and the limiter are duck-typed (the ``Cache``, ``Flight`` and ``Limiter``
 protocols) so shared, Redis-backed ones can replace them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -117,7 +120,9 @@ class RevalidatingCache(Cache, Protocol):
     """A cache with a stale window (``TTLCache``, ``reachlimit.redis.RedisCache``): what
     ColdPath needs to serve stale answers and refresh early. ``stale`` is the window in
     seconds (0: off); ``lookup`` answers an :class:`~reachlimit.Entry` fresh or stale, or
-    None; ``put`` is ``set`` with the value's build time."""
+    None; ``put`` is ``set`` with the value's build time. A cache may also have
+    ``lookup_fields(key)``, ``lookup``'s answer as a plain tuple (``TTLCache`` has), which
+    ColdPath then asks instead: cheaper to make than the Entry."""
 
     @property
     def stale(self) -> float: ...
@@ -220,7 +225,7 @@ LEADER_CANCELLED: Any = _LeaderCancelled()
 
 
 class PathCounts(NamedTuple):
-    """A consistent snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`):
+    """A snapshot of a :class:`ColdPath`'s own counters (:meth:`ColdPath.counts`), each exact:
     the answers (``hits``, ``misses``, ``stale``), the ``builds`` run (refreshes included),
     the followers ``coalesced``, and the refreshes ended ``refreshed`` (a value stored or
     found, or the entry removed because the build found nothing), ``refresh_refused`` (the
@@ -288,7 +293,7 @@ class ColdPath:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limiter = limiter
-        self.cache: Cache = cache if cache is not None else TTLCache()
+        self.cache = cache if cache is not None else TTLCache()
         self.flight: Flight = flight if flight is not None else SingleFlight()
         # Bound once: a warm hit asks it (None for a flight that never reads the cache).
         self._reads_cache: Callable[[Any], bool] | None = getattr(
@@ -306,11 +311,12 @@ class ColdPath:
             None
         )
         self._lock = threading.Lock()
-        self._hits = 0  # guarded by _lock
+        # The warm answers, counted without the lock (the module's note; read by _counted).
+        self._hits = itertools.count()
+        self._stale = itertools.count()
         self._misses = 0  # guarded by _lock
         self._builds = 0  # guarded by _lock
         self._coalesced = 0  # guarded by _lock
-        self._stale = 0  # guarded by _lock
         # guarded by _lock: refreshes ended with a value, refused, failed
         self._refreshes = [0, 0, 0]
         # Refreshes ended without a value: backed off, logged once per key and episode.
@@ -323,6 +329,21 @@ class ColdPath:
     def _forked(self) -> None:
         """In the child of a fork (``reachlimit._fork``): a new lock, the counters kept."""
         self._lock = threading.Lock()
+
+    @property
+    def cache(self) -> Cache:
+        """The warm cache; a cache set here is asked from the next request on."""
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: Cache) -> None:
+        self._cache = cache
+        # Bound once: what a warm hit asks of it. A TTLCache's lookup_fields (lookup's
+        # answer as a plain tuple), another's lookup (an Entry), or None (a plain
+        # get/set cache).
+        self._lookup: Callable[[Any], tuple[Any, float, float] | None] | None = getattr(
+            cache, "lookup_fields", None
+        ) or getattr(cache, "lookup", None)
 
     @property
     def stale_window(self) -> float:
@@ -363,40 +384,48 @@ class ColdPath:
         refresher as :meth:`fetch` would; None when the cache has nothing to answer, which
         is not counted (:meth:`fetch_cold` counts the miss). For a caller with work of its
         own to do on a miss only (the Flask extension's client and socket watch)."""
-        cache = self.cache
-        lookup = getattr(cache, "lookup", None)
-        if lookup is None:
-            value = cache.get(key)
-            if value is not None:
-                lock = self._lock  # (explicit, as _warm's)
-                lock.acquire()
-                try:
-                    self._hits += 1
-                finally:
-                    lock.release()
-                return Answer(value, "hit")
+        fields = self.fetch_warm_fields(key, build)
+        return None if fields is None else _new(Answer, fields)
+
+    def fetch_warm_fields(
+        self, key: Hashable, build: Callable[[], Any]
+    ) -> tuple[Any, str, float | None] | None:
+        """:meth:`fetch_warm`'s answer as a plain tuple, the fields of its Answer (``value,
+        status, fresh_for``): what the Flask extension asks on every request, where making
+        the Answer would cost a warm hit about a tenth of what the path costs it. A subclass
+        that does more on a warm answer overrides this (``fetch_warm`` calls it)."""
+        lookup = self._lookup
+        if lookup is None:  # a plain get/set cache: a hit, its freshness not known
+            value = self._cache.get(key)
+            if value is None:
+                return None
+            next(self._hits)
+            return value, "hit", None
+        if self._reads_cache is not None and self._near():
+            entry = self._cache.lookup_near(key)  # type: ignore[attr-defined]
         else:
-            near = self._reads_cache is not None and self._near()
-            entry = cache.lookup_near(key) if near else lookup(key)  # type: ignore[attr-defined]
-            if entry is not None:
-                return self._warm(key, build, entry)
-        return None
+            entry = lookup(key)
+        if entry is None:
+            return None
+        value, fresh_for, build_time = entry
+        if fresh_for > 0.0 and fresh_for > build_time * EARLY_SPAN:
+            # A fresh entry too far from its TTL's end for an early refresh: _warm's
+            # answer, written out here (most warm answers are this one).
+            next(self._hits)
+            return value, "hit", fresh_for
+        return self._warm(key, build, entry)
 
     def _warm(
-        self, key: Hashable, build: Callable[[], Any], entry: Entry, count: bool = True
-    ) -> Answer:
-        """Layer 1's answer of ``entry``: a fresh hit (refreshed early, maybe) or a stale
-        answer (refreshed), counted unless ``count`` is false (counted a miss already)."""
-        # The counters' lock is taken explicitly here: "with" would cost a warm hit more.
-        lock = self._lock
+        self, key: Hashable, build: Callable[[], Any], entry: tuple[Any, float, float],
+        count: bool = True,
+    ) -> tuple[Any, str, float]:
+        """Layer 1's answer of ``entry`` (its fields): a fresh hit (refreshed early, maybe)
+        or a stale answer (refreshed), counted unless ``count`` is false (counted a miss
+        already). The Answer's fields, as :meth:`fetch_warm_fields`."""
         value, fresh_for, build_time = entry
         if fresh_for > 0:
             if count:
-                lock.acquire()
-                try:
-                    self._hits += 1
-                finally:
-                    lock.release()
+                next(self._hits)
             if (
                 fresh_for < build_time * EARLY_SPAN
                 and self.stale_window > 0
@@ -404,12 +433,11 @@ class ColdPath:
                 and -build_time * math.log(1.0 - self._random()) >= fresh_for
             ):
                 self._refresh(key, build, fresh_for)
-            return _new(Answer, (value, "hit", fresh_for))
+            return value, "hit", fresh_for
         if count:
-            with lock:
-                self._stale += 1
+            next(self._stale)
         self._refresh(key, build, fresh_for)
-        return Answer(value, "stale", fresh_for)
+        return value, "stale", fresh_for
 
     def _near(self) -> bool:
         """Whether the flight now reads the shared cache itself (``Flight.reads_cache``: the
@@ -468,7 +496,7 @@ class ColdPath:
                         self._coalesced += 1
                 raise
             if type(value) is Found:  # the flight's read of the shared cache: layer 1's
-                return self._warm(key, build, value.entry, count=near)
+                return _new(Answer, self._warm(key, build, value.entry, count=near))
             if near:
                 near = False
                 with self._lock:
@@ -484,12 +512,13 @@ class ColdPath:
             # Our leader's client left; go round and let one of us lead.
 
     def counts(self) -> PathCounts:
-        """This path's own counters, read together under its lock (no call to the limiter):
-        what a shared backend adds up over processes, or a metrics exporter publishes."""
+        """This path's own counters, read together under its lock (the warm answers, counted
+        without it, as they are at that moment; no call to the limiter): what a shared
+        backend adds up over processes, or a metrics exporter publishes."""
         with self._lock:
             return PathCounts(
-                self._hits, self._misses, self._builds, self._coalesced, self._stale,
-                *self._refreshes,
+                _counted(self._hits), self._misses, self._builds, self._coalesced,
+                _counted(self._stale), *self._refreshes,
             )
 
     def stats(self) -> ColdPathStats:
@@ -628,6 +657,12 @@ class ColdPath:
             self._backoff.ended(key)
         else:
             self._backoff.hold(key, self.clock() + self.refresh_backoff, why)
+
+
+def _counted(counter: itertools.count[int]) -> int:
+    """How many times ``next`` was called on ``counter`` (an ``itertools.count()``), read
+    without counting: its repr is ``count(<the next number>)``."""
+    return int(repr(counter)[6:-1])
 
 
 #: ``_refresh_ended``'s outcomes: the indexes of ``ColdPath._refreshes``, and _GONE (a build

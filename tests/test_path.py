@@ -18,6 +18,7 @@ import pytest
 
 from reachlimit import (
     NOT_FOUND,
+    Answer,
     Busy,
     Cancelled,
     ColdLimiter,
@@ -222,6 +223,33 @@ def test_a_plain_caches_warm_answers_are_hits_counted_one_each() -> None:
     counts = path.counts()
     assert (counts.hits, counts.misses, counts.builds) == (2, 1, 1)
     assert path.stats().hits == 2 and log.count() == 1
+
+
+@pytest.mark.parametrize("cache", [TTLCache, DictCache], ids=["TTLCache", "plain"])
+def test_fetch_warm_fields_are_fetch_warms_answer_as_a_plain_tuple(cache: Any) -> None:
+    """What the Flask extension asks on every request: fetch_warm's Answer, its fields in a
+    plain tuple; a miss is None and counted by neither."""
+    path = ColdPath(ColdLimiter(), cache=cache())
+    log = BuildLog()
+    assert path.fetch_warm_fields("k", log.build("k")) is None
+    assert path.fetch_warm("k", log.build("k")) is None
+    assert path.fetch("k", log.build("k")).status == "stored"
+    fields = path.fetch_warm_fields("k", log.build("k"))
+    answer = path.fetch_warm("k", log.build("k"))
+    assert type(fields) is tuple and type(answer) is Answer
+    assert fields[:2] == answer[:2] == ("report:k", "hit")
+    assert (fields[2] is None) == (answer.fresh_for is None) == (cache is DictCache)
+    counts = path.counts()
+    assert (counts.hits, counts.misses, counts.builds) == (2, 1, 1) and log.count() == 1
+
+
+def test_a_cache_set_on_the_path_is_the_one_its_next_request_reads() -> None:
+    path = ColdPath(ColdLimiter())
+    path.cache.set("k", "old")
+    path.cache = DictCache()
+    assert path.fetch_warm_fields("k", lambda: "never") is None
+    path.cache.set("k", "new")
+    assert path.get("k", lambda: "never") == "new"
 
 
 @pytest.mark.parametrize("result", [NOT_FOUND, None], ids=["NOT_FOUND", "None"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,6 +128,19 @@ def test_an_entry_is_fresh_then_stale_then_gone_at_its_exact_boundaries(clock: F
     clock.now += 0.001  # ttl + stale: gone
     assert cache.lookup("k") is None
     assert cache.get("k") is None and len(cache) == 0
+
+
+def test_lookup_fields_are_lookups_entry_as_a_plain_tuple(clock: FakeClock) -> None:
+    cache: TTLCache[str] = TTLCache(4, 10.0, stale=5.0, clock=clock)
+    assert cache.lookup_fields("k") is None
+    cache.put("k", "v", 0.25)
+    for step in (0.0, 9.5, 3.0):  # fresh, then fresh near its end, then stale
+        clock.now += step
+        fields = cache.lookup_fields("k")
+        assert type(fields) is tuple and fields == tuple(cache.lookup("k") or ())
+    assert fields == ("v", pytest.approx(-2.5), 0.25)
+    clock.now += 2.5  # gone
+    assert cache.lookup_fields("k") is None and len(cache) == 0
 
 
 def test_without_a_stale_window_lookup_answers_fresh_entries_only(clock: FakeClock) -> None:
@@ -290,6 +304,43 @@ def test_a_refresh_that_finds_a_fresher_entry_does_not_build(
     for key in ("a", "b", "k"):
         settle(path, key)
     assert refresh.runs == 0 and path.fetch("k", Builds()).value == "someone else's"
+
+
+def test_warm_and_stale_answers_from_many_threads_are_each_counted_once(
+    clock: FakeClock, paths: list[ColdPath], threads: ThreadRunner
+) -> None:
+    """A path counts its warm answers without its lock: none is lost however the threads
+    interleave (a switch interval of a microsecond makes them interleave all the time)."""
+    path = make_path(paths, clock)
+    path.cache.put("fresh", "f", 0.0)
+    path.cache.put("stale", "s", 0.0)
+    clock.now += 12.0  # "stale" 2 s past its TTL, "fresh" too: put again below
+    path.cache.put("fresh", "f", 0.0)
+    refresh = Builds(gate=threading.Event())  # "stale" stays stale while the threads ask
+    workers, each = 8, 500
+    start = threading.Barrier(workers)
+
+    def ask() -> None:
+        start.wait(JOIN_TIMEOUT)
+        for _ in range(each):
+            assert path.fetch_warm_fields("fresh", Builds()) == ("f", "hit", 10.0)
+            assert path.fetch_warm_fields("stale", refresh) == ("s", "stale", -2.0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(workers):
+            threads.start(ask)
+        threads.join_all()
+    finally:
+        sys.setswitchinterval(interval)
+    counts = path.counts()
+    assert (counts.hits, counts.stale, counts.misses) == (workers * each, workers * each, 0)
+    assert path.stats().hits == workers * each
+    assert refresh.gate is not None
+    refresh.gate.set()
+    settle(path, "stale")
+    assert refresh.runs == 1
 
 
 # -- early refresh (XFetch) -------------------------------------------------------------------
