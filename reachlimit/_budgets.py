@@ -85,7 +85,7 @@ class BudgetState:
 
     __slots__ = (
         "name", "settings", "enabled", "cancel_on_disconnect", "path", "metrics", "redis",
-        "counters", "closers", "client_of", "retry_auto", "budgets", "_refusals",
+        "counters", "closers", "client_of", "retry_auto", "budgets", "_refusals", "warm_first",
     )
 
     def __init__(
@@ -112,6 +112,9 @@ class BudgetState:
         #: None: the client is the request's remote_addr (the default, read inline); else
         #: what gives it from the request ("none": always None).
         self.client_of: ClientFunc | None = client_of(settings.client)
+        #: Nothing to do before the warm read (no Redis counters to start, no client
+        #: callable to run, the budget on): a warm hit is the cache's answer alone.
+        self.warm_first = counters is None and self.client_of is None and self.enabled
         #: REACHLIMIT_RETRY_AFTER="auto": the build times and the formula; else None.
         self.retry_auto = (
             AutoRetryAfter(settings.active, settings.queue)

@@ -12,9 +12,10 @@ design::
       disabled budget (REACHLIMIT_ENABLED false, or enabled=False): the build runs here and
                now through the value rule, its value returned; no cache, singleflight,
                limiter, Redis, socket watch or Cache-Status (the key and client rules hold)
-      ColdPath.fetch_warm(key, build)  a fresh or stale entry: its value returned at once;
-                                       its Cache-Status (RFC 9211) is left in the request's
-                                       environ for the after_request hook
+      ColdPath.fetch_warm_fields(key, build)   a fresh or stale entry: its value returned
+                                       at once; its Cache-Status (RFC 9211) is left in the
+                                       request's environ, for the app's WSGI callable to send
+                                       (init_app wraps app.wsgi_app: _sending_cache_status)
       on a miss only: client = request.remote_addr (the default, "remote_addr"), and
              cancel = a watch on the client's socket (gunicorn / Werkzeug), or None
       ColdPath.fetch_cold(key, build, cancel, client)
@@ -39,7 +40,13 @@ Refusals: ``ColdRefused`` is an ``HTTPException`` carrying its finished response
 before the app's ``errorhandler(429)`` or ``errorhandler(Exception)``: Flask looks by code,
 then by the exception's own class before its bases. An app's ``errorhandler(ColdRefused)``
 replaces ours, and its answer still gets the refusal's ``Cache-Status`` and (a 429/503
-without one) ``Retry-After`` from the after_request hook.
+without one) ``Retry-After`` as it is sent.
+
+Cache-Status is added to the headers as the answer is sent, by the wrapper ``init_app`` puts
+around ``app.wsgi_app`` (a middleware the app adds, before or after, works as ever), not to
+the response object: the app's own ``after_request`` functions do not see it. Added to the
+response, werkzeug would copy and check it again on the way out: that and Flask's
+after-request call cost a warm hit about a quarter of all the extension cost it.
 
 Budgets: ``rl.budget(name, ...)`` declares one (a :class:`Budget`: its name and options),
 before ``init_app`` (built there, in every app) or after (built in each app on first use);
@@ -62,8 +69,8 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable, Hashable, Mapping
-from functools import partial
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from functools import partial, update_wrapper
 from types import MappingProxyType
 from typing import Any, cast, overload
 
@@ -115,18 +122,20 @@ __all__ = [
 log = logging.getLogger("reachlimit")
 
 #: Where cold() leaves the answer's Cache-Status (and a refusal's Retry-After) for the
-#: after_request hook.
+#: app's WSGI callable to send (_sending_cache_status).
 _STATUS_KEY = "reachlimit.cache_status"
 _RETRY_KEY = "reachlimit.retry_after"
 
-# Flask types its context proxies as the objects they stand for; these names say what they
-# are, so the hot path can ask each for its object once, with Werkzeug's
+# The current app and request, each asked for its object once, with Werkzeug's
 # ``LocalProxy._get_current_object()``: public despite its underscore (the way Flask's
 # and Werkzeug's documentation give to reach the object behind a proxy). One look-up
 # of the proxied object, where an attribute read through the proxy costs about six
-# times as much.
-_app_proxy = cast("LocalProxy[Flask]", current_app)
-_request_proxy = cast("LocalProxy[Request]", request)
+# times as much. (Flask types its context proxies as the objects they stand for: the
+# casts say what they are. Each proxy keeps the one function for its life.)
+_current_app: Callable[[], Flask] = cast("LocalProxy[Flask]", current_app)._get_current_object
+_current_request: Callable[[], Request] = cast(
+    "LocalProxy[Request]", request
+)._get_current_object
 
 #: nginx's code for "client closed the request": nobody is left to read the answer.
 STATUS_CLIENT_GONE = 499
@@ -168,21 +177,45 @@ def _send_finished(exc: ColdRefused | ClientGone) -> Response:
     return response
 
 
-def _write_cache_status(response: Response) -> Response:
-    """after_request: the Cache-Status that cold() left in this request's environ, and a
-    refusal's Retry-After on an answer that lacks it (an app's own refusal handler's)."""
-    environ = _request_proxy._get_current_object().environ
-    status = environ.get(_STATUS_KEY)
-    if status is not None:
-        # Added, not set: Cache-Status is a list (RFC 9211), and a header the view set
-        # already (an upstream cache's entry, say) stays before ours.
-        response.headers.add("Cache-Status", status)
-        # (Header names in any case are the same header, to werkzeug as to HTTP.)
-        if response.status_code in (429, 503) and "Retry-After" not in response.headers:
-            retry_after = environ.get(_RETRY_KEY)
-            if retry_after is not None and "fwd-status=" in status:  # the last was refused
-                response.headers["Retry-After"] = retry_after
-    return response
+#: A WSGI callable: ``app(environ, start_response)``, answering the body's pieces.
+_WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _sending_cache_status(wsgi_app: _WSGIApp) -> _WSGIApp:
+    """``wsgi_app`` (the app's ``app.wsgi_app``), sending with each answer the Cache-Status
+    that cold() left in its request's environ, and a refusal's Retry-After on a 429 or 503
+    that lacks it (an app's own refusal handler's): added to the headers as they are sent
+    (the module's note says why)."""
+
+    def app_sending_cache_status(
+        environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            cache_status = environ.get(_STATUS_KEY)
+            if cache_status is not None:
+                # Added, not set: Cache-Status is a list (RFC 9211), and a header the view set
+                # already (an upstream cache's entry, say) stays before ours. (Appended to
+                # the list given, as a WSGI server adds its own.)
+                headers.append(("Cache-Status", cache_status))
+                if "fwd-status=" in cache_status and status[:4] in _REFUSED_STATUSES:
+                    # A refusal (the last call was refused) answered 429 or 503: with its
+                    # Retry-After, if the answer (an app's own refusal handler's) has none.
+                    # (Header names in any case are the same header, to werkzeug as to HTTP.)
+                    retry_after = environ.get(_RETRY_KEY)
+                    if retry_after is not None and all(
+                        name.lower() != "retry-after" for name, _ in headers
+                    ):
+                        headers.append(("Retry-After", retry_after))
+            return start_response(status, headers, exc_info)
+
+        return wsgi_app(environ, start)
+
+    # (What it wraps, as inspect.unwrap() finds it: Flask's own, or a middleware's.)
+    return update_wrapper(app_sending_cache_status, wsgi_app, assigned=(), updated=())
+
+
+#: The status lines' starts of the refusals that get a Retry-After.
+_REFUSED_STATUSES = ("429 ", "503 ")
 
 
 def _in_app_context(app: Flask, build: Callable[[], Any]) -> Callable[[], Any]:
@@ -226,36 +259,47 @@ def _not_initialised() -> RuntimeError:
 def _current_state() -> BudgetState:
     """The current app's default budget (``app.extensions["reachlimit"]``)."""
     try:
-        state: BudgetState = _app_proxy._get_current_object().extensions["reachlimit"]
+        state: BudgetState = _current_app().extensions["reachlimit"]
     except KeyError:
         raise _not_initialised() from None
     return state
 
 
 def _current() -> tuple[Flask, Request]:
-    return _app_proxy._get_current_object(), _request_proxy._get_current_object()
+    return _current_app(), _current_request()
 
 
 def _cold(state: BudgetState, key: Hashable, build: Callable[[], Any]) -> Any:
     """``cold()`` of budget ``state`` in the current request, its key checked already."""
-    if state.counters is not None:
-        state.counters.ensure_running()  # the first request of this (forked) process
-    asking = _request_proxy._get_current_object()
-    client_of = state.client_of
-    # The app's client callable runs on every call, warm hits included: its failure (or a
-    # value that breaks the key rule) leaves nothing behind, and an app's tests meet it.
-    client = None if client_of is None else client_of(asking)
-    if not state.enabled:  # off (REACHLIMIT_ENABLED): the build, here and now
-        return run_ruled(build, key, "")
-    path = state.path
-    answer = path.fetch_warm(key, build)
+    asking = _current_request()
+    client: Hashable = None
+    if not state.warm_first:  # (the common case goes straight to the warm read)
+        if state.counters is not None:
+            state.counters.ensure_running()  # the first request of this (forked) process
+        # The app's client callable runs on every call, warm hits included: its failure (or
+        # a value that breaks the key rule) leaves nothing behind, and an app's tests meet it.
+        client_of = state.client_of
+        if client_of is not None:
+            client = client_of(asking)
+        if not state.enabled:  # off (REACHLIMIT_ENABLED): the build, here and now
+            return run_ruled(build, key, "")
+    answer = state.path.fetch_warm_fields(key, build)  # (an Answer's fields)
     if answer is not None:
         asking.environ[_STATUS_KEY] = cache_status(answer)
-        return answer.value
-    if client_of is None:
+        return answer[0]
+    if state.client_of is None:
         # remote_addr is a plain attribute werkzeug set from environ["REMOTE_ADDR"]
         # (after ProxyFix, if the app has it): the cheapest read of it there is.
         client = asking.remote_addr
+    return _cold_miss(state, asking, key, build, client)
+
+
+def _cold_miss(
+    state: BudgetState, asking: Request, key: Hashable, build: Callable[[], Any],
+    client: Hashable,
+) -> Any:
+    """``cold()`` past a warm read that found nothing: layers 2 to 5 for ``client``."""
+    path = state.path
     cancel = watch_client(asking.environ) if state.cancel_on_disconnect else None
     try:
         answer = path.fetch_cold(key, build, cancel, client)
@@ -290,7 +334,7 @@ def _decorator(
     def forget(cache_key: Hashable) -> bool:
         return state_of().forget(cache_key)
 
-    face = FlaskFace(cold, forget, _current, _app_proxy._get_current_object, has_request_context)
+    face = FlaskFace(cold, forget, _current, _current_app, has_request_context)
     return partial(cached_view, face, key=key, mimetype=mimetype)
 
 
@@ -416,7 +460,8 @@ class ReachLimit:
         for answered in (ColdRefused, ClientGone):
             if answered not in spec.get(answered.code, {}):  # an app's own handler stays
                 app.register_error_handler(answered, _send_finished)
-        app.after_request(_write_cache_status)
+        # (Installed where a middleware the app adds later, ProxyFix say, wraps it in turn.)
+        app.wsgi_app = _sending_cache_status(app.wsgi_app)  # type: ignore[method-assign,assignment]
         _set_up.add(app)  # for check_threads, once a gunicorn hook knows the worker's threads
 
     def close(self, app: Flask | None = None) -> None:
@@ -424,7 +469,7 @@ class ReachLimit:
         budget: refreshers; on Redis the counters (flushed once more), the renewer, waker
         and flusher threads, then the connections. For the end of a process or a test; the
         budgets must not be used afterwards. Safe to call more than once."""
-        state = (app or _app_proxy._get_current_object()).extensions.get("reachlimit")
+        state = (app or _current_app()).extensions.get("reachlimit")
         if not isinstance(state, BudgetState) or state.budgets is None:
             raise RuntimeError(
                 "ReachLimit is not initialised on this app: call init_app(app)"  # pragma: no mutate
@@ -452,11 +497,18 @@ class ReachLimit:
         the value rule) is returned."""
         # (_current_state(), written out: a warm hit runs this)
         try:
-            state: BudgetState = _app_proxy._get_current_object().extensions["reachlimit"]
+            state: BudgetState = _current_app().extensions["reachlimit"]
         except KeyError:
             raise _not_initialised() from None
         if type(key) is not str:  # (a str passes the check: skipping it only saves time)
             check_key(key, "cold()")  # first: nothing held or counted, in process or not
+        if state.warm_first:  # (_cold's way, written out: most calls are warm hits)
+            asking = _current_request()  # (first: outside a request, nothing is counted)
+            answer = state.path.fetch_warm_fields(key, build)
+            if answer is not None:
+                asking.environ[_STATUS_KEY] = cache_status(answer)
+                return answer[0]
+            return _cold_miss(state, asking, key, build, asking.remote_addr)
         return _cold(state, key, build)
 
     @overload

@@ -337,7 +337,7 @@ def test_options_declared_after_init_app_for_a_configured_budget_are_refused() -
     assert (settings.active, settings.queue) == (1, 4)  # declared first: both reach it
 
 
-# -- an app's own refusal handler, and what the after_request hook adds ------------------------
+# -- an app's own refusal handler, and what the extension adds as the answer is sent -----------
 
 
 def own_handler_app(status: int, retry_after: int = 2) -> tuple[Flask, ReachLimit, list[Any]]:
@@ -369,6 +369,21 @@ def test_the_hook_adds_retry_after_to_an_own_429_or_503_only(
     assert reply.headers.get("Retry-After") == retry_after
     [refused] = seen
     assert refused.budget == "reports" and refused.busy.reason == "queue_full"
+
+
+def test_an_own_answers_retry_after_in_any_case_is_the_only_one_sent() -> None:
+    """Header names in any case are the same header: the handler's ``retry-after`` is the
+    answer's Retry-After, and the refusal's is not added beside it."""
+    rl = ReachLimit(active=1, queue=0)
+    app = Flask("own-retry-after")
+    app.register_error_handler(
+        ColdRefused, lambda exc: (jsonify(mine=True), 503, [("retry-after", "9")])
+    )
+    rl.init_app(app)
+    app.add_url_rule("/r", "r", lambda: rl.cold("k", lambda: b"never"))
+    reply = get_while_full(app, rl, "/r")
+    assert (reply.status_code, reply.headers.getlist("Retry-After")) == (503, ["9"])
+    assert reply.headers["Cache-Status"] == "reachlimit; fwd=uri-miss; fwd-status=429"
 
 
 def test_a_one_second_retry_after_stays_one_second() -> None:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from flask import Flask, abort, jsonify
+from flask import Flask, Response, abort, jsonify, request
+from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.test import TestResponse
 
 from reachlimit import NOT_FOUND, Cancelled, ColdLimiter, Grant, TTLCache
@@ -345,6 +346,43 @@ def test_unknown_constructor_option_is_a_type_error() -> None:
 
 
 # -- several apps, no stored app ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("added", ["before", "after"])
+def test_cache_status_is_sent_past_a_middleware_added_before_or_after_init_app(
+    added: str,
+) -> None:
+    """Cache-Status is added to the headers as the answer is sent, by the extension's own
+    wrapper of ``app.wsgi_app``: a middleware the app adds (ProxyFix here) before or after
+    ``init_app`` works as it did, and a Cache-Status the view set stays first."""
+    app = Flask(f"middleware-{added}")
+    rl = ReachLimit()
+    if added == "before":
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1)  # type: ignore[method-assign]
+    rl.init_app(app)
+    if added == "after":
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1)  # type: ignore[method-assign]
+    clients: list[str | None] = []
+
+    @app.get("/r/<key>")
+    def report(key: str) -> Any:
+        clients.append(request.remote_addr)
+        return rl.cold(key, lambda: {"key": key})
+
+    @app.get("/upstream")
+    def upstream() -> Any:
+        return Response(rl.cold("u", lambda: "u"), headers=[("Cache-Status", "edge; hit")])
+
+    client = app.test_client()
+    forwarded = {"X-Forwarded-For": "203.0.113.7"}
+    first, second = (client.get("/r/k", headers=forwarded) for _ in range(2))
+    assert first.headers.getlist("Cache-Status") == ["reachlimit; fwd=uri-miss; stored"]
+    [hit] = second.headers.getlist("Cache-Status")
+    assert hit.startswith("reachlimit; hit; ttl=") and second.get_json() == {"key": "k"}
+    assert clients == ["203.0.113.7"] * 2
+    statuses = client.get("/upstream").headers.getlist("Cache-Status")
+    assert statuses == ["edge; hit", "reachlimit; fwd=uri-miss; stored"]
+    assert "Cache-Status" not in client.get("/r").headers  # (a 404: no view called cold())
 
 
 def test_several_apps_each_get_their_own_state() -> None:
