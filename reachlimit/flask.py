@@ -202,8 +202,10 @@ def _sending_cache_status(wsgi_app: _WSGIApp) -> _WSGIApp:
                     # Retry-After, if the answer (an app's own refusal handler's) has none.
                     # (Header names in any case are the same header, to werkzeug as to HTTP.)
                     retry_after = environ.get(_RETRY_KEY)
-                    if retry_after is not None and all(
-                        name.lower() != "retry-after" for name, _ in headers
+                    if (
+                        retry_after is not None
+                        and ("Retry-After", retry_after) not in headers  # (as ours has it)
+                        and all(name.lower() != "retry-after" for name, _ in headers)
                     ):
                         headers.append(("Retry-After", retry_after))
             return start_response(status, headers, exc_info)
