@@ -115,7 +115,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -476,17 +476,25 @@ OUTAGES = ("pause_redis", "restart_redis", "failover")
 
 
 def carried_excess(
-    lines: list[LogLine], start: float, t0: float, share: int
+    lines: list[LogLine], start: float, t0: float, share: int,
+    killed: Mapping[int, float] | None = None,
 ) -> tuple[int, list[int]]:
     """For a Redis outage's window starting at ``start``: how many builds were running when
     it began (carried in), and after each line of ``lines``, the excess they still make, the
     sum over processes of what each runs of them beyond its ``share`` (a build is known by
-    its PID and key: one build of a key at a time in a process)."""
+    its PID and key: one build of a key at a time in a process). ``killed`` as ``at_once``
+    takes it: a killed worker's builds end at the first line at or after its kill."""
     running: set[tuple[int, str]] = set()
     carried: set[tuple[int, str]] | None = None
     carried_in = 0
     excess = []
+    dead = dict(killed or {})
     for line in lines:
+        for pid in [pid for pid, when in dead.items() if line.at >= when]:
+            del dead[pid]
+            running = {b for b in running if b[0] != pid}
+            if carried is not None:
+                carried = {b for b in carried if b[0] != pid}
         if carried is None and line.at - t0 >= start:
             carried = set(running)
             carried_in = len(carried)
@@ -504,7 +512,7 @@ def carried_excess(
 
 def builds_at_once(
     lines: list[LogLine], counts: list[int], windows: list[tuple[int, str, float, float]],
-    t0: float, cfg: Config,
+    t0: float, cfg: Config, killed: Mapping[int, float] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The most builds at once outside every window, and each window's peak, the time it
     spent above ``active`` and above the bound plus what a Redis outage carried in (module
@@ -516,7 +524,7 @@ def builds_at_once(
     share = -(-cfg.active // (cfg.servers * cfg.workers))
     figures = []
     for n, kind, start, end in windows:
-        carried, excess = (carried_excess(lines, start, t0, share) if kind in OUTAGES
+        carried, excess = (carried_excess(lines, start, t0, share, killed) if kind in OUTAGES
                            else (0, [0] * len(lines)))
         peak, before, before_excess = 0, 0, 0
         first, above_at_start = True, False
@@ -773,7 +781,7 @@ def run(cfg: Config, report: dict[str, Any]) -> None:
     in_load = [(line, c) for line, c in zip(lines, counts, strict=True)
                if line.at - t0 <= load_end]
     builds, window_figures = builds_at_once(
-        [x for x, _ in in_load], [c for _, c in in_load], windows, t0, cfg)
+        [x for x, _ in in_load], [c for _, c in in_load], windows, t0, cfg, runner.killed)
     per_window, unscheduled = outages_per_window(outage_lines(errors_log, t0), windows)
     for w in window_figures:
         w["outage_lines"] = per_window[w["fault"]]

@@ -130,6 +130,14 @@ def test_a_redis_outage_may_run_what_it_carried_in_beyond_a_process_share(
     late = [*lines[:6], LogLine("start", 4.5, 2, "f")]
     _, [window] = soak.builds_at_once(late, at_once(late, {}), windows, 0.0, cfg)
     assert window["peak"] == 5 and window["over_bound"] and window["over_bound_ms"] > 0
+    # A build of a worker killed before the outage never logged its end: not carried in.
+    ghost = [LogLine("start", 0.5, 9, "z"), *lines]
+    _, [window] = soak.builds_at_once(ghost, at_once(ghost, {9: 0.8}), windows, 0.0, cfg,
+                                      {9: 0.8})
+    assert (window["peak"], window["carried"], window["over_bound"]) == (5, 2, False)
+    # Unless the kill is not said: then it counts (as ``at_once`` counts it running).
+    _, [window] = soak.builds_at_once(ghost, at_once(ghost, {9: 0.8}), windows, 0.0, cfg)
+    assert window["carried"] == 3
     # A worker's kill is no outage: nothing carried in is allowed there.
     kill = [(0, "kill_worker", 2.0, 8.0)]
     _, [window] = soak.builds_at_once(lines, counts, kill, 0.0, cfg)
