@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sphinx.application import Sphinx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -46,6 +48,16 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autoclass_content = "both"
+
+
+def _public_bases(app: Sphinx, name: str, obj: type, options: object, bases: list[type]) -> None:
+    """Leave out a class's private base (a mixin two public classes share code through): the
+    page shows its public bases, or ``object``."""
+    bases[:] = [base for base in bases if not base.__name__.startswith("_")] or [object]
+
+
+def setup(app: Sphinx) -> None:
+    app.connect("autodoc-process-bases", _public_bases)
 
 # doctest: every example runs in the repository's root with the checkout importable.
 doctest_global_setup = f"""

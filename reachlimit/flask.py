@@ -359,7 +359,51 @@ def _health(states: Mapping[str, BudgetState]) -> Response:
     return response
 
 
-class ReachLimit:
+class _Decorates:
+    """The ``cached`` decorator :class:`ReachLimit` and :class:`Budget` share: each finds
+    its budget in the current app with ``_state``."""
+
+    def _state(self) -> BudgetState:
+        raise NotImplementedError  # pragma: no cover (ReachLimit and Budget have their own)
+
+    @overload
+    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
+
+    @overload
+    def cached(
+        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
+        mimetype: str | None = None,
+    ) -> Callable[[Callable[..., Any]], CachedView]: ...
+
+    def cached(
+        self, view: Callable[..., Any] | None = None, /, *,
+        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
+    ) -> Any:
+        """A view decorator (the extension's: the default budget; a :class:`Budget`'s: that
+        budget; see ``reachlimit._cached``): the view is the build, its whole answer the
+        cached one, with ``Cache-Status``. ``@rl.cached`` and ``@rl.cached()`` are the same
+        (and ``@budget.cached``, ``@budget.cached()``); ``key`` and ``mimetype`` are
+        keyword-only (the one positional argument is the view).
+
+        The view returns what Flask takes: a value (JSON-able -> JSON; str -> text, bytes ->
+        octets, both of ``mimetype``, default text/plain; charset=utf-8 and
+        application/octet-stream; ``NOT_FOUND`` -> 404), ``(body, status)``, ``(body,
+        headers)``, ``(body, status, headers)`` or a Response. A tuple is Flask's tuple
+        form, never a JSON list. Only a status-200 answer without ``Set-Cookie`` is cached
+        and shared, whole (status, headers but hop-by-hop ones and Content-Length, body);
+        any other answer is the answer of the request that built it alone. A streamed
+        response is a TypeError naming the view.
+
+        ``key(**view_args)`` -> str, bytes, int or a tuple of those (a TypeError otherwise,
+        with and without Redis); default: the request's path and its query string's
+        ``name=value`` pairs as sent, sorted by name; the endpoint is part of either.
+        ``view.forget(query=None, /, **view_args) -> bool`` (in an app context) drops the
+        entries of those view arguments (and that query: a str or bytes as sent, or a
+        mapping) under each endpoint the view is registered at."""
+        return bare_or_called(_decorator(self._state, key, mimetype), view)
+
+
+class ReachLimit(_Decorates):
     """``ReachLimit(app=None, **overrides)``: the Flask face of :class:`~reachlimit.ColdPath`.
 
     Overrides are the config keys in lower case without the ``REACHLIMIT_`` prefix
@@ -513,40 +557,9 @@ class ReachLimit:
             return _cold_miss(state, asking, key, build, asking.remote_addr)
         return _cold(state, key, build)
 
-    @overload
-    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
-
-    @overload
-    def cached(
-        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
-        mimetype: str | None = None,
-    ) -> Callable[[Callable[..., Any]], CachedView]: ...
-
-    def cached(
-        self, view: Callable[..., Any] | None = None, /, *,
-        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
-    ) -> Any:
-        """A view decorator (default budget; see ``reachlimit._cached``): the view is the
-        build, its whole answer the cached one, with ``Cache-Status``. ``@rl.cached`` and
-        ``@rl.cached()`` are the same; ``key`` and ``mimetype`` are keyword-only (the one
-        positional argument is the view).
-
-        The view returns what Flask takes: a value (JSON-able -> JSON; str -> text, bytes ->
-        octets, both of ``mimetype``, default text/plain; charset=utf-8 and
-        application/octet-stream; ``NOT_FOUND`` -> 404), ``(body, status)``, ``(body,
-        headers)``, ``(body, status, headers)`` or a Response. A tuple is Flask's tuple
-        form, never a JSON list. Only a status-200 answer without ``Set-Cookie`` is cached
-        and shared, whole (status, headers but hop-by-hop ones and Content-Length, body);
-        any other answer is the answer of the request that built it alone. A streamed
-        response is a TypeError naming the view.
-
-        ``key(**view_args)`` -> str, bytes, int or a tuple of those (a TypeError otherwise,
-        with and without Redis); default: the request's path and its query string's
-        ``name=value`` pairs as sent, sorted by name; the endpoint is part of either.
-        ``view.forget(query=None, /, **view_args) -> bool`` (in an app context) drops the
-        entries of those view arguments (and that query: a str or bytes as sent, or a
-        mapping) under each endpoint the view is registered at."""
-        return bare_or_called(_decorator(_current_state, key, mimetype), view)
+    # The current app's default budget, for cached(): _current_state itself, not a method
+    # calling it (a decorated view asks it on every request, a warm hit too).
+    _state = staticmethod(_current_state)
 
     # -- figures and housekeeping -------------------------------------------------------
 
@@ -628,7 +641,7 @@ class ReachLimit:
         return budgets.states
 
 
-class Budget:
+class Budget(_Decorates):
     """One budget of the apps a :class:`ReachLimit` serves: ``rl.budget(name, **options)``.
 
     Its ``cold``, ``cached``, ``forget``, ``stats``, ``clear_cache``, ``settings`` and
@@ -654,23 +667,6 @@ class Budget:
         if type(key) is not str:  # (as ReachLimit.cold)
             check_key(key, "cold()")
         return _cold(state, key, build)
-
-    @overload
-    def cached(self, view: Callable[..., Any], /) -> CachedView: ...
-
-    @overload
-    def cached(
-        self, view: None = None, /, *, key: Callable[..., Hashable] | None = None,
-        mimetype: str | None = None,
-    ) -> Callable[[Callable[..., Any]], CachedView]: ...
-
-    def cached(
-        self, view: Callable[..., Any] | None = None, /, *,
-        key: Callable[..., Hashable] | None = None, mimetype: str | None = None,
-    ) -> Any:
-        """:meth:`ReachLimit.cached` in this budget: ``@budget.cached`` or
-        ``@budget.cached(key=..., mimetype=...)``."""
-        return bare_or_called(_decorator(self._state, key, mimetype), view)
 
     def stats(self) -> ColdPathStats:
         """:meth:`ReachLimit.stats` of this budget."""
