@@ -18,13 +18,13 @@ design: builds wait for a gate FILE shared by every worker, ``$GATE_DIR``:
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from flask import Flask, jsonify, request
 
 from reachlimit.flask import ReachLimit
+from tests.apps.common import config_from_environment, wait_for_gate
 
 rl = ReachLimit()
 reports = rl.budget("reports", active=1, queue=0)
@@ -53,11 +53,7 @@ def _gated(gate_dir: Path, label: str, value: Any) -> Any:
     with open(gate_dir / "log", "a") as log:
         log.write(f"{os.getpid()} {label}\n")
     try:
-        deadline = time.monotonic() + float(os.environ.get("GATE_TIMEOUT", "40"))
-        while not (gate_dir / "open").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the test never opened the gate for {label!r}")
-            time.sleep(0.02)
+        wait_for_gate(gate_dir, float(os.environ.get("GATE_TIMEOUT", "40")), label)
         return value
     finally:
         marker.unlink(missing_ok=True)
@@ -65,7 +61,7 @@ def _gated(gate_dir: Path, label: str, value: Any) -> Any:
 
 def create_app() -> Flask:
     app = Flask(__name__)
-    app.config.update({k: v for k, v in os.environ.items() if k.startswith("REACHLIMIT_")})
+    config_from_environment(app)
     gate_dir = Path(os.environ["GATE_DIR"])
     rl.init_app(app)
 

@@ -28,9 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask
 
 from reachlimit.flask import ReachLimit
+from tests.apps.common import (
+    add_debug_health,
+    append_line,
+    config_from_environment,
+    wait_for_gate,
+)
 from tests.apps.slow_app import add_cold_routes
 
 
@@ -53,16 +59,12 @@ def running_now(gate_dir: Path) -> int:
 
 
 def _note(gate_dir: Path, event: str, key: str) -> None:
-    fd = os.open(gate_dir / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{event} {os.getpid()} {key}\n".encode())
-    finally:
-        os.close(fd)
+    append_line(gate_dir / "log", f"{event} {os.getpid()} {key}")
 
 
 def create_app() -> Flask:
     app = Flask(__name__)
-    app.config.update({k: v for k, v in os.environ.items() if k.startswith("REACHLIMIT_")})
+    config_from_environment(app)
     gate_dir = Path(os.environ["GATE_DIR"])
     gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
     build_seconds = float(os.environ.get("BUILD_SECONDS", "0.05"))
@@ -72,11 +74,7 @@ def create_app() -> Flask:
         _note(gate_dir, "start", key)
         try:
             if key.startswith("hold-"):
-                deadline = time.monotonic() + gate_timeout
-                while not (gate_dir / "open").exists():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the test never opened the gate for {key!r}")
-                    time.sleep(0.02)
+                wait_for_gate(gate_dir, gate_timeout, key)
             else:
                 time.sleep(build_seconds)  # the work itself, not a synchronisation
             return {"key": key, "pid": os.getpid()}
@@ -85,10 +83,6 @@ def create_app() -> Flask:
 
     add_cold_routes(app, rl, build)
 
-    @app.get("/debug/health")
-    def debug_health() -> Any:
-        return jsonify(
-            pid=os.getpid(), token=os.environ.get("SLOW_APP_TOKEN"), reach=rl.stats().as_dict()
-        )
+    add_debug_health(app, rl)
 
     return app

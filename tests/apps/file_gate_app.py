@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask
 
 from reachlimit.flask import ReachLimit
+from tests.apps.common import (
+    add_debug_health,
+    add_worker_pid,
+    config_from_environment,
+    wait_for_gate,
+)
 from tests.apps.slow_app import add_cold_routes
 
 
@@ -56,9 +61,7 @@ def build_pids(gate_dir: Path) -> dict[str, int]:
 
 def create_app() -> Flask:
     app = Flask(__name__)
-    for name, value in os.environ.items():
-        if name.startswith("REACHLIMIT_"):
-            app.config[name] = value
+    config_from_environment(app)
     gate_dir = Path(os.environ["GATE_DIR"])
     gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
     rl = ReachLimit(app)
@@ -77,26 +80,14 @@ def create_app() -> Flask:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         try:
-            deadline = time.monotonic() + gate_timeout
-            while not (gate_dir / "open").exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the test never opened the gate for {key!r}")
-                time.sleep(0.02)
+            wait_for_gate(gate_dir, gate_timeout, key)
             return {"key": key, "pid": os.getpid()}
         finally:
             running.unlink(missing_ok=True)
 
     add_cold_routes(app, rl, build)
 
-    @app.after_request
-    def who_answered(response: Any) -> Any:
-        response.headers["X-Worker-Pid"] = str(os.getpid())
-        return response
-
-    @app.get("/debug/health")
-    def debug_health() -> Any:
-        return jsonify(
-            pid=os.getpid(), token=os.environ.get("SLOW_APP_TOKEN"), reach=rl.stats().as_dict()
-        )
+    add_worker_pid(app)
+    add_debug_health(app, rl)
 
     return app

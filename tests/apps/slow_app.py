@@ -38,6 +38,7 @@ from flask import Flask, jsonify
 
 from reachlimit import NOT_FOUND
 from reachlimit.flask import ReachLimit
+from tests.apps.common import config_from_environment
 
 
 class BuildGate:
@@ -109,9 +110,7 @@ def create_app(**config: Any) -> Flask:
 
     ``config`` (in-process tests) wins over the environment."""
     app = Flask(__name__)
-    for name, value in os.environ.items():
-        if name.startswith("REACHLIMIT_"):
-            app.config[name] = value
+    config_from_environment(app)
     app.config.update(config)
 
     sleep = os.environ.get("SLOW_BUILD_SECONDS")

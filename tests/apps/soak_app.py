@@ -45,6 +45,13 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import InternalServerError
 
 from reachlimit.flask import ReachLimit
+from tests.apps.common import (
+    add_debug_health,
+    add_worker_pid,
+    append_line,
+    config_from_environment,
+    wait_for_gate,
+)
 from tests.apps.slow_app import add_cold_routes
 
 #: The keys whose build raises, and those whose build waits for the gate file.
@@ -92,11 +99,7 @@ def at_once(lines: list[LogLine], killed: Mapping[int, float]) -> list[int]:
 
 
 def _note(gate_dir: Path, event: str, key: str) -> None:
-    fd = os.open(gate_dir / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{event} {time.time():.6f} {os.getpid()} {key}\n".encode())
-    finally:
-        os.close(fd)
+    append_line(gate_dir / "log", f"{event} {time.time():.6f} {os.getpid()} {key}")
 
 
 class BuildFailed(RuntimeError):
@@ -105,7 +108,7 @@ class BuildFailed(RuntimeError):
 
 def create_app() -> Flask:
     app = Flask(__name__)
-    app.config.update({k: v for k, v in os.environ.items() if k.startswith("REACHLIMIT_")})
+    config_from_environment(app)
     gate_dir = Path(os.environ["GATE_DIR"])
     gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
     build_seconds = float(os.environ.get("BUILD_SECONDS", "0.2"))
@@ -117,11 +120,7 @@ def create_app() -> Flask:
             if key.startswith(RAISE):
                 raise BuildFailed(f"the soak asked the build of {key!r} to fail")
             if key.startswith(HOLD):
-                deadline = time.monotonic() + gate_timeout
-                while not (gate_dir / "open").exists():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the soak never opened the gate for {key!r}")
-                    time.sleep(0.02)
+                wait_for_gate(gate_dir, gate_timeout, key)
             else:
                 time.sleep(build_seconds)  # the work itself, not a synchronisation
             return {"key": key, "pid": os.getpid(), "built": time.time()}
@@ -134,15 +133,7 @@ def create_app() -> Flask:
     def failed(error: InternalServerError) -> Any:
         return jsonify(error="build failed", path=request.path), 500
 
-    @app.after_request
-    def who_answered(response: Any) -> Any:
-        response.headers["X-Worker-Pid"] = str(os.getpid())
-        return response
-
-    @app.get("/debug/health")
-    def debug_health() -> Any:
-        return jsonify(
-            pid=os.getpid(), token=os.environ.get("SLOW_APP_TOKEN"), reach=rl.stats().as_dict()
-        )
+    add_worker_pid(app)
+    add_debug_health(app, rl)
 
     return app
