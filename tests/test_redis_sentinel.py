@@ -45,7 +45,6 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.sentinel import Sentinel
@@ -61,7 +60,7 @@ from reachlimit.redis import (
 from tests.apps.build_log_app import at_once_along, running_now
 from tests.support import HOST
 from tests.support.clients import Herd, Reply, check_refusal, http_request
-from tests.support.gunicorn_server import GunicornServer, serving
+from tests.support.gunicorn_server import serving
 from tests.support.redis_limiters import burst_accounted, refusals, reservations_over
 from tests.support.redis_sentinel import (  # noqa: F401 - the gate and sentinels fixtures
     SERVICE,
@@ -70,6 +69,7 @@ from tests.support.redis_sentinel import (  # noqa: F401 - the gate and sentinel
     build_log_server,
     gate_fixture,
     sentinels_fixture,
+    worker_figures,
 )
 from tests.support.waiting import wait_until
 
@@ -184,21 +184,6 @@ def check_burst_answers(
     assert statuses[200] == admitted <= 10, (statuses, after)
     assert statuses[429] == refusals(after) - refusals(before), (statuses, after)
     assert admitted == 10 or after.rejected_timeout > before.rejected_timeout, (statuses, after)
-
-
-def worker_figures(server: GunicornServer, workers: int = 2) -> dict[int, dict[str, Any]]:
-    """The latest /debug/health figures of each worker, once every worker has answered."""
-    seen: dict[int, dict[str, Any]] = {}
-
-    def all_answered() -> bool:
-        reply = server.get("/debug/health")
-        assert reply.status == 200, reply
-        body = reply.json()
-        seen[body["pid"]] = body["reach"]
-        return len(seen) >= workers
-
-    wait_until("every worker's figures", all_answered, interval=0.005)
-    return seen
 
 
 def test_a_primary_killed_under_load_fails_over_to_the_replica(

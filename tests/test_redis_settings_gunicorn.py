@@ -26,7 +26,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -38,6 +37,7 @@ from tests.support.redis_sentinel import (
     Gate,
     build_log_server,
     gate_fixture,  # noqa: F401 (the gate fixture)
+    worker_figures,
 )
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -62,22 +62,6 @@ def settings_env(active: int) -> dict[str, str]:
 def server(tmp_path: Path, name: str, gate: Gate, redis_server: RedisServer,
            active: int) -> GunicornServer:
     return build_log_server(tmp_path, name, gate, redis_server.url(), settings_env(active))
-
-
-def every_worker(server: GunicornServer, workers: int = 2) -> dict[int, dict[str, Any]]:
-    """The budget's figures as each worker of ``server`` answers them (``/debug/health``),
-    once every worker has answered: each has then made its first call of the budget."""
-    seen: dict[int, dict[str, Any]] = {}
-
-    def all_answered() -> bool:
-        reply = server.get("/debug/health")
-        assert reply.status == 200, reply
-        body = reply.json()
-        seen[body["pid"]] = body["reach"]
-        return len(seen) >= workers
-
-    wait_until(f"every worker of {server.name}", all_answered, interval=0.005)
-    return seen
 
 
 def health_capacity(server: GunicornServer, asks: int = 10) -> set[int]:
@@ -171,12 +155,12 @@ def test_a_restart_with_more_slots_serves_and_admits_the_new_figures(
 ) -> None:
     old = server(tmp_path, "old", gate, redis_server, active=2)
     with serving(old):
-        assert {f["capacity_active"] for f in every_worker(old).values()} == {2}
+        assert {f["capacity_active"] for f in worker_figures(old).values()} == {2}
         assert statuses([old.get(f"/report/before-{n}") for n in range(6)]) == {200: 6}
     assert client.hget(f"{TAG}:settings", "active") == b"2"  # left in Redis, without a TTL
     new = server(tmp_path, "new", gate, redis_server, active=3)
     with serving(new):
-        figures = every_worker(new)
+        figures = worker_figures(new)
         assert {f["capacity_active"] for f in figures.values()} == {3}
         assert statuses([new.get(f"/report/after-{n}") for n in range(6)]) == {200: 6}
         held_burst([new], gate, client, active=3, label="restart")
@@ -191,19 +175,19 @@ def test_a_rolling_deploy_with_more_slots_never_fails_and_never_overadmits(
     old = server(tmp_path, "old", gate, redis_server, active=2)
     new = server(tmp_path, "new", gate, redis_server, active=3)
     with serving(old):
-        assert {f["capacity_active"] for f in every_worker(old).values()} == {2}
+        assert {f["capacity_active"] for f in worker_figures(old).values()} == {2}
         load = Load([old.port], threads=6)
         try:
             wait_until("the old server under load", lambda: load.count() >= 20)
             with serving(new):
                 load.ports.append(new.port)  # the new server takes traffic beside the old
-                assert {f["capacity_active"] for f in every_worker(new).values()} == {3}
+                assert {f["capacity_active"] for f in worker_figures(new).values()} == {3}
                 before = load.count()
                 wait_until("both servers under load", lambda: load.count() >= before + 40)
                 replies = load.finish()
                 # The budget's settings, whichever server's worker answers its health.
                 assert health_capacity(old) == health_capacity(new) == {3}
-                assert {f["capacity_active"] for f in every_worker(old).values()} == {3}
+                assert {f["capacity_active"] for f in worker_figures(old).values()} == {3}
                 wait_until("the load's builds ended", lambda: running_now(gate.dir) == 0)
                 held_burst([old, new], gate, client, active=3, label="rolling")
         finally:

@@ -41,7 +41,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import redis
@@ -322,3 +322,20 @@ def build_log_server(
         config=WEBAPP_CONFIG, ready_path="/health", token_env="SLOW_APP_TOKEN",
         identity_path="/debug/health", die_with_parent=True,
     )
+
+
+def worker_figures(server: GunicornServer, workers: int = 2) -> dict[int, dict[str, Any]]:
+    """The budget's figures as each worker of ``server`` answers them (``/debug/health``,
+    the latest of each), once every worker has answered: each has then made its first call
+    of the budget."""
+    seen: dict[int, dict[str, Any]] = {}
+
+    def all_answered() -> bool:
+        reply = server.get("/debug/health")
+        assert reply.status == 200, reply
+        body = reply.json()
+        seen[body["pid"]] = body["reach"]
+        return len(seen) >= workers
+
+    wait_until(f"every worker's figures of {server.name}", all_answered, interval=0.005)
+    return seen
