@@ -24,7 +24,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 
 from reachlimit.flask import ReachLimit
-from tests.apps.common import config_from_environment, wait_for_gate
+from tests.apps.common import GateFiles, config_from_environment
 
 rl = ReachLimit()
 reports = rl.budget("reports", active=1, queue=0)
@@ -47,13 +47,13 @@ def running(gate_dir: Path) -> dict[str, int]:
     return out
 
 
-def _gated(gate_dir: Path, label: str, value: Any) -> Any:
-    marker = gate_dir / f"running-{label}"
+def _gated(gate: GateFiles, label: str, value: Any) -> Any:
+    marker = gate.dir / f"running-{label}"
     marker.write_text(str(os.getpid()))
-    with open(gate_dir / "log", "a") as log:
+    with open(gate.dir / "log", "a") as log:
         log.write(f"{os.getpid()} {label}\n")
     try:
-        wait_for_gate(gate_dir, float(os.environ.get("GATE_TIMEOUT", "40")), label)
+        gate.wait(label)
         return value
     finally:
         marker.unlink(missing_ok=True)
@@ -62,22 +62,22 @@ def _gated(gate_dir: Path, label: str, value: Any) -> Any:
 def create_app() -> Flask:
     app = Flask(__name__)
     config_from_environment(app)
-    gate_dir = Path(os.environ["GATE_DIR"])
+    gate = GateFiles.from_environment()
     rl.init_app(app)
 
     @app.get("/d/<key>")
     def default(key: str) -> Any:
-        return rl.cold(key, lambda: _gated(gate_dir, f"d-{key}", {"key": key}))
+        return rl.cold(key, lambda: _gated(gate, f"d-{key}", {"key": key}))
 
     @app.get("/r/<key>")
     def report(key: str) -> Any:
-        return reports.cold(key, lambda: _gated(gate_dir, f"r-{key}", {"report": key}))
+        return reports.cold(key, lambda: _gated(gate, f"r-{key}", {"report": key}))
 
     @app.get("/c/<name>")
     @rl.cached()
     def decorated(name: str) -> Any:
         args = sorted(request.args.items(multi=True))
-        return _gated(gate_dir, f"c-{name}", {"name": name, "args": args, "pid": os.getpid()})
+        return _gated(gate, f"c-{name}", {"name": name, "args": args, "pid": os.getpid()})
 
     app.add_url_rule("/health", view_func=rl.health_view)
     app.add_url_rule("/metrics", view_func=rl.metrics_view)

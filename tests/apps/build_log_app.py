@@ -32,10 +32,10 @@ from flask import Flask
 
 from reachlimit.flask import ReachLimit
 from tests.apps.common import (
+    GateFiles,
     add_debug_health,
     append_line,
     config_from_environment,
-    wait_for_gate,
 )
 from tests.apps.slow_app import add_cold_routes
 
@@ -65,21 +65,20 @@ def _note(gate_dir: Path, event: str, key: str) -> None:
 def create_app() -> Flask:
     app = Flask(__name__)
     config_from_environment(app)
-    gate_dir = Path(os.environ["GATE_DIR"])
-    gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
+    gate = GateFiles.from_environment()
     build_seconds = float(os.environ.get("BUILD_SECONDS", "0.05"))
     rl = ReachLimit(app)
 
     def build(key: str) -> dict[str, Any]:
-        _note(gate_dir, "start", key)
+        _note(gate.dir, "start", key)
         try:
             if key.startswith("hold-"):
-                wait_for_gate(gate_dir, gate_timeout, key)
+                gate.wait(key)
             else:
                 time.sleep(build_seconds)  # the work itself, not a synchronisation
             return {"key": key, "pid": os.getpid()}
         finally:
-            _note(gate_dir, "end", key)
+            _note(gate.dir, "end", key)
 
     add_cold_routes(app, rl, build)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,28 @@ def config_from_environment(app: Flask) -> None:
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("REACHLIMIT_")})
 
 
-def wait_for_gate(gate_dir: Path, timeout: float, key: str) -> None:
-    """Wait (20 ms polls) until ``gate_dir/open`` exists; after ``timeout`` seconds raise
-    RuntimeError, so that a test that forgets to open the gate fails loudly."""
-    deadline = time.monotonic() + timeout
-    while not (gate_dir / "open").exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nobody opened the gate for {key!r} within {timeout:g} s")
-        time.sleep(0.02)
+@dataclass(frozen=True)
+class GateFiles:
+    """``$GATE_DIR`` (``dir``), the directory the builds of every worker of every server
+    share: their log, and the ``open`` file the test creates to let the held builds go on;
+    ``$GATE_TIMEOUT`` (``timeout``, default 40 s), the longest a held build waits for it.
+    Files, not Redis, so that the gate keeps working while a test stops a Redis."""
+
+    dir: Path
+    timeout: float
+
+    @classmethod
+    def from_environment(cls) -> GateFiles:
+        return cls(Path(os.environ["GATE_DIR"]), float(os.environ.get("GATE_TIMEOUT", "40")))
+
+    def wait(self, key: str) -> None:
+        """Wait (20 ms polls) until ``dir/open`` exists; after ``timeout`` seconds raise
+        RuntimeError, so that a test that forgets to open the gate fails loudly."""
+        deadline = time.monotonic() + self.timeout
+        while not (self.dir / "open").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nobody opened the gate for {key!r} within {self.timeout:g} s")
+            time.sleep(0.02)
 
 
 def append_line(path: Path, line: str) -> None:

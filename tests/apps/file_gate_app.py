@@ -32,10 +32,10 @@ from flask import Flask
 
 from reachlimit.flask import ReachLimit
 from tests.apps.common import (
+    GateFiles,
     add_debug_health,
     add_worker_pid,
     config_from_environment,
-    wait_for_gate,
 )
 from tests.apps.slow_app import add_cold_routes
 
@@ -62,25 +62,24 @@ def build_pids(gate_dir: Path) -> dict[str, int]:
 def create_app() -> Flask:
     app = Flask(__name__)
     config_from_environment(app)
-    gate_dir = Path(os.environ["GATE_DIR"])
-    gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
+    gate = GateFiles.from_environment()
     rl = ReachLimit(app)
 
     def build(key: str) -> dict[str, Any]:
-        running = gate_dir / f"running-{key}"
-        with open(gate_dir / "lock", "a") as lock:
+        running = gate.dir / f"running-{key}"
+        with open(gate.dir / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                count = len(list(gate_dir.glob("running-*"))) + 1
+                count = len(list(gate.dir.glob("running-*"))) + 1
                 line = f"{os.getpid()} {key} {count}\n"
                 # The log first: a test that sees the running- file finds its line logged.
-                with open(gate_dir / "log", "a") as log:
+                with open(gate.dir / "log", "a") as log:
                     log.write(line)
                 running.write_text(line)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         try:
-            wait_for_gate(gate_dir, gate_timeout, key)
+            gate.wait(key)
             return {"key": key, "pid": os.getpid()}
         finally:
             running.unlink(missing_ok=True)

@@ -46,11 +46,11 @@ from werkzeug.exceptions import InternalServerError
 
 from reachlimit.flask import ReachLimit
 from tests.apps.common import (
+    GateFiles,
     add_debug_health,
     add_worker_pid,
     append_line,
     config_from_environment,
-    wait_for_gate,
 )
 from tests.apps.slow_app import add_cold_routes
 
@@ -109,23 +109,22 @@ class BuildFailed(RuntimeError):
 def create_app() -> Flask:
     app = Flask(__name__)
     config_from_environment(app)
-    gate_dir = Path(os.environ["GATE_DIR"])
-    gate_timeout = float(os.environ.get("GATE_TIMEOUT", "40"))
+    gate = GateFiles.from_environment()
     build_seconds = float(os.environ.get("BUILD_SECONDS", "0.2"))
     rl = ReachLimit(app)
 
     def build(key: str) -> dict[str, Any]:
-        _note(gate_dir, "start", key)
+        _note(gate.dir, "start", key)
         try:
             if key.startswith(RAISE):
                 raise BuildFailed(f"the soak asked the build of {key!r} to fail")
             if key.startswith(HOLD):
-                wait_for_gate(gate_dir, gate_timeout, key)
+                gate.wait(key)
             else:
                 time.sleep(build_seconds)  # the work itself, not a synchronisation
             return {"key": key, "pid": os.getpid(), "built": time.time()}
         finally:
-            _note(gate_dir, "end", key)
+            _note(gate.dir, "end", key)
 
     add_cold_routes(app, rl, build)
 
