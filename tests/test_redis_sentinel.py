@@ -41,7 +41,6 @@ design:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,7 +58,7 @@ from reachlimit.redis import (
 )
 from tests.apps.build_log_app import at_once_along, running_now
 from tests.support import HOST
-from tests.support.clients import Herd, Reply, check_refusal, http_request
+from tests.support.clients import Herd, Load, Reply, check_refusal
 from tests.support.gunicorn_server import serving
 from tests.support.redis_limiters import burst_accounted, refusals, reservations_over
 from tests.support.redis_sentinel import (  # noqa: F401 - the gate and sentinels fixtures
@@ -116,46 +115,6 @@ def test_connect_gives_the_primary_the_sentinels_name(sentinels: SentinelSet) ->
             sentinel.close()
 
 
-class Load:
-    """Client threads, each sending distinct cold keys one after another until stopped,
-    recording every outcome with how long it took."""
-
-    def __init__(self, port: int, threads: int) -> None:
-        self.port = port
-        self.stop = threading.Event()
-        self._lock = threading.Lock()
-        self.outcomes: list[tuple[Reply | BaseException, float]] = []  # guarded by _lock
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, i: int) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            began = time.monotonic()
-            outcome: Reply | BaseException
-            try:
-                outcome = http_request(self.port, "GET", f"/report/load-{i}-{n}")
-            except BaseException as exc:  # recorded and failed on by the test
-                outcome = exc
-            with self._lock:
-                self.outcomes.append((outcome, time.monotonic() - began))
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.outcomes)
-
-    def finish(self) -> list[tuple[Reply | BaseException, float]]:
-        self.stop.set()
-        for t in self._threads:
-            t.join(60)
-            assert not t.is_alive(), "a client thread did not finish"
-        return self.outcomes
-
-
 def check_held_burst(
     herd: Herd, watch: RedisColdLimiter, before: RedisLimiterStats, burst: int
 ) -> None:
@@ -193,7 +152,7 @@ def test_a_primary_killed_under_load_fails_over_to_the_replica(
     server = build_log_server(tmp_path, "sentinel", gate, sentinels.url(), settings_env())
     with serving(server):
         assert all(f["backend"] == "redis" for f in worker_figures(server).values())
-        load = Load(server.port, LOADERS)
+        load = Load([server.port], LOADERS)
         try:
             wait_until("the load under way", lambda: load.count() >= 40)
             replica = sentinels.replica.client()

@@ -23,7 +23,6 @@ design:
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import pytest
 import redis
 
 from tests.apps.build_log_app import at_once_along, running_now
-from tests.support.clients import Herd, Reply, check_refusal, http_request
+from tests.support.clients import Herd, Load, Reply, check_refusal
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.redis_sentinel import (
     Gate,
@@ -73,45 +72,6 @@ def health_capacity(server: GunicornServer, asks: int = 10) -> set[int]:
         assert reply.status == 200, reply
         seen.add(reply.json()["reach"]["capacity_active"])
     return seen
-
-
-class Load:
-    """Client threads sending distinct cold keys (50 ms builds) to the given servers in
-    turn until stopped, keeping every reply."""
-
-    def __init__(self, ports: list[int], threads: int) -> None:
-        self.ports = ports
-        self.stop = threading.Event()
-        self._lock = threading.Lock()
-        self.replies: list[Reply | BaseException] = []  # guarded by _lock
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                         for i in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, i: int) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            port = self.ports[(i + n) % len(self.ports)]
-            reply: Reply | BaseException
-            try:
-                reply = http_request(port, "GET", f"/report/load-{i}-{n}")
-            except BaseException as exc:  # kept, and failed on by the test
-                reply = exc
-            with self._lock:
-                self.replies.append(reply)
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.replies)
-
-    def finish(self) -> list[Reply | BaseException]:
-        self.stop.set()
-        for t in self._threads:
-            t.join(60)
-            assert not t.is_alive(), "a client thread did not finish"
-        return self.replies
 
 
 def statuses(replies: list[Reply | BaseException]) -> Counter[int]:
@@ -184,7 +144,7 @@ def test_a_rolling_deploy_with_more_slots_never_fails_and_never_overadmits(
                 assert {f["capacity_active"] for f in worker_figures(new).values()} == {3}
                 before = load.count()
                 wait_until("both servers under load", lambda: load.count() >= before + 40)
-                replies = load.finish()
+                replies = [reply for reply, _ in load.finish()]
                 # The budget's settings, whichever server's worker answers its health.
                 assert health_capacity(old) == health_capacity(new) == {3}
                 assert {f["capacity_active"] for f in worker_figures(old).values()} == {3}

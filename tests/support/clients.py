@@ -1,5 +1,6 @@
 """HTTP clients for the tests that talk to real servers: one request, a raw socket that
-never reads, a herd of requests released together, and the check of a refusal."""
+never reads, a herd of requests released together, a steady load of cold requests, and the
+check of a refusal."""
 
 from __future__ import annotations
 
@@ -142,3 +143,47 @@ class Herd:
         for r in self.replies:
             assert isinstance(r, Reply), r
         return self.replies  # type: ignore[return-value]
+
+
+class Load:
+    """Client threads, each sending distinct cold keys (``/report/load-<thread>-<n>``) one
+    after another until stopped, to the servers of ``ports`` in turn (a test may append a
+    port meanwhile), keeping every outcome (a Reply, or the exception) with how long it took.
+    """
+
+    def __init__(self, ports: list[int], threads: int) -> None:
+        self.ports = ports
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.outcomes: list[tuple[Reply | BaseException, float]] = []  # guarded by _lock
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            port = self.ports[(i + n) % len(self.ports)]
+            began = time.monotonic()
+            outcome: Reply | BaseException
+            try:
+                outcome = http_request(port, "GET", f"/report/load-{i}-{n}")
+            except BaseException as exc:  # kept, and failed on by the test
+                outcome = exc
+            with self._lock:
+                self.outcomes.append((outcome, time.monotonic() - began))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.outcomes)
+
+    def finish(self) -> list[tuple[Reply | BaseException, float]]:
+        """Stop the clients and wait for them (each ends with its request in flight)."""
+        self.stop.set()
+        for t in self._threads:
+            t.join(60)
+            assert not t.is_alive(), "a client thread did not finish"
+        return self.outcomes
