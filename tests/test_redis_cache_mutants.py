@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit.redis import RedisCache, lua
-from tests.support.redis_mutants import Change, broken, in_file, install
+from reachlimit.redis import RedisCache
+from tests.support.redis_mutants import Case, case, caught_in_lua, check_id, in_file
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -125,10 +125,8 @@ EVICTED_KEPT = in_file("cache", ("  redis.call('DEL', entries .. old)\n", ""))
 CLEAR_KEEPS_ENTRIES = in_file(
     "cache", ("deleted = deleted + redis.call('DEL', entries .. digest)", "deleted = deleted + 1")
 )
-SETTINGS_RECORD_NOTHING = broken(
-    lua.SETTINGS,
-    in_file("settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")),
-    "SETTINGS",
+SETTINGS_RECORD_NOTHING = in_file(
+    "settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")
 )
 
 CHECKS = (
@@ -141,57 +139,45 @@ CHECKS = (
 )
 
 
-def check_id(check: Callable[..., None]) -> str:
-    return check.__name__.removeprefix("check_")
-
-
-def mutant_cache(client: redis.Redis, changes: tuple[Change, ...]) -> MakeCache:
-    """``make(**kwargs)``: a RedisCache on ``client`` running the mutant of its script."""
-    def make(**kwargs: Any) -> RedisCache:
-        cache = RedisCache(client, **kwargs)
-        install(cache, changes)
-        return cache
-
-    return make
+def real_cache(client: Any) -> MakeCache:
+    """``make(**kwargs)``: a RedisCache on ``client`` (the real scripts, or a mutant's once
+    a ``Case`` installs it)."""
+    return lambda **kwargs: RedisCache(client, **kwargs)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=check_id)
 def test_each_check_passes_with_the_real_scripts(
     check: Callable[[MakeCache, redis.Redis], None], client: redis.Redis
 ) -> None:
-    check(lambda **kwargs: RedisCache(client, **kwargs), client)
+    check(real_cache(client), client)
 
 
 @pytest.mark.parametrize(
-    ("changes", "check", "reason"),
+    "row",
     [
-        pytest.param(SET_WITHOUT_EXPIRY, check_an_entry_expires_in_redis,
-                     "an entry without its expiry", id="set-without-expiry"),
-        pytest.param(HEADER_DROPPED, check_an_entry_carries_its_build_time_and_window,
-                     "an entry lost its header", id="header-dropped"),
-        pytest.param(LIVES_WITHOUT_STALE, check_a_stale_window_lengthens_an_entrys_life,
-                     "the stale window was cut out", id="lives-without-stale"),
-        pytest.param(NO_EVICTION, check_the_size_bound_evicts_the_oldest,
-                     "the size bound kept the oldest entry", id="no-eviction"),
-        pytest.param(EVICTED_KEPT, check_the_size_bound_evicts_the_oldest,
-                     "the size bound kept the oldest entry", id="evicted-kept"),
-        pytest.param(CLEAR_KEEPS_ENTRIES, check_clear_empties_the_cache_for_every_process,
-                     "an entry survived clear", id="clear-keeps-entries"),
+        case("set-without-expiry", SET_WITHOUT_EXPIRY, check_an_entry_expires_in_redis,
+             "an entry without its expiry"),
+        case("header-dropped", HEADER_DROPPED, check_an_entry_carries_its_build_time_and_window,
+             "an entry lost its header"),
+        case("lives-without-stale", LIVES_WITHOUT_STALE,
+             check_a_stale_window_lengthens_an_entrys_life, "the stale window was cut out"),
+        case("no-eviction", NO_EVICTION, check_the_size_bound_evicts_the_oldest,
+             "the size bound kept the oldest entry"),
+        case("evicted-kept", EVICTED_KEPT, check_the_size_bound_evicts_the_oldest,
+             "the size bound kept the oldest entry"),
+        case("clear-keeps-entries", CLEAR_KEEPS_ENTRIES,
+             check_clear_empties_the_cache_for_every_process, "an entry survived clear"),
     ],
 )
 def test_a_cache_with_a_broken_script_fails_the_check_for_it(
-    changes: tuple[Change, ...],
-    check: Callable[[MakeCache, redis.Redis], None],
-    reason: str,
-    client: redis.Redis,
+    row: Case, client: redis.Redis
 ) -> None:
-    with pytest.raises(AssertionError, match=reason):
-        check(mutant_cache(client, changes), client)
+    row.caught(real_cache(client), client)
 
 
 def test_a_start_that_records_nothing_fails_the_check_for_it(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lua, "SETTINGS", SETTINGS_RECORD_NOTHING)  # read at each start
-    with pytest.raises(AssertionError, match="an older process ignores the newest start"):
-        check_the_newest_start_sets_the_cache(lambda **kw: RedisCache(client, **kw), client)
+    caught_in_lua(monkeypatch, "SETTINGS", SETTINGS_RECORD_NOTHING,  # read at each start
+                  "an older process ignores the newest start",
+                  check_the_newest_start_sets_the_cache, real_cache(client), client)

@@ -38,16 +38,16 @@ from typing import Any
 import pytest
 import redis
 
-from reachlimit.redis import RedisCache, RedisColdLimiter
+from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter_checks import check_gate_place_returned_after_timeout
 from tests.support.redis_cluster import redis_cluster_fixture  # noqa: F401 (a fixture)
-from tests.support.redis_mutants import Change, in_file
+from tests.support.redis_mutants import Case, case, check_id, in_file
 from tests.support.threads import ThreadRunner
 from tests.test_redis_cache_mutants import (
     MakeCache,
     check_clear_empties_the_cache_for_every_process,
     check_the_size_bound_evicts_the_oldest,
-    mutant_cache,
+    real_cache,
 )
 from tests.test_redis_cluster import (  # noqa: F401 (the client fixtures)
     cluster_client_fixture,
@@ -84,29 +84,25 @@ def test_a_tag_without_its_brace_fails_every_script_that_builds_a_key(
         check_gate_place_returned_after_timeout(factory(TAG_LOSES_BRACE), threads)
 
 
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("check", CACHE_CHECKS, ids=check_id)
 def test_each_cache_check_passes_on_a_cluster(
     check: Callable[[MakeCache, Any], None], client: Any
 ) -> None:
-    check(lambda **kwargs: RedisCache(client, **kwargs), client)
+    check(real_cache(client), client)
 
 
 @pytest.mark.parametrize(
-    ("changes", "check", "reason"),
+    "row",
     [
-        pytest.param(SPREAD_WRONG_DIGEST, check_the_size_bound_evicts_the_oldest,
-                     "the size bound kept the oldest entry", id="spread-wrong-digest"),
-        pytest.param(TAIL_DROPS_EVICTED, check_the_size_bound_evicts_the_oldest,
-                     "the size bound kept the oldest entry", id="tail-drops-evicted"),
-        pytest.param(DRAIN_ANSWERS_NOTHING, check_clear_empties_the_cache_for_every_process,
-                     "an entry survived clear", id="drain-answers-nothing"),
+        case("spread-wrong-digest", SPREAD_WRONG_DIGEST, check_the_size_bound_evicts_the_oldest,
+             "the size bound kept the oldest entry"),
+        case("tail-drops-evicted", TAIL_DROPS_EVICTED, check_the_size_bound_evicts_the_oldest,
+             "the size bound kept the oldest entry"),
+        case("drain-answers-nothing", DRAIN_ANSWERS_NOTHING,
+             check_clear_empties_the_cache_for_every_process, "an entry survived clear"),
     ],
 )
 def test_a_cluster_cache_with_a_broken_script_fails_the_check_for_it(
-    changes: tuple[Change, ...],
-    check: Callable[[MakeCache, Any], None],
-    reason: str,
-    client: Any,
+    row: Case, client: Any
 ) -> None:
-    with pytest.raises(AssertionError, match=reason):
-        check(mutant_cache(client, changes), client)
+    row.caught(real_cache(client), client)

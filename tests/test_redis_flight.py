@@ -34,20 +34,23 @@ from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.processes import free_port
 from tests.support.redis_clients import CountingRedis, LostReply, PausedRenewals, ScriptTrap
-from tests.support.redis_server import RedisServer
 from tests.support.refreshes import threads_named
-from tests.support.threads import HeldCall, ThreadRunner, start_call
+from tests.support.threads import HeldCall, Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 KEY = "the-key"
 
+#: ``make_flight``'s type: makes a flight object (``RedisSingleFlight``'s arguments after the
+#: client; ``client=`` for a client of the test's own).
+MakeFlight = Callable[..., RedisSingleFlight]
+
 
 @pytest.fixture
 def make_flight(
     make_client: Callable[..., CountingRedis], client: CountingRedis
-) -> Iterator[Callable[..., RedisSingleFlight]]:
+) -> Iterator[MakeFlight]:
     """``make_flight(**kwargs)``: a flight object with a client of its own (a "process");
     every one is closed at teardown."""
     made: list[RedisSingleFlight] = []
@@ -77,6 +80,31 @@ def never() -> Any:
     raise AssertionError("a follower ran fn")
 
 
+def start_leading(
+    threads: ThreadRunner, flight: RedisSingleFlight, gate: Gate, name: str = "leader"
+) -> Outcome:
+    """``flight.do(KEY, gate)`` in a thread, once it leads: its build (``gate``) started."""
+    lead: Outcome = start_call(threads, lambda: flight.do(KEY, gate), name=name)
+    assert gate.started.wait(10), "the leader never started its build"
+    return lead
+
+
+def renewed(client: redis.Redis, lead_key: str, times: int) -> Callable[[], bool]:
+    """A probe for ``wait_until``: true once the claim at ``lead_key`` was pushed back up
+    ``times`` times; it fails the test if the claim ended meanwhile (no renewal came)."""
+    last, renewals = [client.pttl(lead_key)], [0]
+
+    def probe() -> bool:
+        ttl = client.pttl(lead_key)
+        assert ttl > 0, "the claim ended while its leader ran: no renewal pushed its lease"
+        if ttl > last[0]:
+            renewals[0] += 1  # pushed back up
+        last[0] = ttl
+        return renewals[0] >= times
+
+    return probe
+
+
 def lead_and_follow(
     threads: ThreadRunner,
     client: redis.Redis,
@@ -86,8 +114,7 @@ def lead_and_follow(
 ) -> tuple[Any, Any]:
     """A leader in one "process" and a follower in another, released once the follower is
     counted in Redis. Returns both outcomes, finished."""
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     follow = start_call(threads, lambda: follower.do(KEY, never))
     wait_until("the follower counted in Redis", lambda: waiters(client, leader) == 1)
     gate.finish.set()
@@ -110,14 +137,14 @@ def test_invalid_arguments_raise_value_error(
     assert_value_error(lambda: RedisSingleFlight(client, **kwargs), message)
 
 
-def test_it_is_a_flight_for_coldpath(make_flight: Callable[..., RedisSingleFlight]) -> None:
+def test_it_is_a_flight_for_coldpath(make_flight: MakeFlight) -> None:
     flight: Flight = make_flight()
     assert ColdPath(ColdLimiter(), flight=flight).flight is flight
     assert issubclass(LeaderFailed, ReachLimitError)
 
 
 def test_a_key_of_another_type_is_a_type_error_before_any_redis_call(
-    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     flight = make_flight(client=client)
     before = sum(client.sent.values())
@@ -128,7 +155,7 @@ def test_a_key_of_another_type_is_a_type_error_before_any_redis_call(
 
 @pytest.mark.parametrize("key", ["{x}", "}" * 5000, "ü🙂", b"\xff", ("a", (1, b"")), 10**30])
 def test_any_key_runs_once_with_keys_in_one_slot(
-    make_flight: Callable[..., RedisSingleFlight], client: CountingRedis, key: Any
+    make_flight: MakeFlight, client: CountingRedis, key: Any
 ) -> None:
     flight = make_flight()
     assert flight.do(key, lambda: {"v": 1}) == ({"v": 1}, False)
@@ -145,7 +172,7 @@ def test_any_key_runs_once_with_keys_in_one_slot(
 def test_a_follower_elsewhere_shares_the_leaders_value(
     threads: ThreadRunner,
     client: CountingRedis,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_flight: MakeFlight,
     value: Any,
 ) -> None:
     leader, follower = make_flight(), make_flight()
@@ -159,7 +186,7 @@ def test_a_follower_elsewhere_shares_the_leaders_value(
 
 
 def test_bytes_values_cross_with_the_bytes_codec(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(codec="bytes"), make_flight(codec="bytes")
     lead, follow = lead_and_follow(threads, client, leader, follower, Gate(result=b"\x00raw"))
@@ -167,7 +194,7 @@ def test_bytes_values_cross_with_the_bytes_codec(
 
 
 def test_a_refusal_reaches_followers_as_the_same_busy(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(), make_flight()
     gate = Gate(error=Busy(Busy.TIMEOUT, 7))
@@ -177,7 +204,7 @@ def test_a_refusal_reaches_followers_as_the_same_busy(
 
 
 def test_an_exception_reaches_followers_elsewhere_as_leader_failed(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(), make_flight()
     gate = Gate(error=KeyError("no such node " + "x" * 5000))
@@ -191,13 +218,12 @@ def test_an_exception_reaches_followers_elsewhere_as_leader_failed(
 
 
 def test_in_the_leaders_process_followers_get_the_very_exception(
-    threads: ThreadRunner, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, make_flight: MakeFlight
 ) -> None:
     flight = make_flight()
     error = ValueError("boom")
     gate = Gate(error=error)
-    lead = start_call(threads, lambda: flight.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, flight, gate)
     follow = start_call(threads, lambda: flight.do(KEY, never))
     wait_until("the local follower", lambda: flight._local._calls[KEY].followers == 1)
     gate.finish.set()
@@ -206,7 +232,7 @@ def test_in_the_leaders_process_followers_get_the_very_exception(
 
 
 def test_a_value_the_codec_cannot_carry_reaches_followers_elsewhere_as_leader_failed(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(), make_flight()
     thing = object()
@@ -219,7 +245,7 @@ def test_a_value_the_codec_cannot_carry_reaches_followers_elsewhere_as_leader_fa
     "data", [b"v\x00garbage", b"vjnot json", b"b[1]", b'e["only one"]', b"q", b"", b"n!"]
 )
 def test_a_hostile_outcome_is_leader_failed_and_runs_nothing(
-    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight], data: bytes
+    client: CountingRedis, make_flight: MakeFlight, data: bytes
 ) -> None:
     flight = make_flight()
     base = flight.base_of(KEY)
@@ -237,14 +263,13 @@ def test_a_same_process_herd_makes_one_redis_wait(
     threads: ThreadRunner,
     client: CountingRedis,
     make_client: Callable[..., CountingRedis],
-    make_flight: Callable[..., RedisSingleFlight],
+    make_flight: MakeFlight,
 ) -> None:
     leader = make_flight()
     herd_client = make_client()
     herd = make_flight(client=herd_client)
     gate = Gate(result="v")
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     calls = [start_call(threads, lambda: herd.do(KEY, never)) for _ in range(6)]
     wait_until("one local leader and five local followers",
                lambda: KEY in herd._local._calls and herd._local._calls[KEY].followers == 5)
@@ -260,12 +285,11 @@ def test_a_same_process_herd_makes_one_redis_wait(
 
 
 def test_a_cancelled_follower_leaves_and_its_local_followers_go_round(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, other = make_flight(), make_flight()
     gate = Gate(result="v")
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     cancel = threading.Event()
     follow = start_call(threads, lambda: other.do(KEY, never, cancel))
     wait_until("the follower counted in Redis", lambda: waiters(client, leader) == 1)
@@ -283,7 +307,7 @@ def test_a_cancelled_follower_leaves_and_its_local_followers_go_round(
 
 
 def test_the_leader_cancelled_marker_makes_followers_elsewhere_go_round(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(), make_flight()
     lead, follow = lead_and_follow(threads, client, leader, follower,
@@ -295,7 +319,7 @@ def test_the_leader_cancelled_marker_makes_followers_elsewhere_go_round(
 
 
 def test_a_cancelled_leader_elsewhere_reaches_followers_as_cancelled(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(), make_flight()
     lead, follow = lead_and_follow(threads, client, leader, follower, Gate(error=Cancelled()))
@@ -322,26 +346,14 @@ def ghost_join(flight: RedisSingleFlight, token: str, lease_ms: int = 60_000) ->
 
 
 def test_a_renewed_claim_outlives_many_leases(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     leader, follower = make_flight(lease=0.3), make_flight(lease=0.3)
     gate = Gate(result="v")
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     follow = start_call(threads, lambda: follower.do(KEY, never))
     lead_key = leader.base_of(KEY) + "lead"
-    last = [client.pttl(lead_key)]
-    renewals = [0]
-
-    def renewed_five_times() -> bool:
-        ttl = client.pttl(lead_key)
-        assert ttl > 0, "the claim ended while its leader was alive"
-        if ttl > last[0]:
-            renewals[0] += 1  # pushed back up
-        last[0] = ttl
-        return renewals[0] >= 5
-
-    wait_until("five renewals", renewed_five_times, timeout=20, interval=0.02)
+    wait_until("five renewals", renewed(client, lead_key, 5), timeout=20, interval=0.02)
     gate.finish.set()
     wait_until("both done", lambda: lead.done.is_set() and follow.done.is_set())
     assert follow.value == ("v", True) and gate.runs == 1
@@ -351,14 +363,13 @@ def test_a_follower_takes_over_from_a_leader_that_stopped_renewing(
     threads: ThreadRunner,
     client: CountingRedis,
     make_client: Callable[..., CountingRedis],
-    make_flight: Callable[..., RedisSingleFlight],
+    make_flight: MakeFlight,
 ) -> None:
     paused = make_client(PausedRenewals)
     leader, follower = make_flight(client=paused, lease=0.3), make_flight(lease=0.3)
     stalled = Gate(result="late")
     paused.paused.set()  # a paused process: its renewals never reach Redis, its claim ends
-    lead = start_call(threads, lambda: leader.do(KEY, stalled))
-    assert stalled.started.wait(10)
+    lead = start_leading(threads, leader, stalled)
     second = Gate(result="fresh")
     second.finish.set()
     follow = start_call(threads, lambda: follower.do(KEY, second))
@@ -372,7 +383,7 @@ def test_a_follower_takes_over_from_a_leader_that_stopped_renewing(
 
 
 def test_a_finished_take_over_is_found_by_the_other_followers_not_rebuilt(
-    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     """The earlier double build: follower X takes over from a dead leader and finishes; then
     follower Y checks, finds no claim, and must take X's outcome rather than build again."""
@@ -396,7 +407,7 @@ def test_a_finished_take_over_is_found_by_the_other_followers_not_rebuilt(
 
 
 def test_a_follower_of_a_lost_flight_joins_the_flight_that_replaced_it(
-    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     f = make_flight()
     base = f.base_of(KEY)
@@ -415,7 +426,7 @@ def test_a_follower_of_a_lost_flight_joins_the_flight_that_replaced_it(
 
 
 def test_a_dead_leader_costs_one_more_build_never_two(
-    threads: ThreadRunner, client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    threads: ThreadRunner, client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     followers = [make_flight(lease=0.3) for _ in range(3)]
     ghost_join(followers[0], "ghost", lease_ms=300)
@@ -431,14 +442,14 @@ def test_a_dead_leader_costs_one_more_build_never_two(
 
 
 def test_a_corrupt_claim_counts_as_ended(
-    client: CountingRedis, make_flight: Callable[..., RedisSingleFlight]
+    client: CountingRedis, make_flight: MakeFlight
 ) -> None:
     flight = make_flight()
     client.set(flight.base_of(KEY) + "lead", b"\xffnot a claim")
     assert flight.do(KEY, lambda: "v") == ("v", False)
 
 
-def test_close_stops_the_renewer_for_good(make_flight: Callable[..., RedisSingleFlight]) -> None:
+def test_close_stops_the_renewer_for_good(make_flight: MakeFlight) -> None:
     flight = make_flight()
     gate = Gate(result="v")
     gate.finish.set()
@@ -464,9 +475,33 @@ def logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
     return sum(text in record.getMessage() for record in caplog.records)
 
 
-def trap_client(cls: type[Trap], redis_server: RedisServer) -> Trap:
-    """A ``ScriptTrap`` subclass's client of the test's Redis, with short timeouts."""
-    return cls(host="127.0.0.1", port=redis_server.port, socket_timeout=0.5)
+def trapped_flight(
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
+    cls: type[Trap],
+    operation: str,
+    lease: float,
+) -> tuple[Trap, RedisSingleFlight]:
+    """A flight with ``lease`` on a client of its own, a ``ScriptTrap`` subclass ``cls``
+    whose calls of the script's ``operation`` go to its trap once the flight is made; both
+    closed at teardown."""
+    trap: Trap = make_client(cls)
+    flight = make_flight(client=trap, lease=lease)
+    trap.trap = operation
+    return trap, flight
+
+
+def lose_a_join(
+    make_client: Callable[..., CountingRedis], make_flight: MakeFlight, deferred: bool = False
+) -> tuple[LostReply, RedisSingleFlight]:
+    """A flight whose first join loses its reply: the call fails with a timeout, the join
+    having run in Redis (or, ``deferred``, kept in the client's ``late`` for the test to
+    send). The lease is two minutes, far longer than the test's timeout."""
+    lossy, lost = trapped_flight(make_client, make_flight, LostReply, "join", lease=120.0)
+    lossy.deferred = deferred
+    with pytest.raises(redis.exceptions.TimeoutError):
+        lost.do(KEY, never)
+    return lossy, lost
 
 
 class FailingPublish(ScriptTrap):
@@ -486,17 +521,14 @@ class FailingPublish(ScriptTrap):
 def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
     threads: ThreadRunner,
     client: CountingRedis,
-    redis_server: RedisServer,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    failing = trap_client(FailingPublish, redis_server)
-    leader = make_flight(client=failing, lease=0.3)
-    failing.trap = "publish"
+    failing, leader = trapped_flight(make_client, make_flight, FailingPublish, "publish", 0.3)
     follower = make_flight(lease=0.3)
     gate = Gate(result="lost")
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     second = Gate(result="again")
     second.finish.set()
     follow = start_call(threads, lambda: follower.do(KEY, second))
@@ -506,29 +538,25 @@ def test_a_leader_whose_publish_fails_keeps_its_value_and_is_taken_over(
     assert lead.value == ("lost", False)  # the publish failed: logged, not raised
     assert follow.value == ("again", False) and second.runs == 1  # took over after the lease
     assert any("could not publish" in r.getMessage() for r in caplog.records)
-    failing.close()
 
 
 def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it_is_back(
     threads: ThreadRunner,
     client: CountingRedis,
-    redis_server: RedisServer,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A lease far longer than the test's timeout: a follower that got its value by taking
     # the flight over (after the lease) could not finish in time, so "shared" proves the
     # late publish reached it.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    failing = trap_client(FailingPublish, redis_server)
+    failing, leader = trapped_flight(make_client, make_flight, FailingPublish, "publish", 120.0)
     failing.away = threading.Event()
     failing.away.set()
-    leader = make_flight(client=failing, lease=120.0)
-    failing.trap = "publish"
     follower = make_flight(lease=120.0)
     gate = Gate(result="built while away")
-    lead = start_call(threads, lambda: leader.do(KEY, gate))
-    assert gate.started.wait(10)
+    lead = start_leading(threads, leader, gate)
     follow = start_call(threads, lambda: follower.do(KEY, never))
     wait_until("the follower counted", lambda: waiters(client, leader) == 1)
     gate.finish.set()
@@ -542,49 +570,38 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     assert follow.value == ("built while away", True) and gate.runs == 1
     assert client.get(leader.base_of(KEY) + "lead") is None  # the claim went with it
     assert logged(caplog, "published a flight outcome late") == 1  # once, and done
-    failing.close()
 
 
 def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
     threads: ThreadRunner,
     client: CountingRedis,
-    redis_server: RedisServer,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The join claimed the flight, but its caller never heard (it went on elsewhere: the
-    # fallback). With a lease far longer than the test's timeout, only the drop lets the
-    # next caller build.
+    # fallback). With the lost join's lease far longer than the test's timeout, only the
+    # drop lets the next caller build.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    lossy = trap_client(LostReply, redis_server)
-    lost = make_flight(client=lossy, lease=120.0)
-    lossy.trap = "join"
-    with pytest.raises(redis.exceptions.TimeoutError):
-        lost.do(KEY, never)
+    lose_a_join(make_client, make_flight)
     second = Gate(result="again")
     second.finish.set()
     other = make_flight(lease=120.0)
     assert other.do(KEY, second) == ("again", False) and second.runs == 1
     assert any("dropped a flight claim a lost reply left" in r.getMessage()
                for r in caplog.records)
-    lossy.close()
 
 
 def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     client: CountingRedis,
-    redis_server: RedisServer,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Sent to a Redis that was paused, the join runs only later: the drop finds nothing
     # until then, and is tried again until it finds the claim.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    lossy = trap_client(LostReply, redis_server)
-    lossy.deferred = True
-    lost = make_flight(client=lossy, lease=120.0)
-    lossy.trap = "join"
-    with pytest.raises(redis.exceptions.TimeoutError):
-        lost.do(KEY, never)
+    lossy, lost = lose_a_join(make_client, make_flight, deferred=True)
     lead_key = lost.base_of(KEY) + "lead"
     drops = "EVALSHA drop"
     wait_until("the drop tried twice, finding nothing", lambda: lossy.sent[drops] >= 2)
@@ -594,20 +611,17 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     assert client.get(lead_key) is not None
     wait_until("the claim dropped", lambda: client.get(lead_key) is None)
     wait_until("the drop done", lambda: logged(caplog, dropped) == 1)
-    lossy.close()
 
 
 def test_an_outcome_is_given_up_after_the_lease_and_on_close(
     threads: ThreadRunner,
     client: CountingRedis,
-    redis_server: RedisServer,
-    make_flight: Callable[..., RedisSingleFlight],
+    make_client: Callable[..., CountingRedis],
+    make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="reachlimit")
-    failing = trap_client(FailingPublish, redis_server)
-    leader = make_flight(client=failing, lease=0.3)
-    failing.trap = "publish"
+    failing, leader = trapped_flight(make_client, make_flight, FailingPublish, "publish", 0.3)
     before = threads_named("reachlimit-flight-republisher")
     assert leader.do(KEY, lambda: "once") == ("once", False)
     kept = "could not publish a flight outcome (it will be once Redis answers)"
@@ -622,7 +636,6 @@ def test_an_outcome_is_given_up_after_the_lease_and_on_close(
     leader.close()  # gives it up, and stops the thread
     assert not republisher.is_alive()
     assert logged(caplog, "published a flight outcome late") == 0
-    failing.close()
 
 
 def test_redis_errors_propagate_from_do() -> None:
@@ -643,7 +656,7 @@ def test_coldpath_composes_with_the_redis_limiter_cache_and_flight(
     threads: ThreadRunner,
     client: CountingRedis,
     make_client: Callable[..., CountingRedis],
-    make_flight: Callable[..., RedisSingleFlight],
+    make_flight: MakeFlight,
 ) -> None:
     """Two "processes", each a ColdPath on its own client: one build for a herd of both, then
     warm in both; a leader whose client leaves while queued lets a follower elsewhere lead."""

@@ -32,26 +32,36 @@ drop                a dead owner's claim is found and kept         a_dead_owners
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
 
-from reachlimit.redis import RedisSingleFlight, lua, owner_prefix, release_claims
+from reachlimit.redis import RedisSingleFlight, owner_prefix, release_claims
 from tests import test_redis_flight
-from tests.support.redis_mutants import Change, broken, in_file, install
+from tests.support.redis_mutants import Case, case, caught_in_lua, check_id, in_file
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
-from tests.test_redis_flight import KEY, Gate, waiters
+from tests.test_redis_flight import KEY, Gate, MakeFlight, renewed, start_leading, waiters
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-MakeFlight = Callable[..., RedisSingleFlight]
 
 #: The flight tests' fixture: ``make_flight(**kwargs)``, a flight object with a client of its
 #: own (a "process"), closed at teardown.
 make_flight = test_redis_flight.make_flight
+
+
+@contextmanager
+def leading(threads: ThreadRunner, leader: RedisSingleFlight, gate: Gate) -> Iterator[Outcome]:
+    """``leader`` leads KEY, its build held by ``gate`` for the block; on the way out
+    (a failed check too) the build is let finish, and the leader's call waited for."""
+    lead = start_leading(threads, leader, gate)
+    try:
+        yield lead
+    finally:
+        gate.finish.set()
+        lead.wait_done()
 
 
 def check_one_build_across_processes(
@@ -62,9 +72,8 @@ def check_one_build_across_processes(
     leader, other = make(), make()
     gate, second = Gate(result="built"), Gate(result="built again")
     second.finish.set()
-    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
+    lead = start_leading(threads, leader, gate)
     try:
-        assert gate.started.wait(10)
         follow: Outcome = start_call(threads, lambda: other.do(KEY, second), name="follower")
         wait_until("the second call follows in Redis, or builds",
                    lambda: waiters(client, leader) == 1 or second.runs)  # fmt: skip
@@ -84,15 +93,9 @@ def check_a_claim_ends_with_its_lease(
     """A leader's claim lives its lease (0.5 s) unless renewed: a leader whose process dies
     lets a follower take its flight over then."""
     leader = make(lease=0.5)
-    gate = Gate(result="v")
-    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
-    try:
-        assert gate.started.wait(10)
+    with leading(threads, leader, Gate(result="v")):
         pttl = client.pttl(leader.base_of(KEY) + "lead")
         assert 0 < pttl <= 500, f"a claim without its lease (PTTL {pttl})"
-    finally:
-        gate.finish.set()
-        lead.wait_done()
 
 
 def check_a_call_after_a_flight_ended_leads_anew(
@@ -113,25 +116,9 @@ def check_a_renewed_claim_outlives_its_lease(
     """A leader's claim (lease 1 s) is pushed back up every third of its lease while its
     build runs: three renewals seen, and the claim never ended meanwhile."""
     leader = make(lease=1.0)
-    gate = Gate(result="v")
-    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
-    lead_key = leader.base_of(KEY) + "lead"
-    try:
-        assert gate.started.wait(10)
-        last, renewals = [client.pttl(lead_key)], [0]
-
-        def renewed_three_times() -> bool:
-            ttl = client.pttl(lead_key)
-            assert ttl > 0, "the claim ended while its leader ran: no renewal pushed its lease"
-            if ttl > last[0]:
-                renewals[0] += 1  # pushed back up
-            last[0] = ttl
-            return renewals[0] >= 3
-
-        wait_until("three renewals", renewed_three_times, interval=0.02)
-    finally:
-        gate.finish.set()
-        lead.wait_done()
+    with leading(threads, leader, Gate(result="v")) as lead:
+        lead_key = leader.base_of(KEY) + "lead"
+        wait_until("three renewals", renewed(client, lead_key, 3), interval=0.02)
     assert lead.value == ("v", False)
 
 
@@ -141,11 +128,8 @@ def check_a_dead_owners_claim_is_dropped(
     """A leader's claim (lease a minute) is dropped by ``release_claims`` of its owner, and
     only of its owner: the claim of a live process stays."""
     leader = make(lease=60.0)
-    gate = Gate(result="v")
-    lead: Outcome = start_call(threads, lambda: leader.do(KEY, gate), name="leader")
-    lead_key = leader.base_of(KEY) + "lead"
-    try:
-        assert gate.started.wait(10)
+    with leading(threads, leader, Gate(result="v")):
+        lead_key = leader.base_of(KEY) + "lead"
         assert release_claims(client, "elsewhere:b00t:1:") == 0
         assert client.exists(lead_key), "a live owner's claim was dropped"
         dropped = release_claims(client, owner_prefix())
@@ -153,9 +137,6 @@ def check_a_dead_owners_claim_is_dropped(
             f"a dead owner's claim outlived release_claims ({dropped} dropped)"
         )
         assert release_claims(client, owner_prefix()) == 0  # nothing left to drop
-    finally:
-        gate.finish.set()
-        lead.wait_done()
 
 
 JOIN_ALWAYS_CLAIMS = in_file("flight", (
@@ -189,7 +170,7 @@ CHECKS = (
 )
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("check", CHECKS, ids=check_id)
 def test_each_check_passes_with_the_real_scripts(
     check: Callable[..., None], make_flight: MakeFlight, client: redis.Redis,
     threads: ThreadRunner,
@@ -198,35 +179,25 @@ def test_each_check_passes_with_the_real_scripts(
 
 
 @pytest.mark.parametrize(
-    ("changes", "check", "reason"),
+    "row",
     [
-        pytest.param(JOIN_ALWAYS_CLAIMS, check_one_build_across_processes,
-                     "built twice", id="join-always-claims"),
-        pytest.param(CHECK_OVERLOOKS_OUTCOME, check_one_build_across_processes, "built twice",
-                     id="check-overlooks-outcome"),
-        pytest.param(CLAIM_WITHOUT_LEASE, check_a_claim_ends_with_its_lease,
-                     "a claim without its lease", id="claim-without-lease"),
-        pytest.param(PUBLISH_KEEPS_CLAIM, check_a_call_after_a_flight_ended_leads_anew,
-                     "a finished flight's claim outlived it", id="publish-keeps-claim"),
-        pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_claim_outlives_its_lease,
-                     "the claim ended while its leader ran", id="renew-does-not-extend"),
+        case("join-always-claims", JOIN_ALWAYS_CLAIMS, check_one_build_across_processes,
+             "built twice"),
+        case("check-overlooks-outcome", CHECK_OVERLOOKS_OUTCOME,
+             check_one_build_across_processes, "built twice"),
+        case("claim-without-lease", CLAIM_WITHOUT_LEASE, check_a_claim_ends_with_its_lease,
+             "a claim without its lease"),
+        case("publish-keeps-claim", PUBLISH_KEEPS_CLAIM,
+             check_a_call_after_a_flight_ended_leads_anew,
+             "a finished flight's claim outlived it"),
+        case("renew-does-not-extend", RENEW_DOES_NOT_EXTEND,
+             check_a_renewed_claim_outlives_its_lease, "the claim ended while its leader ran"),
     ],
 )
 def test_a_flight_with_a_broken_script_fails_the_check_for_it(
-    changes: tuple[Change, ...],
-    check: Callable[..., None],
-    reason: str,
-    make_flight: MakeFlight,
-    client: redis.Redis,
-    threads: ThreadRunner,
+    row: Case, make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner
 ) -> None:
-    def make(**kwargs: Any) -> RedisSingleFlight:
-        flight = make_flight(**kwargs)
-        install(flight, changes)
-        return flight
-
-    with pytest.raises(AssertionError, match=reason):
-        check(make, client, threads)
+    row.caught(make_flight, client, threads)
 
 
 def test_a_release_claims_that_keeps_the_claim_fails_its_check(
@@ -235,6 +206,6 @@ def test_a_release_claims_that_keeps_the_claim_fails_its_check(
 ) -> None:
     # release_claims registers the script when called: the mutant is put in its place (the
     # flights the check makes run it too: it changes the drop only).
-    monkeypatch.setattr(lua, "FLIGHT", broken(lua.FLIGHT, DROP_KEEPS_CLAIM, "FLIGHT"))
-    with pytest.raises(AssertionError, match="a dead owner's claim outlived release_claims"):
-        check_a_dead_owners_claim_is_dropped(make_flight, client, threads)
+    caught_in_lua(monkeypatch, "FLIGHT", DROP_KEEPS_CLAIM,
+                  "a dead owner's claim outlived release_claims",
+                  check_a_dead_owners_claim_is_dropped, make_flight, client, threads)

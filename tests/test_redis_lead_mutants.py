@@ -33,7 +33,7 @@ from tests.support.redis_lead import (
     make_app,
     watcher_fixture,  # noqa: F401 (the watcher fixture)
 )
-from tests.support.redis_mutants import in_file
+from tests.support.redis_mutants import assert_caught, in_file
 from tests.support.redis_mutants import install as install_mutant
 from tests.support.redis_server import (
     RedisServer,
@@ -158,5 +158,4 @@ def test_check_fails_with_its_mutant(
 ) -> None:
     check, mutant, failure = CHECKS[name]
     install(app, *MUTANTS[mutant])
-    with pytest.raises(AssertionError, match=failure):
-        check(app, watcher, redis_server)
+    assert_caught(failure, check, app, watcher, redis_server)

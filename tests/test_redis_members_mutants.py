@@ -33,11 +33,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from reachlimit.redis import lua, release_owner
+from reachlimit.redis import release_owner
 from reachlimit.redis._common import limiter_keys, members_key
 from reachlimit.redis._members import Members
 from tests.support.redis_limiters import server_ms
-from tests.support.redis_mutants import Change, broken, in_file, install
+from tests.support.redis_mutants import assert_caught, caught_in_lua, check_id, in_file, installing
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -122,19 +122,10 @@ RESERVATION_KEPT = in_file(
 )
 
 
-def mutant_members(make: MakeMembers, changes: tuple[Change, ...]) -> MakeMembers:
-    def build(owner: str, period: float) -> Members:
-        member = make(owner, period)
-        install(member, changes)
-        return member
-
-    return build
-
-
 @pytest.mark.parametrize(
     "check", [check_a_silent_member_drops_out, check_release_owner_removes_a_dead_owners_members,
               check_an_announce_on_redis_ends_its_reservation],
-    ids=lambda c: c.__name__.removeprefix("check_"),
+    ids=check_id,
 )
 def test_each_check_passes_with_the_real_script(
     check: Callable[[MakeMembers, redis.Redis], None], make_members: MakeMembers,
@@ -146,22 +137,22 @@ def test_each_check_passes_with_the_real_script(
 def test_a_script_that_keeps_ended_members_fails_the_check_for_it(
     make_members: MakeMembers, client: redis.Redis
 ) -> None:
-    with pytest.raises(AssertionError, match="a silent member is still counted"):
-        check_a_silent_member_drops_out(mutant_members(make_members, ENDED_KEPT), client)
+    assert_caught("a silent member is still counted", check_a_silent_member_drops_out,
+                  installing(make_members, ENDED_KEPT), client)
 
 
 def test_a_leave_by_exact_id_only_fails_the_check_for_it(
     make_members: MakeMembers, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # release_owner registers lua.MEMBERS at each call (and so does each Members made now).
-    monkeypatch.setattr(lua, "MEMBERS", broken(lua.MEMBERS, LEAVE_EXACT_ONLY, "MEMBERS"))
-    with pytest.raises(AssertionError, match="a dead owner's members outlived release_owner"):
-        check_release_owner_removes_a_dead_owners_members(make_members, client)
+    caught_in_lua(monkeypatch, "MEMBERS", LEAVE_EXACT_ONLY,
+                  "a dead owner's members outlived release_owner",
+                  check_release_owner_removes_a_dead_owners_members, make_members, client)
 
 
 def test_a_script_that_keeps_a_reservation_fails_the_check_for_it(
     make_members: MakeMembers, client: redis.Redis
 ) -> None:
-    with pytest.raises(AssertionError, match="an announce on Redis kept its reservation"):
-        check_an_announce_on_redis_ends_its_reservation(
-            mutant_members(make_members, RESERVATION_KEPT), client)
+    assert_caught("an announce on Redis kept its reservation",
+                  check_an_announce_on_redis_ends_its_reservation,
+                  installing(make_members, RESERVATION_KEPT), client)

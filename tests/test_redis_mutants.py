@@ -77,10 +77,10 @@ The ``factory`` fixture (``tests/support/redis_limiters.py``) stands for
 on a fresh name (so no check sees another's leftovers). A ``FakeClock`` that steps
 on every read means "the wait runs out at once" in the checks; on Redis, whose clock cannot
 be faked, that becomes a 50 ms wait; otherwise the wait is a minute. The second table's
-checks take ``make`` (``make_limiter`` making the class of the row: several objects on one
-name stand for several processes), the test's client and ``threads``; where a state must
-last (a lease, a presence, a grant held to teach the estimate) they wait for Redis's own
-clock to move, never for this process's.
+checks take ``make`` (``make_limiter``, its limiters running the mutant of the row: several
+objects on one name stand for several processes), the test's client and ``threads``; where
+a state must last (a lease, a presence, a grant held to teach the estimate) they wait for
+Redis's own clock to move, never for this process's.
 """
 
 from __future__ import annotations
@@ -112,7 +112,17 @@ from tests.support.limiter_checks import (
 )
 from tests.support.redis_clients import LostReply
 from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript, server_ms
-from tests.support.redis_mutants import MUTATED, Change, broken, in_file, mutant_class
+from tests.support.redis_mutants import (
+    MUTATED,
+    Case,
+    Change,
+    assert_caught,
+    case,
+    caught_in_lua,
+    check_id,
+    in_file,
+    mutant_class,
+)
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
 
@@ -182,7 +192,7 @@ TIMEOUT, CANCEL, PROMOTION = (
 )
 
 
-def case(
+def place_case(
     cls: type[RedisColdLimiter],
     check: Callable[..., None],
     reason: str,
@@ -198,16 +208,16 @@ def case(
 @pytest.mark.parametrize(
     ("cls", "check", "reason", "intact"),
     [
-        case(TIMEOUT_KEEPS_PLACE, TIMEOUT, "gate place not returned after timeout",
-             "timeout-keeps-place"),
-        case(GIVE_UP_KEEPS_PLACE, CANCEL, "gate place not returned after cancel",
-             "give-up-keeps-place"),
-        case(PROMOTION_KEEPS_PLACE, PROMOTION, "gate place not returned after promotion",
-             "promotion-keeps-place"),
+        place_case(TIMEOUT_KEEPS_PLACE, TIMEOUT, "gate place not returned after timeout",
+                   "timeout-keeps-place"),
+        place_case(GIVE_UP_KEEPS_PLACE, CANCEL, "gate place not returned after cancel",
+                   "give-up-keeps-place"),
+        place_case(PROMOTION_KEEPS_PLACE, PROMOTION, "gate place not returned after promotion",
+                   "promotion-keeps-place"),
         # No release at all: the promotion check would only wait for a hand-off that never
         # comes, so it is left out; the others never need a holder to leave.
-        case(RELEASE_KEEPS_SLOT, check_slots_come_back, "slot not returned after release",
-             "release-keeps-slot", left_out=(PROMOTION,)),
+        place_case(RELEASE_KEEPS_SLOT, check_slots_come_back, "slot not returned after release",
+                   "release-keeps-slot", left_out=(PROMOTION,)),
     ],
 )
 def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(
@@ -221,8 +231,7 @@ def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(
     """The mutant fails the check named for its fault, with that check's message, and passes
     the checks of the paths it left intact (so it is caught for the right reason)."""
     make = factory(cls)
-    with pytest.raises(AssertionError, match=reason):
-        check(make, threads)
+    assert_caught(reason, check, make, threads)
     for other in intact:
         other(make, threads)
 
@@ -490,78 +499,62 @@ def check_release_owner_frees_a_dead_owners_places(
     assert_exact_capacity(lim)
 
 
-FAST_PATH_OVERBOOKS = mutant(
-    in_file("limiter", ("      if held >= capacity then\n        full = true",
-                        "      if held > capacity then\n        full = true")),
+FAST_PATH_OVERBOOKS = in_file("limiter", (
+    "      if held >= capacity then\n        full = true",
+    "      if held > capacity then\n        full = true",
+))
+HELD_NOT_COUNTED = in_file("limiter", (
+    "    held = redis.call('ZCARD', holders)\n    if held == 0 or",
+    "    held = 0\n    if held == 0 or",
+))
+QUEUE_UNBOUNDED = in_file("limiter", ("  if queued >= queue_cap then\n", "  if false then\n"))
+NEVER_LATE = in_file(
+    "limiter", ("if deadline and now < deadline and deadline < start then", "if false then")
 )
-HELD_NOT_COUNTED = mutant(
-    in_file("limiter", ("    held = redis.call('ZCARD', holders)\n    if held == 0 or",
-                        "    held = 0\n    if held == 0 or")),
+NO_ESTIMATE = in_file("limiter", ("if #times >= 4 then", "if #times >= 17 then"))
+CLOCK_IN_SECONDS = in_file(
+    "limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)", "tonumber(t[1])")
 )
-QUEUE_UNBOUNDED = mutant(
-    in_file("limiter", ("  if queued >= queue_cap then\n", "  if false then\n")),
+REFUSAL_COUNTS_THE_DEAD = in_file("limiter", (
+    "  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap\n",
+    "  if full and redis.call('ZCARD', tag .. 'alive') >= queue_cap\n",
+))
+GIVE_UP_KEEPS_SLOT = in_file("limiter", (
+    "if redis.call('ZREM', holders, lost) == 1 then",
+    "if redis.call('ZSCORE', holders, lost) then",
+))
+RECORD_WRITES_NOTHING = in_file(
+    "limiter", ("  redis.call('DEL', settings)\n  redis.call('HSET', settings, 'by', ARGV[3])\n",
+                "")
 )
-NEVER_LATE = mutant(
-    in_file("limiter", ("if deadline and now < deadline and deadline < start then",
-                        "if false then")),
-)
-NO_ESTIMATE = mutant(in_file("limiter", ("if #times >= 4 then", "if #times >= 17 then")))
-CLOCK_IN_SECONDS = mutant(
-    in_file("limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
-                        "tonumber(t[1])")),
-)
-REFUSAL_COUNTS_THE_DEAD = mutant(
-    in_file("limiter", (
-        "  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap\n",
-        "  if full and redis.call('ZCARD', tag .. 'alive') >= queue_cap\n",
-    )),
-)
-GIVE_UP_KEEPS_SLOT = mutant(
-    in_file("limiter", ("if redis.call('ZREM', holders, lost) == 1 then",
-                        "if redis.call('ZSCORE', holders, lost) then")),
-)
-RECORD_WRITES_NOTHING = mutant(
-    in_file("limiter", ("  redis.call('DEL', settings)\n  redis.call('HSET', settings, 'by', "
-                        "ARGV[3])\n", "")),
-)
-SETTINGS_NOT_READ = mutant(
-    in_file("limiter", ("local recorded = redis.call('HMGET', settings,",
-                        "local recorded = {} or redis.call('HMGET', settings,")),
-)
-STATS_SWAPPED = mutant(in_file("limiter", ("return {held, queued,", "return {queued, held,")))
-RENEW_DOES_NOT_EXTEND = mutant(
-    in_file("limiter", (
-        "    if redis.call('ZSCORE', holders, ARGV[i]) then\n"
-        "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
-        "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
-    )),
-)
-FALLBACK_BUILDS_HOLD_NOTHING = mutant(
-    in_file("limiter", ("      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n"
-                        "      added = added + 1\n", "      added = added + 1\n")),
-)
-RECOVERY_RESERVES_NOTHING = mutant(
-    in_file("limiter", (
-        "          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i)"
-        " end\n", "",
-    )),
-)
-REAP_KEEPS_DEAD_WAITERS = mutant(
-    in_file("limiter", (
-        "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
-        "    for _, waiter in ipairs(dead) do\n",
-    )),
-)
-#: ``release_owner`` registers ``lua.LIMITER`` at each call, so the test puts this text
+SETTINGS_NOT_READ = in_file("limiter", (
+    "local recorded = redis.call('HMGET', settings,",
+    "local recorded = {} or redis.call('HMGET', settings,",
+))
+STATS_SWAPPED = in_file("limiter", ("return {held, queued,", "return {queued, held,"))
+RENEW_DOES_NOT_EXTEND = in_file("limiter", (
+    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n"
+    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
+    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
+))
+FALLBACK_BUILDS_HOLD_NOTHING = in_file("limiter", (
+    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n      added = added + 1\n",
+    "      added = added + 1\n",
+))
+RECOVERY_RESERVES_NOTHING = in_file("limiter", (
+    "          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i)"
+    " end\n", "",
+))
+REAP_KEEPS_DEAD_WAITERS = in_file("limiter", (
+    "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
+    "    for _, waiter in ipairs(dead) do\n",
+))
+#: ``release_owner`` registers ``lua.LIMITER`` at each call, so the test puts this mutant
 #: there (the limiters the check makes run it too: it changes release_owner only).
-RELEASE_OWNER_KEEPS_SLOT = broken(
-    lua.LIMITER,
-    in_file("limiter", (
-        "      redis.call('ZREM', holders, holder)\n      redis.call('HDEL', since, holder)\n",
-        "      redis.call('HDEL', since, holder)\n",
-    )),
-    "LIMITER",
-)
+RELEASE_OWNER_KEEPS_SLOT = in_file("limiter", (
+    "      redis.call('ZREM', holders, holder)\n      redis.call('HDEL', since, holder)\n",
+    "      redis.call('HDEL', since, holder)\n",
+))
 
 MORE_CHECKS = (
     check_fallback_builds_hold_their_slots,
@@ -579,7 +572,7 @@ MORE_CHECKS = (
 )
 
 
-@pytest.mark.parametrize("check", MORE_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("check", MORE_CHECKS, ids=check_id)
 def test_each_check_passes_on_the_real_redis_limiter(
     check: Callable[..., None], make_limiter: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
@@ -591,61 +584,54 @@ NEWEST_START = check_every_process_follows_the_newest_start
 
 
 @pytest.mark.parametrize(
-    ("cls", "check", "reason"),
+    "row",
     [
-        pytest.param(FAST_PATH_OVERBOOKS, check_no_more_grants_than_slots,
-                     "slot double counted", id="fast-path-overbooks"),
-        pytest.param(HELD_NOT_COUNTED, check_no_more_grants_than_slots,
-                     "slot double counted", id="held-not-counted"),
-        pytest.param(QUEUE_UNBOUNDED, check_a_full_queue_stays_full,
-                     "queue bound broken", id="queue-unbounded"),
-        pytest.param(NEVER_LATE, LATE_LEADER, "no refusal by the estimate", id="never-late"),
-        pytest.param(NO_ESTIMATE, LATE_LEADER, "no refusal by the estimate", id="no-estimate"),
-        pytest.param(CLOCK_IN_SECONDS, LATE_LEADER, "no refusal by the estimate",
-                     id="clock-in-seconds"),
-        pytest.param(REFUSAL_COUNTS_THE_DEAD, check_a_dead_waiters_place_comes_back,
-                     "a dead waiter kept its place", id="refusal-counts-the-dead"),
-        pytest.param(GIVE_UP_KEEPS_SLOT, check_a_lost_release_frees_its_slot,
-                     "a lost release kept its slot", id="give-up-keeps-slot"),
-        pytest.param(RECORD_WRITES_NOTHING, NEWEST_START,
-                     "the newest has active=1", id="record-writes-nothing"),
-        pytest.param(SETTINGS_NOT_READ, NEWEST_START,
-                     "the first has active=1", id="settings-not-read"),
-        pytest.param(STATS_SWAPPED, check_the_figures_count_holders_and_waiters,
-                     "the figures are wrong", id="stats-swapped"),
-        pytest.param(RENEW_DOES_NOT_EXTEND, check_a_renewed_grant_outlives_its_lease,
-                     "a renewed grant lost its lease", id="renew-does-not-extend"),
-        pytest.param(FALLBACK_BUILDS_HOLD_NOTHING, check_fallback_builds_hold_their_slots,
-                     "a fallback build holds no slot", id="fallback-builds-hold-nothing"),
-        pytest.param(RECOVERY_RESERVES_NOTHING,
-                     check_a_recovery_reserves_the_other_processes_shares,
-                     "a recovery reserved nothing", id="recovery-reserves-nothing"),
-        pytest.param(REAP_KEEPS_DEAD_WAITERS, check_a_dead_waiters_place_comes_back,
-                     "a dead waiter kept its place", id="reap-keeps-dead-waiters"),
+        case("fast-path-overbooks", FAST_PATH_OVERBOOKS, check_no_more_grants_than_slots,
+             "slot double counted"),
+        case("held-not-counted", HELD_NOT_COUNTED, check_no_more_grants_than_slots,
+             "slot double counted"),
+        case("queue-unbounded", QUEUE_UNBOUNDED, check_a_full_queue_stays_full,
+             "queue bound broken"),
+        case("never-late", NEVER_LATE, LATE_LEADER, "no refusal by the estimate"),
+        case("no-estimate", NO_ESTIMATE, LATE_LEADER, "no refusal by the estimate"),
+        case("clock-in-seconds", CLOCK_IN_SECONDS, LATE_LEADER, "no refusal by the estimate"),
+        case("refusal-counts-the-dead", REFUSAL_COUNTS_THE_DEAD,
+             check_a_dead_waiters_place_comes_back,
+             "a dead waiter kept its place"),
+        case("give-up-keeps-slot", GIVE_UP_KEEPS_SLOT, check_a_lost_release_frees_its_slot,
+             "a lost release kept its slot"),
+        case("record-writes-nothing", RECORD_WRITES_NOTHING, NEWEST_START,
+             "the newest has active=1"),
+        case("settings-not-read", SETTINGS_NOT_READ, NEWEST_START, "the first has active=1"),
+        case("stats-swapped", STATS_SWAPPED, check_the_figures_count_holders_and_waiters,
+             "the figures are wrong"),
+        case("renew-does-not-extend", RENEW_DOES_NOT_EXTEND,
+             check_a_renewed_grant_outlives_its_lease,
+             "a renewed grant lost its lease"),
+        case("fallback-builds-hold-nothing", FALLBACK_BUILDS_HOLD_NOTHING,
+             check_fallback_builds_hold_their_slots,
+             "a fallback build holds no slot"),
+        case("recovery-reserves-nothing", RECOVERY_RESERVES_NOTHING,
+             check_a_recovery_reserves_the_other_processes_shares,
+             "a recovery reserved nothing"),
+        case("reap-keeps-dead-waiters", REAP_KEEPS_DEAD_WAITERS,
+             check_a_dead_waiters_place_comes_back,
+             "a dead waiter kept its place"),
     ],
 )
 def test_a_redis_limiter_with_a_broken_script_fails_the_check_for_it(
-    cls: type[RedisColdLimiter],
-    check: Callable[..., None],
-    reason: str,
-    make_limiter: Make,
-    client: redis.Redis,
-    threads: ThreadRunner,
+    row: Case, make_limiter: Make, client: redis.Redis, threads: ThreadRunner
 ) -> None:
-    def make(**kwargs: Any) -> RedisColdLimiter:
-        return make_limiter(cls=cls, **kwargs)
-
-    with pytest.raises(AssertionError, match=reason):
-        check(make, client, threads)
+    row.caught(make_limiter, client, threads)
 
 
 def test_a_release_owner_that_keeps_the_dead_owners_slot_fails_its_check(
     make_limiter: Make, client: redis.Redis, threads: ThreadRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(lua, "LIMITER", RELEASE_OWNER_KEEPS_SLOT)
-    with pytest.raises(AssertionError, match="a dead owner's places outlived release_owner"):
-        check_release_owner_frees_a_dead_owners_places(make_limiter, client, threads)
+    caught_in_lua(monkeypatch, "LIMITER", RELEASE_OWNER_KEEPS_SLOT,
+                  "a dead owner's places outlived release_owner",
+                  check_release_owner_frees_a_dead_owners_places, make_limiter, client, threads)
 
 
 #: Where the mutants of each ``.lua`` file are (this module's are built at its import).

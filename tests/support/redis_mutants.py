@@ -20,13 +20,24 @@ that object's script (``script_text``: the ghosts of ``tests/support/redis_limit
 it). ``mutant_class(base, changes)`` does it for every object a class makes (the checks of
 ``tests/support/limiter_checks.py`` and ``tests/support/fairness.py`` make their own
 limiters through a factory).
+
+Every mutant test has the same shape: a check, a function of ``make`` (what makes the objects
+under test) and the test's fixtures, passes with the real scripts and fails, saying what its
+row says, with the mutant. ``case(id, changes, check, reason)`` is such a row (a ``Case``,
+as a ``pytest.param``); ``Case.caught(make, *args)`` runs its check on objects ``make``
+makes running the mutant (``installing``). A mutant of a script a function registers at
+each call (``release_owner``, ``release_claims``, a start's settings) is put in ``lua`` for
+the test instead (``caught_in_lua``); ``assert_caught`` checks a failure.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
+
+import pytest
 
 from reachlimit.redis import lua
 from reachlimit.redis._packed import PackedScript
@@ -95,3 +106,60 @@ def mutant_class(base: type[T], changes: Iterable[Change]) -> type[T]:
 
     cls = type(f"Mutant{base.__name__}", (base,), {"__init__": __init__})
     return cast("type[T]", cls)
+
+
+def installing(make: Callable[..., T], changes: Iterable[Change]) -> Callable[..., T]:
+    """``make`` whose every object runs the mutant of its script (as :func:`install`)."""
+    changes = tuple(changes)
+
+    def made(*args: Any, **kwargs: Any) -> T:
+        obj = make(*args, **kwargs)
+        install(obj, changes)
+        return obj
+
+    return made
+
+
+def assert_caught(reason: str, check: Callable[..., None], *args: Any) -> None:
+    """``check(*args)`` fails, saying ``reason``: a mutant caught, and for its own fault."""
+    with pytest.raises(AssertionError, match=reason):
+        check(*args)
+
+
+def caught_in_lua(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    changes: Iterable[Change],
+    reason: str,
+    check: Callable[..., None],
+    *args: Any,
+) -> None:
+    """``lua.<name>`` replaced by its mutant for the test (the text a function registers at
+    each call; every object made meanwhile runs it too): ``check(*args)`` fails for
+    ``reason``."""
+    monkeypatch.setattr(lua, name, broken(getattr(lua, name), changes, name))
+    assert_caught(reason, check, *args)
+
+
+def check_id(check: Callable[..., None]) -> str:
+    """A check's id in a parametrized test: its name without ``check_``."""
+    return check.__name__.removeprefix("check_")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row of a mutant table: the mutant (its changes), the check that must catch it, and
+    what the check's failure says."""
+
+    changes: tuple[Change, ...]
+    check: Callable[..., None]
+    reason: str
+
+    def caught(self, make: Callable[..., Any], *args: Any) -> None:
+        """The check, on objects ``make`` makes running the mutant, fails for ``reason``."""
+        assert_caught(self.reason, self.check, installing(make, self.changes), *args)
+
+
+def case(id: str, changes: tuple[Change, ...], check: Callable[..., None], reason: str) -> Any:
+    """A :class:`Case` as a ``pytest.param`` with ``id``."""
+    return pytest.param(Case(changes, check, reason), id=id)
