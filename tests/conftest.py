@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the helpers live in tests/, beside this file
     sys.path.insert(0, str(ROOT))
 
+from reachlimit import ColdPath  # noqa: E402
 from tests.support import refreshes  # noqa: E402
 from tests.support.clock import FakeClock  # noqa: E402
 from tests.support.threads import ThreadRunner  # noqa: E402
@@ -38,6 +39,7 @@ refreshes.install()  # every refresh job watched, so a test can wait for one to 
 #: fixture is only set up for a test that asks for it, and a module's own fixture of the same
 #: name (``client`` in ``tests/test_redis_stress.py``, say) still wins over these.
 pytest_plugins = (
+    "tests.support.flask_ext",  # apps
     "tests.support.redis_server",  # redis_server (module-scoped)
     "tests.support.redis_clients",  # make_client, client, live_redis
     "tests.support.redis_limiters",  # make_limiter, factory
@@ -62,6 +64,13 @@ def threads() -> Iterator[ThreadRunner]:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def paths() -> Iterator[list[ColdPath]]:
+    """The ColdPaths a test makes (it appends them): closed at teardown, and no thread of
+    their refreshers left alive."""
+    yield from refreshes.closed_paths()
 
 
 # -- webapp: tests/test_reach.py, tests/test_webapp.py -------------------------------------------

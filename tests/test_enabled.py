@@ -36,6 +36,7 @@ from flask import Flask, Response, jsonify
 
 from reachlimit.flask import ReachLimit
 from tests.support import HOST, ROOT
+from tests.support.flask_ext import NumberedBuilds
 from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner
 
@@ -44,20 +45,7 @@ pytestmark = pytest.mark.timeout(60)
 DEADLINE = 10.0
 
 
-class Builds:
-    """What the app's builds did: every key built, in order (guarded by ``_lock``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.keys: list[str] = []
-
-    def build(self, key: str) -> dict[str, Any]:
-        with self._lock:
-            self.keys.append(key)
-            return {"key": key, "build": len(self.keys)}
-
-
-def make_app(builds: Builds, rl: ReachLimit | None = None, **config: Any) -> Flask:
+def make_app(builds: NumberedBuilds, rl: ReachLimit | None = None, **config: Any) -> Flask:
     """An app with ``/cold/<key>`` (``rl.cold``), ``/view/<key>`` (``@rl.cached()``),
     ``/reports/<key>`` (budget "reports", declared before ``init_app``) and ``/health``."""
     app = Flask(f"enabled-{uuid.uuid4().hex[:6]}")
@@ -83,15 +71,6 @@ def make_app(builds: Builds, rl: ReachLimit | None = None, **config: Any) -> Fla
     return app
 
 
-@pytest.fixture
-def apps() -> Iterator[list[Flask]]:
-    """Apps to close at teardown (no thread of theirs outlives the test)."""
-    made: list[Flask] = []
-    yield made
-    for app in made:
-        ReachLimit().close(app)
-
-
 def no_counters_thread() -> bool:
     return not any(t.name == "reachlimit-counters" for t in threading.enumerate())
 
@@ -101,7 +80,7 @@ def no_counters_thread() -> bool:
 
 @pytest.mark.parametrize("how", ["config", "string", "argument"])
 def test_off_every_build_runs_in_the_request_and_nothing_is_cached(how: str) -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     if how == "argument":
         app = make_app(builds, ReachLimit(enabled=False))
     else:
@@ -124,7 +103,7 @@ def test_off_every_build_runs_in_the_request_and_nothing_is_cached(how: str) -> 
 
 def test_on_by_default_the_same_app_caches() -> None:
     """The control of the test above: the same app with the default setting."""
-    builds = Builds()
+    builds = NumberedBuilds()
     app = make_app(builds)
     http = app.test_client()
     for path in ("/cold/a", "/cold/a", "/view/v", "/view/v"):
@@ -266,7 +245,7 @@ def test_off_an_app_on_redis_never_connects(
     silent_port: socket.socket, apps: list[Flask]
 ) -> None:
     url = f"redis://{HOST}:{silent_port.getsockname()[1]}/0"
-    builds = Builds()
+    builds = NumberedBuilds()
     app = make_app(builds, REACHLIMIT_REDIS_URL=url, REACHLIMIT_ENABLED="false",
                    REACHLIMIT_BUDGETS={"exports": {"active": 1}})
     apps.append(app)
@@ -286,7 +265,7 @@ def test_off_an_app_on_redis_never_connects(
     assert not attempted(silent_port), "a disabled app connected to its Redis URL"
 
     # The control: the same URL, enabled, is tried (and answered from the fallback).
-    on = make_app(Builds(), REACHLIMIT_REDIS_URL=url)
+    on = make_app(NumberedBuilds(), REACHLIMIT_REDIS_URL=url)
     apps.append(on)
     assert on.test_client().get("/cold/a").status_code == 200
     assert attempted(silent_port)
@@ -339,7 +318,7 @@ def test_an_app_whose_every_budget_is_off_never_imports_redis_py(
 def test_a_disabled_budget_beside_an_enabled_one(
     live_redis: RedisServer, apps: list[Flask], where: str
 ) -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     rl = ReachLimit()
     if where == "declared":
         rl.budget("reports", enabled=False)
@@ -368,7 +347,7 @@ def test_a_disabled_budget_beside_an_enabled_one(
 def test_the_default_off_and_a_budget_on_redis(live_redis: RedisServer, apps: list[Flask]) -> None:
     """REACHLIMIT_ENABLED false with one budget turned back on: that budget is on Redis
     (and the health view shows Redis, from it), the rest run their builds directly."""
-    builds = Builds()
+    builds = NumberedBuilds()
     rl = ReachLimit()
     rl.budget("reports", enabled=True)
     app = make_app(builds, rl, REACHLIMIT_REDIS_URL=live_redis.url(), REACHLIMIT_ENABLED="0")

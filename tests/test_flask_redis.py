@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,14 +36,6 @@ SECRET = "pa55-w0rd-never-shown"
 @pytest.fixture
 def url(live_redis: RedisServer) -> str:
     return live_redis.url()
-
-
-@pytest.fixture
-def apps() -> Iterator[list[Flask]]:
-    made: list[Flask] = []
-    yield made
-    for app in made:  # no thread of theirs outlives the test
-        ReachLimit().close(app)
 
 
 def make_app(apps: list[Flask], **config: Any) -> Flask:

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from flask import Flask, current_app
 
-from reachlimit import ColdPath, TTLCache
+from reachlimit import TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
+from tests.support.flask_ext import ExtensionReads
 from tests.support.refreshes import refreshing, threads_of
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
@@ -27,7 +28,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.timeout(30)
 
 
-class App:
+class App(ExtensionReads):
     """``/r/<key>`` answers ``{"key", "n"}`` through ``rl.cold`` (a build needing the app
     context: it reads ``current_app.name``); ``/plain`` never calls it."""
 
@@ -61,12 +62,6 @@ class App:
         stale = self.path.cache.stale  # type: ignore[attr-defined]
         self.path.cache = TTLCache(64, 10.0, stale=stale, clock=clock)
         self.path.clock = clock  # the refreshes' backoff, on the same clock
-
-    @property
-    def path(self) -> ColdPath:
-        path = self.app.extensions["reachlimit"].path
-        assert isinstance(path, ColdPath)
-        return path
 
     def get(self, url: str) -> Any:
         return self.app.test_client().get(url)

@@ -19,7 +19,6 @@ design:
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +33,7 @@ from reachlimit.redis import RedisCache, RedisHealth, ResilientCache, connect
 from reachlimit.redis._common import key_digest
 from tests.support import HOST
 from tests.support.clock import FakeClock
+from tests.support.flask_ext import NumberedBuilds
 from tests.support.processes import free_port
 from tests.support.redis_clients import restart_if_stopped
 from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # noqa: F401
@@ -46,25 +46,11 @@ SECRET = "f0rget-me-n0t-secret"
 PREFIX = "forget"
 
 
-class Builds:
-    """Every key built by the apps of one test, in order (guarded by ``_lock``): one
-    numbering for all of them, so an answer says which build made it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.keys: list[str] = []
-
-    def build(self, key: str) -> dict[str, Any]:
-        with self._lock:
-            self.keys.append(key)
-            return {"key": key, "build": len(self.keys)}
-
-
 class App:
     """An app with ``/cold/<key>`` (default budget) and ``/reports/<key>`` (budget
     "reports"); ``forget`` and ``clear`` run the extension's calls in its app context."""
 
-    def __init__(self, builds: Builds, **config: Any) -> None:
+    def __init__(self, builds: NumberedBuilds, **config: Any) -> None:
         self.app = app = Flask(f"forget-{uuid.uuid4().hex[:6]}")
         app.config.update(config)
         self.rl = rl = ReachLimit()
@@ -122,7 +108,7 @@ def apps() -> Iterator[list[App]]:
 
 
 def test_forget_drops_one_key_and_says_whether_it_was_there() -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     app = App(builds)
     assert app.get("/cold/a")[0] == 1 and app.get("/cold/b")[0] == 2
     assert hit(app.get("/cold/a"), 1)
@@ -135,7 +121,7 @@ def test_forget_drops_one_key_and_says_whether_it_was_there() -> None:
 
 
 def test_a_budget_forgets_its_own_key_only() -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     app = App(builds)
     app.get("/cold/k")
     app.get("/reports/k")
@@ -146,7 +132,7 @@ def test_a_budget_forgets_its_own_key_only() -> None:
 
 
 def test_forget_follows_the_key_rule_and_needs_an_app_context() -> None:
-    app = App(Builds())
+    app = App(NumberedBuilds())
     with app.app.test_request_context("/"):
         app.rl.cold(1, lambda: "one")
     assert app.forget(True) is True  # True is the key 1, as in a dict and on Redis
@@ -181,7 +167,7 @@ def test_ttlcache_forget_drops_fresh_stale_and_held_expired_entries(
 def test_forget_on_redis_drops_the_shared_entry_its_index_place_and_the_first_level(
     live_redis: RedisServer, apps: list[App]
 ) -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     config = {"REACHLIMIT_REDIS_URL": live_redis.url(), "REACHLIMIT_REDIS_PREFIX": PREFIX}
     one, two = App(builds, **config), App(builds, **config)
     apps.extend([one, two])
@@ -220,7 +206,7 @@ def test_forget_on_redis_drops_the_shared_entry_its_index_place_and_the_first_le
 def test_a_budget_on_redis_forgets_its_own_key_only(
     live_redis: RedisServer, apps: list[App]
 ) -> None:
-    builds = Builds()
+    builds = NumberedBuilds()
     app = App(builds, REACHLIMIT_REDIS_URL=live_redis.url(), REACHLIMIT_REDIS_PREFIX=PREFIX)
     apps.append(app)
     app.get("/cold/k")
@@ -257,7 +243,7 @@ def test_clear_and_forget_with_redis_stopped_raise_unavailable_masked(
 ) -> None:
     live_redis = password
     url = f"redis://default:{SECRET}@{HOST}:{live_redis.port}/0"
-    builds = Builds()
+    builds = NumberedBuilds()
     app = App(builds, REACHLIMIT_REDIS_URL=url, REACHLIMIT_REDIS_PREFIX=PREFIX)
     apps.append(app)
     assert app.get("/cold/k")[0] == 1 and app.health.up
@@ -327,7 +313,7 @@ def test_unavailable_masks_the_password_of_a_url_where_nothing_listens(
     apps: list[App],
 ) -> None:
     url = f"redis://user:{SECRET}@{HOST}:{free_port()}/0"
-    app = App(Builds(), REACHLIMIT_REDIS_URL=url)
+    app = App(NumberedBuilds(), REACHLIMIT_REDIS_URL=url)
     apps.append(app)
     assert app.health.up  # nothing tried yet: the explicit call is the first to fail
     with pytest.raises(Unavailable) as info:

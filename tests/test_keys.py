@@ -116,14 +116,6 @@ def backend(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     yield {"REACHLIMIT_REDIS_URL": server.url(), "REACHLIMIT_REDIS_PREFIX": "keys"}
 
 
-@pytest.fixture
-def apps() -> Iterator[list[Flask]]:
-    made: list[Flask] = []
-    yield made
-    for app in made:
-        ReachLimit().close(app)
-
-
 def redis_keys(config: dict[str, Any]) -> set[bytes]:
     url = config.get("REACHLIMIT_REDIS_URL")
     if url is None:

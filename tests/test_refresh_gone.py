@@ -25,8 +25,9 @@ from reachlimit._refresh import RefreshBackoff
 from reachlimit.flask import ReachLimit
 from reachlimit.redis import RedisCache, RedisColdLimiter, RedisSingleFlight
 from tests.support.clock import FakeClock
+from tests.support.flask_ext import ExtensionReads
 from tests.support.redis_clients import CountingRedis
-from tests.support.refreshes import refreshing
+from tests.support.refreshes import Builds, refreshing
 from tests.support.threads import JOIN_TIMEOUT
 from tests.support.waiting import wait_until
 
@@ -36,27 +37,6 @@ TTL, STALE = 10.0, 30.0
 
 #: What a build returns for "the thing is gone": both are never cached.
 GONE = [pytest.param(NOT_FOUND, id="NOT_FOUND"), pytest.param(None, id="None")]
-
-
-class Build:
-    """A build answering ``"v<n>"`` (n: its runs so far), or ``gone`` once set (NOT_FOUND or
-    None), or raising ``error`` once set."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self.gone: list[Any] = []  # [what to answer] once the thing is gone
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Any:
-        with self._lock:
-            self.runs += 1
-            n = self.runs
-        if self.error is not None:
-            raise self.error
-        if self.gone:
-            return self.gone[0]
-        return f"v{n}"
 
 
 class NoForget:
@@ -86,14 +66,6 @@ def clock() -> FakeClock:
     return FakeClock(1000.0)
 
 
-@pytest.fixture
-def paths() -> Iterator[list[ColdPath]]:
-    made: list[ColdPath] = []
-    yield made
-    for path in made:
-        path.close(JOIN_TIMEOUT)
-
-
 def make_path(
     paths: list[ColdPath], clock: FakeClock, cache: Any = None, *, active: int = 2,
     queue: int = 8, stale: float = STALE, refresher: Refresher | None = None,
@@ -112,15 +84,15 @@ def settle(path: ColdPath, key: Any = "k") -> None:
     wait_until(f"the refresh of {key!r} to end", lambda: not refreshing(path.refresher, key))
 
 
-def stale_entry(path: ColdPath, clock: FakeClock) -> Build:
+def stale_entry(path: ColdPath, clock: FakeClock) -> Builds:
     """A build whose value ("v1") was stored under "k" and is now 1 s past its TTL."""
-    build = Build()
+    build = Builds()
     assert path.fetch("k", build).value == "v1"
     clock.now += TTL + 1.0
     return build
 
 
-def stale_hit(path: ColdPath, build: Build, key: Any = "k") -> Any:
+def stale_hit(path: ColdPath, build: Builds, key: Any = "k") -> Any:
     """A fetch that must be answered stale, then the refresh it may have handed over ended."""
     answer = path.fetch(key, build)
     assert answer.status == "stale", answer
@@ -136,7 +108,7 @@ def test_a_refresh_that_finds_nothing_removes_the_entry_and_the_next_get_builds(
     clock: FakeClock, paths: list[ColdPath], gone: Any
 ) -> None:
     path = make_path(paths, clock)
-    build = Build()
+    build = Builds()
     assert path.fetch("k", build).status == "stored"
     clock.now += TTL + 1.0  # stale
     build.gone = [gone]
@@ -320,7 +292,7 @@ def test_an_hour_long_ttl_is_tried_again_after_a_minute(
     clock: FakeClock, paths: list[ColdPath]
 ) -> None:
     path = make_path(paths, clock, TTLCache(16, 3600.0, stale=600.0, clock=clock))
-    build = Build()
+    build = Builds()
     path.fetch("k", build)
     clock.now += 3601.0
     build.error = RuntimeError("database down")
@@ -347,7 +319,7 @@ def test_the_backoff_remembers_at_most_its_limit_of_keys() -> None:
 # -- the Flask extension ------------------------------------------------------------------------
 
 
-class App:
+class App(ExtensionReads):
     """``/r/<key>`` answers ``rl.cold(key, build)`` (404 when the build finds nothing);
     ``/c/<key>`` is the same build as an ``@rl.cached()`` view. The warm cache and the path's
     backoff are on the test's clock (``path.cache`` and ``path.clock`` are public)."""
@@ -356,7 +328,7 @@ class App:
         self.app = app = Flask("gone")
         app.config.update({"REACHLIMIT_CACHE_TTL": TTL, "REACHLIMIT_STALE": STALE})
         self.rl = rl = ReachLimit(app)
-        self.build = build = Build()
+        self.build = build = Builds()
 
         @app.get("/r/<key>")
         def report(key: str) -> Any:
@@ -372,12 +344,6 @@ class App:
         self.path.cache = TTLCache(64, TTL, stale=STALE, clock=clock)
         self.path.clock = clock
         self.seen: set[Any] = set()  # every key the cache held: their refreshes are awaited
-
-    @property
-    def path(self) -> ColdPath:
-        path = self.app.extensions["reachlimit"].path
-        assert isinstance(path, ColdPath)
-        return path
 
     def get(self, url: str) -> Any:
         """A request, then every refresh it handed over ended."""
@@ -485,7 +451,7 @@ def test_on_redis_a_refresh_that_finds_nothing_removes_the_shared_entry(
     shared: Callable[..., Shared], gone: Any
 ) -> None:
     one = shared()
-    build = Build()
+    build = Builds()
     assert one.path.fetch("k", build).status == "stored"
     one.make_stale()
     build.gone = [gone]
@@ -503,7 +469,7 @@ def test_on_redis_a_failing_refresh_is_tried_once_per_backoff(
 ) -> None:
     one = shared()
     assert one.path.refresh_backoff == TTL  # RedisCache says its TTL
-    build = Build()
+    build = Builds()
     one.path.fetch("k", build)
     one.make_stale()
     build.error = RuntimeError("database down")

@@ -12,7 +12,7 @@ import logging
 import math
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +28,7 @@ from reachlimit import (
 from reachlimit._path import EARLY_SPAN
 from tests.support.arguments import assert_value_error, invalid_arguments
 from tests.support.clock import FakeClock
-from tests.support.refreshes import refreshing, threads_named, threads_of
+from tests.support.refreshes import Builds, refreshing, threads_named, threads_of
 from tests.support.threads import JOIN_TIMEOUT, Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
@@ -47,40 +47,9 @@ class Draws:
         return self.value
 
 
-class Builds:
-    """A build that counts its runs and answers ``"v<n>"``; ``gate`` (when set) holds it."""
-
-    def __init__(self, gate: threading.Event | None = None) -> None:
-        self.runs = 0
-        self.gate = gate
-        self.started = threading.Event()
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Any:
-        with self._lock:
-            self.runs += 1
-            n = self.runs
-        self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(JOIN_TIMEOUT)
-        if self.error is not None:
-            raise self.error
-        return f"v{n}"
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(1000.0)
-
-
-@pytest.fixture
-def paths() -> Iterator[list[ColdPath]]:
-    made: list[ColdPath] = []
-    yield made
-    for path in made:
-        path.close(JOIN_TIMEOUT)
-        assert not threads_of(path.refresher)
 
 
 def make_path(

@@ -5,7 +5,9 @@ design: :func:`install` (called once by ``tests/conftest.py``) wraps ``Refresher
 public method, so that every job queued from then on notes, per refresher and key, that it
 waits or runs until it has ended (a job the refresher drops, full or closed, was never
 queued), and which thread ran it. :func:`refreshing` reads the first note, which is what a
-test waits on before it looks at what a refresh stored; :func:`threads_of` the second. The
+test waits on before it looks at what a refresh stored; :func:`threads_of` the second (the
+``paths`` fixture, :func:`closed_paths`, checks with it that a closed path left no refresher
+thread behind). The
 library keeps no such hook of its own. The notes live in weak dictionaries: a refresher that
 dies takes its notes with it, so tests never see each other's jobs. A job dropped by
 ``close`` while it waited stays noted as waiting.
@@ -16,11 +18,13 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
-from reachlimit import Refresher
+from reachlimit import ColdPath, Refresher
+from tests.support.threads import JOIN_TIMEOUT
 
-__all__ = ["install", "refreshing", "threads_of", "threads_named"]
+__all__ = ["Builds", "closed_paths", "install", "refreshing", "threads_of", "threads_named"]
 
 _lock = threading.Lock()
 # refresher -> key -> jobs of that key queued and not ended; guarded by _lock
@@ -75,3 +79,42 @@ def threads_of(refresher: Refresher) -> list[threading.Thread]:
     with _lock:
         ran = list(_ran.get(refresher, ()))
     return [t for t in ran if t.is_alive()]
+
+
+def closed_paths() -> Iterator[list[ColdPath]]:
+    """The list a test puts the ``ColdPath`` objects it makes in (the ``paths`` fixture of
+    ``tests/conftest.py``): at teardown each is closed, and none of its refresher's threads
+    may be left alive."""
+    made: list[ColdPath] = []
+    yield made
+    for path in made:
+        path.close(JOIN_TIMEOUT)
+        assert not threads_of(path.refresher), "a closed path left a refresher thread alive"
+
+
+class Builds:
+    """A build for the stale tests: it counts its runs and answers ``"v<n>"`` (n: its runs so
+    far); it says it started (``started``), waits while ``gate`` (when given) is not set,
+    raises ``error`` once set, and answers ``gone[0]`` once set (the thing is gone:
+    ``NOT_FOUND`` or None)."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.runs = 0
+        self.gate = gate
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self.gone: list[Any] = []  # [what to answer] once the thing is gone
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.runs += 1
+            n = self.runs
+        self.started.set()
+        if self.gate is not None:
+            assert self.gate.wait(JOIN_TIMEOUT)
+        if self.error is not None:
+            raise self.error
+        if self.gone:
+            return self.gone[0]
+        return f"v{n}"
