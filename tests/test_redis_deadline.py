@@ -68,6 +68,31 @@ def promoted_ghost(ghosts: LimiterScript, token: str) -> None:
     assert ghosts.release("fast-" + token) == 1  # promoted: its grant is timed from now
 
 
+Taught = Callable[..., tuple[RedisColdLimiter, LimiterScript]]
+
+
+@pytest.fixture
+def taught(client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]) -> Taught:
+    """``taught(name, estimate_ms, wait=3.0, promoted=False, **kwargs)``: a budget of one
+    slot and eight places (``Ghostly``, more settings in ``kwargs``) whose slot the ghost
+    ``holder`` holds (a fast-path grant, counted as ending now; ``promoted``, a grant timed
+    from now) and whose estimate is ``estimate_ms``: the limiter and its ghosts."""
+
+    def make(
+        name: str, estimate_ms: int, wait: float = 3.0, promoted: bool = False, **kwargs: Any
+    ) -> tuple[RedisColdLimiter, LimiterScript]:
+        lim = make_limiter(cls=Ghostly, name=name, active=1, queue=8, wait=wait, **kwargs)
+        ghosts = LimiterScript(client, lim)
+        if promoted:
+            promoted_ghost(ghosts, "holder")
+        else:
+            assert ghosts.acquire("holder")[0] == GRANTED
+        teach(client, lim, estimate_ms)
+        return lim, ghosts
+
+    return make
+
+
 def held_for(client: redis.Redis, since_ms: int, ms: int) -> None:
     """Wait until Redis's own clock is ``ms`` past ``since_ms``."""
     wait_until(f"{ms} ms on Redis's clock", lambda: server_ms(client) >= since_ms + ms)
@@ -105,13 +130,8 @@ def test_promoted_grants_are_timed_in_redis_and_the_estimate_is_the_smallest_of_
 # -- a newcomer refused at once -------------------------------------------------------------
 
 
-def test_exactly_at_the_wait_is_in_time(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
-) -> None:
-    lim = make_limiter(cls=Ghostly, name="boundary", active=1, queue=8, wait=3.0)
-    ghosts = LimiterScript(client, lim)
-    assert ghosts.acquire("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
-    teach(client, lim, 1500)
+def test_exactly_at_the_wait_is_in_time(taught: Taught) -> None:
+    lim, ghosts = taught("boundary", 1500)  # a fast-path holder: counted as ending now
     # p = 0, 1, 2 start 0, 1.5 and 3.0 s from now; the third, worked out in its own script
     # (one clock reading for its deadline and its start), is exactly in time.
     for p in range(3):
@@ -120,13 +140,9 @@ def test_exactly_at_the_wait_is_in_time(
 
 
 def test_a_newcomer_that_cannot_start_in_time_is_refused_at_once(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
+    client: redis.Redis, taught: Taught
 ) -> None:
-    lim = make_limiter(cls=Ghostly, name="at-once", active=1, queue=8, wait=3.2,
-                       retry_after=1)  # fmt: skip
-    ghosts = LimiterScript(client, lim)
-    assert ghosts.acquire("holder")[0] == GRANTED  # a fast-path grant: counted as ending now
-    teach(client, lim, 1500)
+    lim, ghosts = taught("at-once", 1500, wait=3.2, retry_after=1)  # a fast-path holder
     # p = 0, 1, 2 start 0, 1.5 and 3.0 s from now: in time (with 0.2 s to spare for the
     # third, while the next leaders arrive).
     for p in range(3):
@@ -140,32 +156,20 @@ def test_a_newcomer_that_cannot_start_in_time_is_refused_at_once(
     assert client.zcard(tag(lim) + ":queue") == 3
 
 
-def test_a_timed_holder_counts_what_it_still_needs(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
-) -> None:
-    lim = make_limiter(cls=Ghostly, name="holder-left", active=1, queue=8, wait=3.0)
-    ghosts = LimiterScript(client, lim)
-    promoted_ghost(ghosts, "holder")  # promoted just now: it needs about the estimate still
-    teach(client, lim, 10_000)
+def test_a_timed_holder_counts_what_it_still_needs(taught: Taught) -> None:
+    # The holder promoted just now: it needs about the estimate still.
+    lim, ghosts = taught("holder-left", 10_000, promoted=True)
     # Its slot frees in about 10 s, far past the wait: even the first place is late.
     status, retry = ghosts.acquire("w0")
     assert status == LATE and retry >= 2
     # The same after a fast-path holder (counted as ending now): the first place is in time.
-    other = make_limiter(cls=Ghostly, name="holder-fast", active=1, queue=8, wait=3.0)
-    other_ghosts = LimiterScript(client, other)
-    assert other_ghosts.acquire("holder")[0] == GRANTED
-    teach(client, other, 10_000)
+    other, other_ghosts = taught("holder-fast", 10_000)
     assert other_ghosts.acquire("w0")[0] == QUEUED
     assert other_ghosts.acquire("w1")[0] == LATE
 
 
-def test_the_budgets_deadline_setting_turns_it_off(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
-) -> None:
-    lim = make_limiter(cls=Ghostly, name="off", active=1, queue=8, wait=3.0, deadline=False)
-    ghosts = LimiterScript(client, lim)
-    assert ghosts.acquire("holder")[0] == GRANTED
-    teach(client, lim, 10_000)
+def test_the_budgets_deadline_setting_turns_it_off(client: redis.Redis, taught: Taught) -> None:
+    lim, ghosts = taught("off", 10_000, deadline=False)
     for p in range(8):
         assert ghosts.acquire(f"w{p}")[0] == QUEUED  # never refused for its place
     assert client.hget(tag(lim) + ":settings", "deadline") == b"0"
@@ -180,13 +184,9 @@ def test_the_budgets_deadline_setting_turns_it_off(
 
 
 def test_waiters_are_refused_when_a_timed_release_finds_them_late(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter], threads: ThreadRunner,
+    client: redis.Redis, taught: Taught, threads: ThreadRunner,
 ) -> None:
-    lim = make_limiter(cls=Ghostly, name="grown", active=1, queue=8, wait=10.0,
-                       retry_after=1)  # fmt: skip
-    ghosts = LimiterScript(client, lim)
-    promoted_ghost(ghosts, "holder")
-    teach(client, lim, 1000)
+    lim, ghosts = taught("grown", 1000, wait=10.0, promoted=True, retry_after=1)
     # free <= 1 s: places 0..4 start within 1 + 4 = 5 s of now, well within 10 s.
     for p in range(4):
         assert ghosts.acquire(f"w{p}")[0] == QUEUED
@@ -210,14 +210,8 @@ def test_waiters_are_refused_when_a_timed_release_finds_them_late(
     assert (s.queued, s.deadline, s.rejected_timeout) == (1, 3, 0)
 
 
-def test_places_are_round_robin_across_clients(
-    client: redis.Redis, make_limiter: Callable[..., RedisColdLimiter]
-) -> None:
-    lim = make_limiter(cls=Ghostly, name="turns", active=1, queue=8, wait=3.5,
-                       retry_after=1)  # fmt: skip
-    ghosts = LimiterScript(client, lim)
-    assert ghosts.acquire("holder")[0] == GRANTED
-    teach(client, lim, 1000)
+def test_places_are_round_robin_across_clients(client: redis.Redis, taught: Taught) -> None:
+    lim, ghosts = taught("turns", 1000, wait=3.5, retry_after=1)
     for i in range(4):  # a's places 0..3 start 0..3 s from now: all in time
         assert ghosts.acquire(f"a{i}", "a")[0] == QUEUED
     # b0 is served second (1 s, in time): a3 goes from 3 to 4 s, past its wait, and is
@@ -240,7 +234,7 @@ def test_places_are_round_robin_across_clients(
 
 def test_the_extension_on_redis_answers_429_at_once(
     client: redis.Redis, redis_server: RedisServer,
-    make_limiter: Callable[..., RedisColdLimiter],
+    taught: Taught,
 ) -> None:
     from flask import Flask
 
@@ -257,10 +251,7 @@ def test_the_extension_on_redis_answers_429_at_once(
         return rl.cold(key, lambda: built.append(key) or {"key": key})
 
     # The budget's state, made by a limiter of the test's on the same keys and settings.
-    lim = make_limiter(cls=Ghostly, name="cold", prefix="dl", active=1, queue=8, wait=3.0)
-    ghosts = LimiterScript(client, lim)
-    assert ghosts.acquire("holder")[0] == GRANTED
-    teach(client, lim, 1000)
+    lim, ghosts = taught("cold", 1000, prefix="dl")
     for p in range(2):  # 0 and 1 s: in time
         assert ghosts.acquire(f"w{p}")[0] == QUEUED
     teach(client, lim, 2500)

@@ -310,19 +310,28 @@ def test_a_process_whose_clock_is_a_minute_off_keeps_every_promise(
 # -- 5. Redis restarted empty under a holder and a waiter ------------------------------------
 
 
+HolderAndWaiter = Callable[[str], tuple[Worker, Worker, RedisColdLimiter]]
+
+
+@pytest.fixture
 def holder_and_waiter(
-    start_workers: Callable[..., list[Worker]],
-    make_watch: Callable[..., RedisColdLimiter],
-    client_option: str,
-) -> tuple[Worker, Worker, RedisColdLimiter]:
-    """Two workers (their clients ``client_option``) on a budget of one slot and one place:
-    the first holds the slot (``h``), the second waits (``w``); and the test's watch."""
-    holder, waiter = start_workers(2, active=1, queue=1, lease=1.5, options=(client_option,))
-    watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
-    holder.ask("acquire h", "granted")
-    waiter.send("acquire w")
-    wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
-    return holder, waiter, watch
+    start_workers: Callable[..., list[Worker]], make_watch: Callable[..., RedisColdLimiter]
+) -> HolderAndWaiter:
+    """``holder_and_waiter(client_option)``: two workers (their clients ``client_option``) on
+    a budget of one slot and one place: the first holds the slot (``h``), the second waits
+    (``w``); and the test's watch."""
+
+    def start(client_option: str) -> tuple[Worker, Worker, RedisColdLimiter]:
+        holder, waiter = start_workers(
+            2, active=1, queue=1, lease=1.5, options=(client_option,)
+        )
+        watch = make_watch(1, 1, wait=60.0, lease=1.5)  # the workers' settings
+        holder.ask("acquire h", "granted")
+        waiter.send("acquire w")
+        wait_until("w queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+        return holder, waiter, watch
+
+    return start
 
 
 def check_recovered(
@@ -349,10 +358,7 @@ def check_recovered(
 
 
 def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
-    client: redis.Redis,
-    redis_server: RedisServer,
-    make_watch: Callable[..., RedisColdLimiter],
-    start_workers: Callable[..., list[Worker]],
+    client: redis.Redis, redis_server: RedisServer, holder_and_waiter: HolderAndWaiter
 ) -> None:
     """One process holds the only slot, another waits; Redis restarts empty.
 
@@ -367,7 +373,7 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     The holder's renewer finds its grant unknown, marks it lost and does not recreate it; its
     release is then a no-op. Next acquires work at once, in every process, with the full
     capacity, and nothing is left stuck in Redis."""
-    holder, waiter, watch = holder_and_waiter(start_workers, make_watch, "patient")
+    holder, waiter, watch = holder_and_waiter("patient")
 
     redis_server.restart_empty()
 
@@ -376,20 +382,14 @@ def test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own(
     check_recovered(client, watch, holder, waiter, timeouts=1)
 
 
-# Kept apart from test_redis_restarted_under_a_holder_and_a_waiter_recovers_on_its_own:its
-# fixtures because pytest passes each test the fixtures it names; the shared steps are
-# holder_and_waiter and check_recovered.
 def test_a_waiter_whose_client_gives_up_while_redis_is_away_gets_the_redis_error(
-    client: redis.Redis,
-    redis_server: RedisServer,
-    make_watch: Callable[..., RedisColdLimiter],
-    start_workers: Callable[..., list[Worker]],
+    client: redis.Redis, redis_server: RedisServer, holder_and_waiter: HolderAndWaiter
 ) -> None:
     """The other ending: a waiter whose client does not retry (``impatient``) meets Redis
     gone and gets ``redis.ConnectionError`` out of ``acquire``: a clear error, never a grant
     and never a hang. Redis stays down until that error is seen, so the ending is certain.
     Redis then comes back empty on the same port and everything works again without help."""
-    holder, waiter, watch = holder_and_waiter(start_workers, make_watch, "impatient")
+    holder, waiter, watch = holder_and_waiter("impatient")
     port = redis_server.port
 
     redis_server.stop()
@@ -454,68 +454,78 @@ class _LosingConnection(redis.Connection):
         return reply
 
 
+LossyLimiter = Callable[..., tuple[LosesOneReply, RedisColdLimiter]]
+
+
+@pytest.fixture
+def lossy_limiter(redis_server: RedisServer) -> Iterator[LossyLimiter]:
+    """``lossy_limiter(name, queue)``: a limiter (one slot, a minute's wait) on a client with
+    its own ``LosesOneReply`` fault, returned with it; both closed at teardown."""
+    made: list[tuple[redis.Redis, RedisColdLimiter]] = []
+
+    def make(name: str, queue: int) -> tuple[LosesOneReply, RedisColdLimiter]:
+        fault = LosesOneReply()
+        retrying = fault.client(redis_server)
+        lim = RedisColdLimiter(retrying, name, active=1, queue=queue, wait=60.0)
+        made.append((retrying, lim))
+        return fault, lim
+
+    yield make
+    for retrying, lim in made:
+        lim.close()
+        retrying.close()
+
+
 def test_an_acquire_retried_after_its_reply_was_lost_is_answered_as_the_first_run(
-    redis_server: RedisServer, client: redis.Redis
+    lossy_limiter: LossyLimiter, client: redis.Redis
 ) -> None:
     """The client's one retry (the configuration the README shows) runs the acquire script a
     second time with the same token. Taking the last slot, the first run granted it; the retry
     must say so again, not queue the token behind its own slot (which left it both holding and
     queued, counted twice, and let a later promotion cut its lease to a claim's)."""
-    fault = LosesOneReply()
-    retrying = fault.client(redis_server)
-    lim = RedisColdLimiter(retrying, "lost-reply", active=1, queue=2, wait=60.0)
-    try:
-        lim.stats()  # loads the scripts: the lost reply below is the acquire script's
-        fault.lose = True
-        grant = lim.acquire()
-        assert not fault.lose, "no reply was lost: the test tested nothing"
-        state = {
-            "holders": client.zcard(lim.keys[0]),
-            "queue": client.zcard(lim.keys[1]),
-            "alive": client.zcard(lim.keys[2]),
-        }
-        assert state == {"holders": 1, "queue": 0, "alive": 0}, state
-        s = lim.stats()
-        assert (s.active, s.queued, s.acquired) == (1, 0, 1), s
-        grant.release()
-        assert not grant.lease_lost  # type: ignore[attr-defined]
-        assert_exact_capacity(lim)
-    finally:
-        lim.close()
-        retrying.close()
+    fault, lim = lossy_limiter("lost-reply", queue=2)
+    lim.stats()  # loads the scripts: the lost reply below is the acquire script's
+    fault.lose = True
+    grant = lim.acquire()
+    assert not fault.lose, "no reply was lost: the test tested nothing"
+    state = {
+        "holders": client.zcard(lim.keys[0]),
+        "queue": client.zcard(lim.keys[1]),
+        "alive": client.zcard(lim.keys[2]),
+    }
+    assert state == {"holders": 1, "queue": 0, "alive": 0}, state
+    s = lim.stats()
+    assert (s.active, s.queued, s.acquired) == (1, 0, 1), s
+    grant.release()
+    assert not grant.lease_lost  # type: ignore[attr-defined]
+    assert_exact_capacity(lim)
 
 
 def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
-    redis_server: RedisServer, client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
+    lossy_limiter: LossyLimiter, client: redis.Redis, make_watch: Callable[..., RedisColdLimiter]
 ) -> None:
     """The first run queued the token; before the retry, the holder left and the slot was
     handed to it. The retry claims that slot: a full lease (not the short claim lease that
     would run out under its holder), the hand-off counted once, no doorbell left."""
-    fault = LosesOneReply()
-    retrying = fault.client(redis_server)
+    fault, lim = lossy_limiter("procs", queue=2)
     watch = make_watch(1, 2, wait=60.0)
-    lim = RedisColdLimiter(retrying, "procs", active=1, queue=2, wait=60.0)
-    try:
-        holder = watch.acquire()
-        lim.stats()  # loads the scripts: the lost reply below is the acquire script's
-        fault.meanwhile = holder.release
-        fault.lose = True
-        grant = lim.acquire()
-        assert not fault.lose and not holder.held
-        ends = holders(client, watch)
-        assert list(ends) == [grant.token]  # type: ignore[attr-defined]
-        now = server_ms(client)
-        assert ends[grant.token] > now + RedisColdLimiter.PRESENCE * 1000, "a claim lease"  # type: ignore[attr-defined]
-        assert client.keys(doorbell(watch, "*")) == []
-        s = watch.stats()
-        assert (s.active, s.queued, s.acquired) == (1, 0, 2), s
-        grant.release()
-        assert not grant.lease_lost  # type: ignore[attr-defined]
-        assert_exact_capacity(watch)
-        assert_no_state_left(client, watch)
-    finally:
-        lim.close()
-        retrying.close()
+    holder = watch.acquire()
+    lim.stats()  # loads the scripts: the lost reply below is the acquire script's
+    fault.meanwhile = holder.release
+    fault.lose = True
+    grant = lim.acquire()
+    assert not fault.lose and not holder.held
+    ends = holders(client, watch)
+    assert list(ends) == [grant.token]  # type: ignore[attr-defined]
+    now = server_ms(client)
+    assert ends[grant.token] > now + RedisColdLimiter.PRESENCE * 1000, "a claim lease"  # type: ignore[attr-defined]
+    assert client.keys(doorbell(watch, "*")) == []
+    s = watch.stats()
+    assert (s.active, s.queued, s.acquired) == (1, 0, 2), s
+    grant.release()
+    assert not grant.lease_lost  # type: ignore[attr-defined]
+    assert_exact_capacity(watch)
+    assert_no_state_left(client, watch)
 
 
 @pytest.mark.xfail(
@@ -524,28 +534,22 @@ def test_a_queued_acquire_retried_after_a_hand_off_claims_the_slot_once(
     "design note of reachlimit/redis/_limiter.py)",
 )
 def test_a_poll_retried_after_its_grant_reply_was_lost_counts_the_grant_once(
-    redis_server: RedisServer,
+    lossy_limiter: LossyLimiter,
     client: redis.Redis,
     make_watch: Callable[..., RedisColdLimiter],
     threads: Any,
 ) -> None:
-    fault = LosesOneReply()
-    retrying = fault.client(redis_server)
+    fault, lim = lossy_limiter("procs", queue=1)
     watch = make_watch(1, 1, wait=60.0)
-    lim = RedisColdLimiter(retrying, "procs", active=1, queue=1, wait=60.0)
-    try:
-        holder = watch.acquire()
-        waiter = start_acquire(threads, lim, name="waiter")
-        wait_until("queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
-        fault.only_reply = [1, 0]  # the poll that claims the slot
-        fault.lose = True
-        holder.release()
-        waiter.wait_done(timeout=DEADLINE)
-        assert waiter.grant is not None and not fault.lose, waiter.error
-        waiter.release()
-        s = watch.stats()
-        assert (s.active, s.queued) == (0, 0)  # slots and places are never affected
-        assert s.acquired == 2, f"{s.acquired} grants counted for 2"
-    finally:
-        lim.close()
-        retrying.close()
+    holder = watch.acquire()
+    waiter = start_acquire(threads, lim, name="waiter")
+    wait_until("queued", lambda: watch.stats().queued == 1, timeout=DEADLINE)
+    fault.only_reply = [1, 0]  # the poll that claims the slot
+    fault.lose = True
+    holder.release()
+    waiter.wait_done(timeout=DEADLINE)
+    assert waiter.grant is not None and not fault.lose, waiter.error
+    waiter.release()
+    s = watch.stats()
+    assert (s.active, s.queued) == (0, 0)  # slots and places are never affected
+    assert s.acquired == 2, f"{s.acquired} grants counted for 2"

@@ -121,6 +121,25 @@ def ended(before: Collection[threading.Thread]) -> bool:
     return not probe_threads(before)
 
 
+def stepping_health(
+    fail: int = 0, url: str = "redis://h:1/0", **kwargs: Any
+) -> tuple[RedisHealth, FakeProbe]:
+    """A health whose fake clock moves a second at each read (every pause has passed: no real
+    wait at all), and its probe, which fails ``fail`` times, then answers."""
+    clock = FakeClock(step=1.0)
+    probe = FakeProbe(clock, fail=fail)
+    return RedisHealth(url, probe=probe, clock=clock, **kwargs), probe
+
+
+def probed_until_up(health: RedisHealth, before: Collection[threading.Thread]) -> None:
+    """Redis fails once: the health's probe thread probes until Redis answers, marks it up
+    and ends by itself."""
+    health.failed(redis.ConnectionError("refused"))
+    thread = the_probe_thread(before)
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive() and health.up
+
+
 def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "reachlimit" and r.levelno == logging.WARNING and text in r.getMessage()]
@@ -214,15 +233,10 @@ def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="reachlimit")
-    clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
-    probe = FakeProbe(clock, fail=2)
     before = probe_threads()
-    health = RedisHealth("redis://:pw@h:1/0", probe=probe, clock=clock, max_retry=0.5)
-    health.failed(redis.ConnectionError("refused"))
-    thread = the_probe_thread(before)
-    thread.join(JOIN_TIMEOUT)
-    assert not thread.is_alive()  # it ended by itself, with Redis up
-    assert health.up and health.available()
+    health, probe = stepping_health(fail=2, url="redis://:pw@h:1/0", max_retry=0.5)
+    probed_until_up(health, before)
+    assert health.available()
     assert probe.calls() == 3  # two failures, then the success: no probe after it
     assert ended(before)
     back = warnings_with(caplog, "answers again")
@@ -239,11 +253,8 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
     # while every other caller still sees Redis down; a hook failing with a Redis error is
     # a failed probe, any other error is logged and does not keep Redis down.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    clock = FakeClock(step=1.0)  # every read is past any pause: no real wait at all
-    probe = FakeProbe(clock)
-    probe.fail = 0
     before = probe_threads()
-    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock, max_retry=0.5)
+    health, probe = stepping_health(max_retry=0.5)
     seen: list[tuple[str, bool]] = []
     hook_fails = [redis.ConnectionError("refused (a hook)")]
 
@@ -259,10 +270,7 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
     health.before_up(tells_redis)
     health.before_up(has_a_bug)
     try:
-        health.failed(redis.ConnectionError("refused"))
-        thread = the_probe_thread(before)
-        thread.join(JOIN_TIMEOUT)
-        assert not thread.is_alive() and health.up
+        probed_until_up(health, before)
         # Two probes succeeded: the first one's hook failed (so did not mark Redis up, and
         # the second hook was not run), the second's hooks ran, both while still down.
         assert probe.calls() == 2
@@ -365,10 +373,7 @@ def test_a_call_that_timed_out_is_followed_by_a_probe_at_once() -> None:
 def test_a_call_that_began_before_redis_came_back_cannot_start_an_outage() -> None:
     # A call sent into the outage (to a paused Redis) that times out just as Redis answers
     # again says nothing about Redis now; one that began after does.
-    clock = FakeClock(step=1.0)  # every pause has passed at each read
-    probe = FakeProbe(clock)
-    probe.fail = 0
-    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    health, probe = stepping_health()
     try:
         straggler = health.failures  # read as the call began, while Redis was up
         health.failed(redis.ConnectionError("the outage begins"))
@@ -493,10 +498,8 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
 
 
 def test_each_outage_gets_a_thread_of_its_own() -> None:
-    clock = FakeClock(step=1.0)
-    probe = FakeProbe(clock, fail=0)
     before = probe_threads()
-    health = RedisHealth("redis://h:1/0", probe=probe, clock=clock)
+    health, probe = stepping_health()
     try:
         seen = []
         for n in range(3):
