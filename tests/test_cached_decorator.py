@@ -22,6 +22,7 @@ from werkzeug.test import EnvironBuilder
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
+from tests.support.flask_ext import held_leader_and_followers
 from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
@@ -286,15 +287,7 @@ def test_a_herd_on_a_decorated_view_builds_once(threads: ThreadRunner) -> None:
         assert go.wait(JOIN_TIMEOUT)
         return {"ok": True}
 
-    leader = start_call(threads, lambda: app.test_client().get("/slow"), name="leader")
-    assert building.wait(JOIN_TIMEOUT)
-    followers = [
-        start_call(threads, lambda: app.test_client().get("/slow"), name=f"f{i}")
-        for i in range(5)
-    ]
-    with app.test_request_context():
-        flight: Any = rl.path.flight
-    wait_until("five followers", lambda: sum(c.followers for c in flight._calls.values()) == 5)
+    leader, followers = held_leader_and_followers(threads, app, rl, "/slow", building, 5)
     go.set()
     for outcome in [leader, *followers]:
         outcome.wait_done(JOIN_TIMEOUT)
@@ -435,12 +428,7 @@ def test_a_follower_whose_second_round_finds_nothing_is_a_404(threads: ThreadRun
         assert go.wait(JOIN_TIMEOUT)
         return "made", 201  # answered, and never shared with the follower
 
-    leader = start_call(threads, lambda: app.test_client().get("/r"), name="leader")
-    assert building.wait(JOIN_TIMEOUT)
-    follower = start_call(threads, lambda: app.test_client().get("/r"), name="follower")
-    with app.test_request_context():
-        flight: Any = rl.path.flight
-    wait_until("the follower", lambda: sum(c.followers for c in flight._calls.values()) == 1)
+    leader, (follower,) = held_leader_and_followers(threads, app, rl, "/r", building, 1)
     go.set()
     leader.wait_done()
     follower.wait_done()

@@ -20,6 +20,7 @@ from flask import Flask, Response, request
 import reachlimit._cached as cached_module
 from reachlimit._cached import MAGIC, MAX_HEAD
 from reachlimit.flask import ReachLimit
+from tests.support.flask_ext import one_view_app
 from tests.test_cached_return_forms import FORMS, _head, _replay, forms_app
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,21 +36,6 @@ def replayed_parts(reply: Any) -> tuple[str, list[tuple[str, str]], bytes]:
     order of their names (a replay measures Content-Length again, and adds it last), body."""
     headers = [(k, v) for k, v in reply.headers.items() if k.lower() != "cache-status"]
     return reply.status, sorted(headers, key=lambda kv: kv[0].lower()), reply.get_data()
-
-
-def one_view_app(answer: Any) -> tuple[Flask, ReachLimit, list[int]]:
-    """``/v``: a decorated view answering ``answer()``, each run recorded."""
-    app = Flask("replays")
-    rl = ReachLimit(app)
-    runs: list[int] = []
-
-    @app.get("/v")
-    @rl.cached()
-    def v() -> Any:
-        runs.append(1)
-        return answer()
-
-    return app, rl, runs
 
 
 def first_and_hit(app: Flask, url: str = "/v") -> tuple[Any, Any]:
@@ -100,16 +86,9 @@ def test_other_caches_cache_status_members_are_replayed_and_ours_only_dropped() 
 
 
 def test_the_longest_head_a_replay_holds_is_max_head_bytes() -> None:
-    app = Flask("longest")
-    rl = ReachLimit(app)
-    runs: list[int] = []
-
-    @app.get("/pad")
-    @rl.cached()
-    def pad() -> Any:
-        runs.append(1)
-        return Response("x", headers={"X-Pad": "p" * int(request.args["n"])})
-
+    app, rl, runs = one_view_app(
+        lambda: Response("x", headers={"X-Pad": "p" * int(request.args["n"])}), "/pad"
+    )
     with app.test_request_context():
         cache = rl.path.cache
 

@@ -25,9 +25,10 @@ from reachlimit import NOT_FOUND, TTLCache
 from reachlimit._cached import MAGIC, SHARED_ROUNDS
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
+from tests.support.flask_ext import held_leader_and_followers, one_view_app
 from tests.support.redis_server import RedisServer
 from tests.support.refreshes import refreshing
-from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
+from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -189,12 +190,7 @@ def test_an_uncached_answer_is_never_shared_with_a_concurrent_follower(
             response.set_cookie("session", f"s{run}")
         return response
 
-    leader = start_call(threads, lambda: app.test_client().get("/mine"), name="leader")
-    assert building.wait(JOIN_TIMEOUT)
-    follower = start_call(threads, lambda: app.test_client().get("/mine"), name="follower")
-    with app.test_request_context():
-        flight: Any = rl.path.flight
-    wait_until("the follower", lambda: sum(c.followers for c in flight._calls.values()) == 1)
+    leader, (follower,) = held_leader_and_followers(threads, app, rl, "/mine", building, 1)
     go.set()
     leader.wait_done(JOIN_TIMEOUT)
     follower.wait_done(JOIN_TIMEOUT)
@@ -379,16 +375,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_cached_value_that_is_not_a_replay_is_rebuilt_never_a_500(name: str) -> None:
-    app = Flask("hostile")
-    rl = ReachLimit(app)
-    runs: list[int] = []
-
-    @app.get("/h")
-    @rl.cached()
-    def h() -> Any:
-        runs.append(1)
-        return "built", 200, {"X-Mine": "1"}
-
+    app, rl, runs = one_view_app(lambda: ("built", 200, {"X-Mine": "1"}), "/h")
     with app.test_request_context():
         cache = rl.path.cache
     cache.set(("h", "/h", ()), HOSTILE[name])
@@ -420,16 +407,7 @@ class StuckCache:
 
 
 def test_the_rounds_are_bounded_then_the_request_builds_its_own_answer() -> None:
-    app = Flask("stuck")
-    rl = ReachLimit(app)
-    runs: list[int] = []
-
-    @app.get("/s")
-    @rl.cached()
-    def s() -> Any:
-        runs.append(1)
-        return "own"
-
+    app, rl, runs = one_view_app(lambda: "own", "/s")
     stuck = StuckCache()
     with app.test_request_context():
         rl.path.cache = stuck

@@ -573,8 +573,6 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
 
 
 def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
-    threads: ThreadRunner,
-    client: CountingRedis,
     make_client: Callable[..., CountingRedis],
     make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,
@@ -614,8 +612,6 @@ def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
 
 
 def test_an_outcome_is_given_up_after_the_lease_and_on_close(
-    threads: ThreadRunner,
-    client: CountingRedis,
     make_client: Callable[..., CountingRedis],
     make_flight: MakeFlight,
     caplog: pytest.LogCaptureFixture,

@@ -1,14 +1,16 @@
 """What a test reads from an app with the reachlimit Flask extension: ``ExtensionReads``, the
 base of ``App`` (``tests/support/fair_app.py``, ``tests/test_flask_stale.py``,
 ``tests/test_refresh_gone.py``) and ``Harness`` (``tests/test_flask_ext.py``); the ``apps``
-fixture (the apps a test makes, their extension closed at teardown) and ``NumberedBuilds``
-(the builds of a test's apps, numbered in one sequence).
+fixture (the apps a test makes, their extension closed at teardown), ``NumberedBuilds``
+(the builds of a test's apps, numbered in one sequence), ``one_view_app`` (an app with one
+``@rl.cached()`` view) and ``held_leader_and_followers`` (requests of one decorated view
+following a leader the test holds).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from flask import Flask
 
 from reachlimit import ColdLimiter, ColdPath
 from reachlimit.flask import ReachLimit
+from tests.support.threads import Outcome, ThreadRunner, leader_and_followers, start_call
 
 
 class ExtensionReads:
@@ -68,3 +71,41 @@ class NumberedBuilds:
         with self._lock:
             self.keys.append(key)
             return {"key": key, "build": len(self.keys)}
+
+
+def one_view_app(
+    answer: Callable[[], Any], path: str = "/v"
+) -> tuple[Flask, ReachLimit, list[int]]:
+    """An app whose one view, ``@rl.cached()`` at ``path``, answers ``answer()`` (in the
+    request: it may read ``request``), each run recorded in the list returned. Its endpoint,
+    the first part of its cache keys, is ``path`` without the slash (``"/v"``: ``"v"``)."""
+    app = Flask("one-view")
+    rl = ReachLimit(app)
+    runs: list[int] = []
+
+    @app.get(path, endpoint=path.strip("/"))
+    @rl.cached()
+    def view() -> Any:
+        runs.append(1)
+        return answer()
+
+    return app, rl, runs
+
+
+def held_leader_and_followers(
+    threads: ThreadRunner, app: Flask, rl: ReachLimit, url: str, held: threading.Event,
+    count: int,
+) -> tuple[Outcome, list[Outcome]]:
+    """A leader's request of ``url`` and, once its view is held (``held`` set), ``count``
+    followers' of the same URL: returned once all of them follow it in the extension's
+    singleflight."""
+    with app.test_request_context():
+        flight: Any = rl.path.flight
+
+    def start(name: str) -> Outcome:
+        outcome: Outcome = start_call(threads, lambda: app.test_client().get(url), name=name)
+        return outcome
+
+    return leader_and_followers(
+        start, held, count, lambda: sum(c.followers for c in flight._calls.values())
+    )
