@@ -123,12 +123,14 @@ def ended(before: Collection[threading.Thread]) -> bool:
 
 def stepping_health(
     fail: int = 0, url: str = "redis://h:1/0", **kwargs: Any
-) -> tuple[RedisHealth, FakeProbe]:
+) -> tuple[RedisHealth, FakeProbe, list[threading.Thread]]:
     """A health whose fake clock moves a second at each read (every pause has passed: no real
-    wait at all), and its probe, which fails ``fail`` times, then answers."""
+    wait at all); its probe, which fails ``fail`` times, then answers; and the probe threads
+    alive before the health was made (``before`` of ``probe_threads``)."""
+    before = probe_threads()
     clock = FakeClock(step=1.0)
     probe = FakeProbe(clock, fail=fail)
-    return RedisHealth(url, probe=probe, clock=clock, **kwargs), probe
+    return RedisHealth(url, probe=probe, clock=clock, **kwargs), probe, before
 
 
 def probed_until_up(health: RedisHealth, before: Collection[threading.Thread]) -> None:
@@ -233,8 +235,7 @@ def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="reachlimit")
-    before = probe_threads()
-    health, probe = stepping_health(fail=2, url="redis://:pw@h:1/0", max_retry=0.5)
+    health, probe, before = stepping_health(fail=2, url="redis://:pw@h:1/0", max_retry=0.5)
     probed_until_up(health, before)
     assert health.available()
     assert probe.calls() == 3  # two failures, then the success: no probe after it
@@ -253,8 +254,7 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
     # while every other caller still sees Redis down; a hook failing with a Redis error is
     # a failed probe, any other error is logged and does not keep Redis down.
     caplog.set_level(logging.INFO, logger="reachlimit")
-    before = probe_threads()
-    health, probe = stepping_health(max_retry=0.5)
+    health, probe, before = stepping_health(max_retry=0.5)
     seen: list[tuple[str, bool]] = []
     hook_fails = [redis.ConnectionError("refused (a hook)")]
 
@@ -373,7 +373,7 @@ def test_a_call_that_timed_out_is_followed_by_a_probe_at_once() -> None:
 def test_a_call_that_began_before_redis_came_back_cannot_start_an_outage() -> None:
     # A call sent into the outage (to a paused Redis) that times out just as Redis answers
     # again says nothing about Redis now; one that began after does.
-    health, probe = stepping_health()
+    health, probe, _ = stepping_health()
     try:
         straggler = health.failures  # read as the call began, while Redis was up
         health.failed(redis.ConnectionError("the outage begins"))
@@ -498,8 +498,7 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
 
 
 def test_each_outage_gets_a_thread_of_its_own() -> None:
-    before = probe_threads()
-    health, probe = stepping_health()
+    health, probe, before = stepping_health()
     try:
         seen = []
         for n in range(3):
