@@ -11,7 +11,7 @@ import json
 import pytest
 from werkzeug.datastructures import Headers
 
-from reachlimit import Answer, Busy
+from reachlimit import Answer, Busy, _answers
 from reachlimit._answers import REFUSAL_SENTENCES, cache_status, refusal_sentence, render_refusal
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,6 +35,11 @@ def test_a_refusal_carries_its_type_length_retry_after_and_no_store_only() -> No
     assert (sent["Content-Type"], sent["Content-Length"], sent["Cache-Control"]) == (
         "application/json", str(len(body)), "no-store"
     )
+    # Spelt as HTTP documents them (any case means the same, but a client that compares
+    # names exactly, or a log grep, finds them as the docs write them).
+    assert [name for name, _ in headers] == [
+        "Content-Type", "Content-Length", "Retry-After", "Cache-Control"
+    ]
     # Without a budget's name, the sentence is the default budget's.
     assert json.loads(body)["error"] == REFUSAL_SENTENCES[Busy.TIMEOUT].format(budget="default")
 
@@ -57,6 +62,8 @@ def test_a_hit_says_its_whole_seconds_left_however_many_were_said_before() -> No
         for fraction in (0.0, 0.5, 0.999):
             text = cache_status(Answer("v", "hit", seconds + fraction))
             assert text == f"reachlimit; hit; ttl={seconds}", (seconds, fraction)
+            # The texts kept are bounded (the module's memo): never more than it says.
+            assert len(_answers._hit_texts) <= _answers._HIT_TEXTS_KEPT
     # Freshness not known (a cache without one, or a shared one without a stale window), and
     # a fields tuple as ColdPath.fetch_warm_fields answers it.
     assert cache_status(Answer("v", "hit")) == "reachlimit; hit"
