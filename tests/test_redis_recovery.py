@@ -282,6 +282,38 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
         health.close()
 
 
+def test_a_call_that_worked_while_down_leaves_marking_up_to_the_probe_and_its_hooks() -> None:
+    # A call that read the failures just after another failed, and then worked (Redis had
+    # resumed): with before_up hooks, it does not mark Redis up itself - the hooks would be
+    # skipped (a recovery's reservations, the fallback's builds) - but sends the probe now,
+    # which runs them and marks it up. Without hooks a call still marks it up at once.
+    health, probe, before = stepping_health(max_retry=0.5)
+    told = threading.Event()
+    health.before_up(told.set)
+    release = threading.Event()
+    probe.hold = release  # the probe thread waits here until the test lets it go
+    try:
+        health.failed(redis.ConnectionError("refused"))
+        since = health.failures  # read after the failure, as a call that began just then
+        health.succeeded(since)
+        assert not health.up and not told.is_set()  # not marked up by the call
+        release.set()
+        thread = the_probe_thread(before)
+        thread.join(JOIN_TIMEOUT)
+        assert not thread.is_alive() and health.up and told.is_set()
+    finally:
+        health.close()
+    bare, bare_probe, _ = stepping_health(max_retry=0.5)
+    bare_probe.hold = threading.Event()  # its probe held: only the call can mark it up
+    try:
+        bare.failed(redis.ConnectionError("refused"))
+        bare.succeeded(bare.failures)
+        assert bare.up
+    finally:
+        bare_probe.hold.set()
+        bare.close()
+
+
 def test_a_probe_that_waited_out_its_timeout_is_followed_at_once() -> None:
     # A Redis that hangs (paused, overloaded): each probe takes its whole timeout (here the
     # fake clock moves 0.6 s during it, more than the 0.25 s pause before it), so the next

@@ -368,6 +368,16 @@ class RedisHealth(Daemon):
                 if not by_probe:
                     self._trial = False  # a call worked: the probe's word was good
                 return
+            if not by_probe and self._before_up and self._probe is not None:
+                # A call worked while Redis was marked down (it read the failures just after
+                # another call failed): Redis is back, but this process must tell it first
+                # what the hooks tell (a ResilientLimiter's fallback builds, its recovery's
+                # reservations), or Redis admits its whole budget beside the fallbacks of the
+                # processes still down. Only the probe thread marks it up, after the hooks;
+                # its probe goes now. (The soak saw 5 builds at once for 4 allowed.)
+                self._retry_at = min(self._retry_at, self._clock())
+                self._cond.notify_all()
+                return
             self._down = False
             self._up_after = self._failures  # a call that read fewer began before this
             self._probing = False
