@@ -58,6 +58,17 @@ class Grant:
         """Racy read: whether this grant still holds its slot."""
         return self._held
 
+    def _mark_released(self, strict: bool) -> bool:
+        """Under the limiter's lock: whether this call is the release that gives the slot
+        back (it clears ``_held``); a later one is a no-op, or ``RuntimeError`` if
+        ``strict``."""
+        if not self._held:
+            if strict:
+                raise RuntimeError("grant released twice")
+            return False
+        self._held = False
+        return True
+
     def release(self) -> None:
         """Give the slot back: to the next waiter if any, else to the free pool."""
         self._give_back(strict=True)

@@ -635,11 +635,8 @@ class RedisColdLimiter(Named, LimiterFigures):
     def _give_back(self, grant: RedisGrant, strict: bool) -> None:
         """Release ``grant``: exactly once, and in Redis only if the slot is still its own."""
         with self._lock:
-            if not grant._held:
-                if strict:
-                    raise RuntimeError("grant released twice")
+            if not grant._mark_released(strict):
                 return
-            grant._held = False
             self._leases.drop_locked(grant.token)
         try:
             if grant.timed:  # Redis records how long a promoted waiter's grant was held
