@@ -8,6 +8,8 @@ nothing but the Redis, as two processes would; the herd test holds the one build
 
 from __future__ import annotations
 
+import math
+
 import threading
 import uuid
 from collections.abc import Callable
@@ -85,6 +87,30 @@ def test_an_entry_lives_ttl_plus_stale_and_is_fresh_while_its_pttl_is_above_stal
     assert cache.local.get("k") is None  # a stale entry never enters the first level
     client.delete(cache.key_of("k"))  # its stale window over: Redis dropped it
     assert cache.lookup("k") is None
+
+
+def test_lookup_fields_answers_lookups_fields_from_the_first_level_and_from_redis(
+    client: CountingRedis,
+) -> None:
+    # The plain tuple ColdPath's warm read asks for: the Entry's fields, wherever it is read.
+    cache = stale_cache(client)
+    clock = FakeClock()
+    cache._clock = clock
+    cache._local = TTLCache(16, 60.0, clock=clock)
+    assert cache.lookup_fields("k") is None and cache.lookup("k") is None  # a miss
+    cache.put("k", {"v": 1}, 0.25)  # held by the first level too, fresh for TTL
+    before = client.total()
+    fields = cache.lookup_fields("k")
+    assert type(fields) is tuple and fields == tuple(cache.lookup("k") or ())
+    assert fields == ({"v": 1}, TTL, 0.25) and client.total() == before  # no round trip
+    age(client, cache, "k", int(STALE * 1000) - 2000)  # stale: read from Redis each time
+    fields = cache.lookup_fields("k")
+    assert fields is not None and client.total() > before
+    value, fresh_for, build_time = fields
+    assert (value, build_time) == ({"v": 1}, 0.25) and -STALE < fresh_for <= -2.0
+    no_window = RedisCache(client, "plain", ttl=TTL)
+    no_window.set("k", 1)
+    assert no_window.lookup_fields("k") == (1, math.inf, 0.0) == no_window.lookup("k")
 
 
 def test_the_first_level_never_answers_an_entry_past_its_freshness(

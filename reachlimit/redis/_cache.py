@@ -100,16 +100,7 @@ from typing import Any, NamedTuple
 from .. import _values
 from .._cache import Entry, TTLCache, check_stale
 from . import lua
-from ._common import (
-    Client,
-    LogOnce,
-    Named,
-    is_cluster,
-    key_digest,
-    ms,
-    positive,
-    record_settings,
-)
+from ._common import Client, LogOnce, Named, is_cluster, key_digest, ms, positive, record_settings
 from ._lead import NextCallAnswer
 
 __all__ = ["CODECS", "Codec", "RedisCache"]
@@ -294,9 +285,21 @@ class RedisCache(Named):
         held = self.lookup_near(key)
         return held if held is not None else self.fetch_entry(key)
 
+    def lookup_fields(self, key: Hashable) -> tuple[Any, float, float] | None:
+        """:meth:`lookup`'s answer as a plain tuple, the fields of its Entry, as
+        ``TTLCache.lookup_fields``: what ColdPath's warm read asks (a hit of the first level,
+        most warm hits, makes no Entry)."""
+        held = self._near_fields(key)
+        return held if held is not None else self.fetch_entry(key)
+
     def lookup_near(self, key: Hashable) -> Entry | None:
         """:meth:`lookup` of the first level only (no round trip): what ColdPath asks when
         the flight reads Redis's entry itself (the cold lead: ``reachlimit.redis._lead``)."""
+        held = self._near_fields(key)
+        return None if held is None else Entry._make(held)
+
+    def _near_fields(self, key: Hashable) -> tuple[Any, float, float] | None:
+        """:meth:`lookup_near`'s answer as a plain tuple."""
         try:
             held = self._local.get(key)
         except TypeError:
@@ -304,10 +307,10 @@ class RedisCache(Named):
             raise
         if held is not None:
             if not self._stale_ms:
-                return Entry(held, math.inf, 0.0)
+                return held, math.inf, 0.0
             left = held.fresh_until - self._clock()
             if left > 0:
-                return Entry(held.value, left, held.build_time)
+                return held.value, left, held.build_time
         return None
 
     def lead_key(self, key: Hashable) -> tuple[str, float]:
