@@ -9,7 +9,6 @@ nothing but the Redis, as two processes would; the herd test holds the one build
 from __future__ import annotations
 
 import math
-
 import threading
 import uuid
 from collections.abc import Callable
@@ -93,10 +92,7 @@ def test_lookup_fields_answers_lookups_fields_from_the_first_level_and_from_redi
     client: CountingRedis,
 ) -> None:
     # The plain tuple ColdPath's warm read asks for: the Entry's fields, wherever it is read.
-    cache = stale_cache(client)
-    clock = FakeClock()
-    cache._clock = clock
-    cache._local = TTLCache(16, 60.0, clock=clock)
+    cache = stale_cache(client, clock=FakeClock(), local_ttl=60.0)
     assert cache.lookup_fields("k") is None and cache.lookup("k") is None  # a miss
     cache.put("k", {"v": 1}, 0.25)  # held by the first level too, fresh for TTL
     before = client.total()
@@ -116,10 +112,8 @@ def test_lookup_fields_answers_lookups_fields_from_the_first_level_and_from_redi
 def test_the_first_level_never_answers_an_entry_past_its_freshness(
     client: CountingRedis,
 ) -> None:
-    cache = stale_cache(client)
     clock = FakeClock()
-    cache._clock = clock
-    cache._local = TTLCache(16, 1.0, clock=clock)
+    cache = stale_cache(client, clock=clock, local_ttl=1.0)
     cache.put("k", "v", 0.0)
     age(client, cache, "k", int(STALE * 1000) + 900)  # 0.9 s of freshness left in Redis
     entry = cache.lookup("k")  # read from Redis, held in the first level that long
