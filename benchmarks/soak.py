@@ -125,7 +125,7 @@ import _report
 from _load import CRAWLER_ADDR, READER_ADDR, Answer, Clients
 from _report import ms, pct
 
-from tests.apps.soak_app import HOLD, RAISE, LogLine, at_once, read_log
+from tests.apps.build_log_app import HOLD, RAISE, LogLine, at_once, read_log
 from tests.support.clients import Herd, raw_client
 from tests.support.gunicorn_server import GunicornServer
 from tests.support.redis_limiters import burst_accounted, refusals

@@ -51,7 +51,7 @@ from reachlimit import Busy, Cancelled
 from reachlimit.redis import FAILURES, RedisColdLimiter, connect, owner_prefix, release_owner
 from reachlimit.redis._common import limiter_keys, members_key
 from reachlimit.redis._members import Members
-from tests.apps.build_log_app import at_once_along
+from tests.apps.build_log_app import at_once_along, read_log
 from tests.support.clients import Herd, Reply, check_refusal
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.processes import free_port
@@ -534,10 +534,9 @@ def most_at_once_per_process(gate_dir: Path) -> dict[int, int]:
     """For each PID in the build log, the most of its builds that ran at once."""
     running: Counter[int] = Counter()
     most: Counter[int] = Counter()
-    for line in (gate_dir / "log").read_text().splitlines():
-        event, pid, _ = line.split(" ", 2)
-        running[int(pid)] += 1 if event == "start" else -1
-        most[int(pid)] = max(most[int(pid)], running[int(pid)])
+    for line in read_log(gate_dir):
+        running[line.pid] += 1 if line.event == "start" else -1
+        most[line.pid] = max(most[line.pid], running[line.pid])
     return dict(most)
 
 

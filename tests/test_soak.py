@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.apps.soak_app import LogLine, at_once
+from tests.apps.build_log_app import LogLine, at_once
 from tests.support.bench_scripts import BENCHMARKS, run_script
 
 #: Each check the script makes, by the start of its name.
