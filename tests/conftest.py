@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite: thin wrappers over ``tests/support`` (see its
-README.md), plus the demo database and webapps of the service's tests.
+README.md), ``reachlimit_log`` (the library's log captured down to INFO), plus the demo
+database and webapps of the service's tests.
 
 Concurrency tests here follow three rules:
 
@@ -16,6 +17,7 @@ helpers in ``tests/`` (``tests.support``, ``tests.apps``).
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +66,15 @@ def threads() -> Iterator[ThreadRunner]:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def reachlimit_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """``caplog`` with the ``reachlimit`` logger's INFO records captured too (what it says of
+    Redis going and coming back, of the claims and outcomes it dropped or published late),
+    for the test that reads them."""
+    caplog.set_level(logging.INFO, logger="reachlimit")
+    return caplog
 
 
 @pytest.fixture

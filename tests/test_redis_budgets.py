@@ -7,7 +7,6 @@ declared in code included - and returns the sums.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import uuid
@@ -105,11 +104,10 @@ def test_release_worker_frees_the_places_of_every_budget(
 
 
 def test_release_worker_drops_the_workers_singleflight_claims(
-    live_redis: RedisServer, make_client: Any, prefix: str, caplog: pytest.LogCaptureFixture
+    live_redis: RedisServer, make_client: Any, prefix: str, reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
     # This process plays the dead worker: a flight it leads, under its own pid, whose claim
     # would stand for its minute-long lease; another prefix's claim is not touched.
-    caplog.set_level(logging.INFO, logger="reachlimit")
     mine = RedisSingleFlight(make_client(), "reports", lease=60.0, prefix=prefix)
     other = RedisSingleFlight(make_client(), "reports", lease=60.0, prefix=prefix + "-other")
     started, finish = threading.Event(), threading.Event()
@@ -130,7 +128,7 @@ def test_release_worker_drops_the_workers_singleflight_claims(
         assert release_worker(config, os.getpid()) == (0, 0)
         assert not client.exists(mine.base_of("k") + "lead")  # dropped at once
         assert client.exists(other.base_of("k") + "lead")  # another prefix's: kept
-        assert any("dropped 1 singleflight claim" in r.getMessage() for r in caplog.records)
+        assert any("dropped 1 singleflight claim" in r.getMessage() for r in reachlimit_log.records)
     finally:
         finish.set()
         for t in leads:

@@ -132,11 +132,10 @@ def test_a_password_with_an_unencoded_slash_is_in_no_error_of_the_extension() ->
 
 
 def test_health_backoff_doubles_to_the_cap_with_one_probe_and_logs_once_each_way(
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
     health = RedisHealth("redis://:pw@h:1/0", clock=clock)
-    caplog.set_level(logging.INFO, logger="reachlimit")
     assert health.available()
     health.failed(redis.ConnectionError("refused"))
     health.failed(redis.TimeoutError("a straggler of the same outage"))
@@ -159,8 +158,8 @@ def test_health_backoff_doubles_to_the_cap_with_one_probe_and_logs_once_each_way
     health.succeeded()
     health.succeeded()
     assert health.up and health.available()
-    down = warnings_about_redis(caplog, "is unavailable")
-    back = warnings_about_redis(caplog, "answers again")
+    down = warnings_about_redis(reachlimit_log, "is unavailable")
+    back = warnings_about_redis(reachlimit_log, "answers again")
     assert len(down) == 1 and len(back) == 1
     assert "redis://:***@h:1/0" in down[0] and "pw" not in " ".join(down + back)
     assert health.figures()["outages"] == 1
@@ -197,9 +196,8 @@ def test_a_success_that_began_before_a_failure_does_not_end_the_outage() -> None
 
 
 def test_redis_down_at_start_uses_the_local_limiter_degraded_and_logs_once(
-    make_stack: Callable[..., Stack], caplog: pytest.LogCaptureFixture
+    make_stack: Callable[..., Stack], reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     s = make_stack(f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     first = s.limiter.acquire()
     cancel = threading.Event()
@@ -211,8 +209,8 @@ def test_redis_down_at_start_uses_the_local_limiter_degraded_and_logs_once(
     assert (stats.backend, stats.degraded, stats.active) == ("local", True, 1)
     first.release()
     assert s.limiter.stats().active == 0
-    assert len(warnings_about_redis(caplog, "is unavailable")) == 1
-    assert "hunter2" not in caplog.text
+    assert len(warnings_about_redis(reachlimit_log, "is unavailable")) == 1
+    assert "hunter2" not in reachlimit_log.text
 
 
 def test_redis_down_at_start_refuse_mode_says_unavailable(
@@ -254,9 +252,8 @@ def test_a_leader_queued_in_redis_when_it_dies_finishes_on_the_fallback(
     server: RedisServer,
     make_stack: Callable[..., Stack],
     runner: ThreadRunner,
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     holder = make_stack(server.url())
     waiter = make_stack(server.url())
     held = holder.limiter.acquire()
@@ -275,7 +272,7 @@ def test_a_leader_queued_in_redis_when_it_dies_finishes_on_the_fallback(
     grant.release()
     held.release()  # the holder's Redis is gone: logged and swallowed, never raised
     assert not held.held
-    assert warnings_about_redis(caplog, "could not release")
+    assert warnings_about_redis(reachlimit_log, "could not release")
     assert waiter.limiter.stats().degraded
 
 
@@ -322,9 +319,8 @@ def test_cancelled_while_queued_in_redis_that_died_is_still_cancelled(
 
 
 def test_a_build_whose_redis_died_is_served_and_its_release_swallowed(
-    server: RedisServer, make_stack: Callable[..., Stack], caplog: pytest.LogCaptureFixture
+    server: RedisServer, make_stack: Callable[..., Stack], reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     s = make_stack(server.url())
     path = ColdPath(s.limiter)
 
@@ -335,16 +331,15 @@ def test_a_build_whose_redis_died_is_served_and_its_release_swallowed(
 
     assert path.get("k", build) == "built"
     assert path.get("k", lambda: "never") == "built"  # cached
-    assert warnings_about_redis(caplog, "could not release")
-    assert len(warnings_about_redis(caplog, "is unavailable")) == 1
+    assert warnings_about_redis(reachlimit_log, "could not release")
+    assert len(warnings_about_redis(reachlimit_log, "is unavailable")) == 1
     stats = path.stats()
     assert (stats.backend, stats.degraded, stats.builds) == ("local", True, 1)
 
 
 def test_back_to_redis_after_a_restart_within_the_backoff(
-    server: RedisServer, make_stack: Callable[..., Stack], caplog: pytest.LogCaptureFixture
+    server: RedisServer, make_stack: Callable[..., Stack], reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     s = make_stack(server.url())
     port = server.port
     s.limiter.acquire().release()
@@ -367,7 +362,7 @@ def test_back_to_redis_after_a_restart_within_the_backoff(
     back = time.monotonic()
     assert s.limiter.stats().backend == "redis"
     assert s.remote.stats().acquired >= 1  # a fresh (empty) Redis: counted from now on
-    assert len(warnings_about_redis(caplog, "answers again")) == 1
+    assert len(warnings_about_redis(reachlimit_log, "answers again")) == 1
     print(f"\nfell back {noticed - stopped:.3f} s after the stop; back on Redis "
           f"{back - restarted:.3f} s after it answered again (backoff cap "
           f"{RedisHealth.MAX_RETRY} s)")

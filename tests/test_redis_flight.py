@@ -545,12 +545,11 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     client: CountingRedis,
     make_client: Callable[..., CountingRedis],
     make_flight: MakeFlight,
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     # A lease far longer than the test's timeout: a follower that got its value by taking
     # the flight over (after the lease) could not finish in time, so "shared" proves the
     # late publish reached it.
-    caplog.set_level(logging.INFO, logger="reachlimit")
     failing, leader = trapped_flight(make_client, make_flight, FailingPublish, "publish", 120.0)
     failing.away = threading.Event()
     failing.away.set()
@@ -564,51 +563,49 @@ def test_an_outcome_not_published_while_redis_was_away_reaches_followers_once_it
     assert lead.value == ("built while away", False)  # the leader's own answer, at once
     wait_until("a retry failed too", lambda: failing.tries >= 2)
     assert not follow.done.is_set()  # still following: the claim stands, nothing published
-    assert logged(caplog, "published a flight outcome late") == 0  # (tried again: kept)
+    assert logged(reachlimit_log, "published a flight outcome late") == 0  # (tried again: kept)
     failing.away.clear()  # Redis answers again
     wait_until("the follower done", follow.done.is_set)
     assert follow.value == ("built while away", True) and gate.runs == 1
     assert client.get(leader.base_of(KEY) + "lead") is None  # the claim went with it
-    assert logged(caplog, "published a flight outcome late") == 1  # once, and done
+    assert logged(reachlimit_log, "published a flight outcome late") == 1  # once, and done
 
 
 def test_a_claim_a_lost_join_left_is_dropped_and_its_flight_taken_over(
     make_client: Callable[..., CountingRedis],
     make_flight: MakeFlight,
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     # The join claimed the flight, but its caller never heard (it went on elsewhere: the
     # fallback). With the lost join's lease far longer than the test's timeout, only the
     # drop lets the next caller build.
-    caplog.set_level(logging.INFO, logger="reachlimit")
     lose_a_join(make_client, make_flight)
     second = Gate(result="again")
     second.finish.set()
     other = make_flight(lease=120.0)
     assert other.do(KEY, second) == ("again", False) and second.runs == 1
     assert any("dropped a flight claim a lost reply left" in r.getMessage()
-               for r in caplog.records)
+               for r in reachlimit_log.records)
 
 
 def test_a_lost_join_that_runs_late_has_its_claim_dropped_once_it_ran(
     client: CountingRedis,
     make_client: Callable[..., CountingRedis],
     make_flight: MakeFlight,
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     # Sent to a Redis that was paused, the join runs only later: the drop finds nothing
     # until then, and is tried again until it finds the claim.
-    caplog.set_level(logging.INFO, logger="reachlimit")
     lossy, lost = lose_a_join(make_client, make_flight, deferred=True)
     lead_key = lost.base_of(KEY) + "lead"
     drops = "EVALSHA drop"
     wait_until("the drop tried twice, finding nothing", lambda: lossy.sent[drops] >= 2)
     dropped = "dropped a flight claim a lost reply left"
-    assert logged(caplog, dropped) == 0 and client.get(lead_key) is None
+    assert logged(reachlimit_log, dropped) == 0 and client.get(lead_key) is None
     client.execute_command(*lossy.late)  # the join runs now: its claim appears
     assert client.get(lead_key) is not None
     wait_until("the claim dropped", lambda: client.get(lead_key) is None)
-    wait_until("the drop done", lambda: logged(caplog, dropped) == 1)
+    wait_until("the drop done", lambda: logged(reachlimit_log, dropped) == 1)
 
 
 def test_an_outcome_is_given_up_after_the_lease_and_on_close(

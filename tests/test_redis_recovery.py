@@ -232,28 +232,26 @@ def test_the_default_backoff_is_a_quarter_second_then_doubled_after_five() -> No
 
 
 def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     health, probe, before = stepping_health(fail=2, url="redis://:pw@h:1/0", max_retry=0.5)
     probed_until_up(health, before)
     assert health.available()
     assert probe.calls() == 3  # two failures, then the success: no probe after it
     assert ended(before)
-    back = warnings_with(caplog, "answers again")
+    back = warnings_with(reachlimit_log, "answers again")
     assert len(back) == 1 and "redis://:***@h:1/0" in back[0]
-    assert len(warnings_with(caplog, "is unavailable")) == 1
+    assert len(warnings_with(reachlimit_log, "is unavailable")) == 1
     assert health.figures()["outages"] == 1
     health.close()
 
 
 def test_the_before_up_hooks_run_before_redis_is_marked_up(
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     # What a process must tell Redis first (the fallback's builds still running) is told
     # while every other caller still sees Redis down; a hook failing with a Redis error is
     # a failed probe, any other error is logged and does not keep Redis down.
-    caplog.set_level(logging.INFO, logger="reachlimit")
     health, probe, before = stepping_health(max_retry=0.5)
     seen: list[tuple[str, bool]] = []
     hook_fails = [redis.ConnectionError("refused (a hook)")]
@@ -277,7 +275,7 @@ def test_the_before_up_hooks_run_before_redis_is_marked_up(
         assert seen == [("tells", False), ("tells", False), ("bug", False)]
         assert health.failures == 2  # the outage's failure and the hook's
         assert any("a hook run as Redis" in r.getMessage() and r.exc_info
-                   for r in caplog.records)
+                   for r in reachlimit_log.records)
     finally:
         health.close()
 
@@ -494,11 +492,10 @@ def test_close_stops_the_thread_and_none_starts_again() -> None:
 
 
 def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
-    caplog: pytest.LogCaptureFixture,
+    reachlimit_log: pytest.LogCaptureFixture,
 ) -> None:
     """A PING can work where calls fail (out of memory, a cluster down): the outage goes on,
     with the backoff doubled, instead of a new one at 0.25 s every time."""
-    caplog.set_level(logging.INFO, logger="reachlimit")
     clock = FakeClock(start=0.0)
     probe = FakeProbe(clock, fail=0)
     health = RedisHealth("redis://h:1/0", probe=probe, clock=clock,
@@ -509,7 +506,7 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
         wait_until("up on the probe's word", lambda: health.up)
         health.failed(redis.ResponseError("OOM command not allowed"))  # the first call fails
         assert health.figures()["outages"] == 1  # the same outage
-        assert len(warnings_with(caplog, "failed again")) == 1
+        assert len(warnings_with(reachlimit_log, "failed again")) == 1
         clock.now = 0.01 + 0.01  # the pause was doubled: not due yet
         reads = clock.calls
         wait_until("the thread reading the clock", lambda: clock.calls >= reads + 2,
@@ -521,7 +518,7 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
         health.succeeded(health.failures)  # a call works: the probe's word was good
         health.failed(redis.ConnectionError("reset"))  # a new outage now
         assert health.figures()["outages"] == 2
-        assert len(warnings_with(caplog, "is unavailable")) == 2
+        assert len(warnings_with(reachlimit_log, "is unavailable")) == 2
         clock.now = 0.03 + 0.01  # its backoff begins again at the first pause
         wait_until("the new outage's first probe", lambda: probe.calls() == 3)
         assert probe.times_now()[-1] == pytest.approx(0.04)
@@ -612,9 +609,8 @@ def stacks_fixture() -> Iterator[Callable[..., Stack]]:
 
 
 def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
-    live_redis: RedisServer, stacks: Callable[..., Stack], caplog: pytest.LogCaptureFixture
+    live_redis: RedisServer, stacks: Callable[..., Stack], reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="reachlimit")
     before = probe_threads()
     s = stacks(live_redis.url(), active=2)
     s.limiter.acquire().release()
@@ -627,8 +623,8 @@ def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
     wait_until("the health up again, with no call made", lambda: s.health.up)
     assert s.limiter.stats().backend == "redis"
     # The probe thread logs it just after it marks Redis up (outside the health's lock).
-    wait_until("Redis back, logged", lambda: warnings_with(caplog, "answers again") != [])
-    assert len(warnings_with(caplog, "answers again")) == 1
+    wait_until("Redis back, logged", lambda: warnings_with(reachlimit_log, "answers again") != [])
+    assert len(warnings_with(reachlimit_log, "answers again")) == 1
     wait_until("the probe thread ended", lambda: ended(before))
     for _ in range(5):  # every acquire from now on is Redis's
         s.limiter.acquire().release()

@@ -284,17 +284,16 @@ def test_a_refusal_because_redis_is_down_is_a_503_whatever_the_status_setting(
 
 
 def test_release_worker_logs_the_claims_it_dropped_and_only_then(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, reachlimit_log: pytest.LogCaptureFixture
 ) -> None:
     config = {"REACHLIMIT_REDIS_URL": URL, "REACHLIMIT_REDIS_PREFIX": "pfx"}
-    caplog.set_level(logging.INFO, logger="reachlimit")
     Released(set(), {}, claims=0).patch(monkeypatch)
     assert release_worker(config, 4242) == (0, 0)
-    assert caplog.records == []
+    assert reachlimit_log.records == []
     released = Released({b"reports"}, {"reports": (1, 0)}, claims=2)
     released.patch(monkeypatch)
     assert release_worker(config, 4242) == (1, 0) and released.closed
-    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+    assert [(r.name, r.levelno, r.getMessage()) for r in reachlimit_log.records] == [
         ("reachlimit", logging.INFO,
          "reachlimit: dropped 2 singleflight claim(s) of worker 4242: their followers take "
          "them over"),
