@@ -11,7 +11,6 @@ generous margin.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from tests.support.redis_fallback import (
     SLACK,
     TIMEOUT,
     Stack,
+    warnings_about_redis,
 )
 from tests.support.redis_limiters import LimiterScript
 from tests.support.redis_server import RedisServer
@@ -43,13 +43,6 @@ from tests.support.threads import ThreadRunner, start_call
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
-
-
-def warnings_about_redis(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
-    return [
-        r.getMessage() for r in caplog.records
-        if r.name == "reachlimit" and r.levelno == logging.WARNING and text in r.getMessage()
-    ]
 
 
 # -- connect and mask_url --------------------------------------------------------------------

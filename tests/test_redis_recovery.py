@@ -28,7 +28,6 @@ design:
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import select
@@ -58,7 +57,7 @@ from tests.support.clients import Herd, Reply, check_refusal
 from tests.support.clock import FakeClock
 from tests.support.gunicorn_server import GunicornServer, serving
 from tests.support.redis_cluster import RedisCluster, redis_cluster_fixture  # noqa: F401
-from tests.support.redis_fallback import Stack
+from tests.support.redis_fallback import Stack, warnings_about_redis
 from tests.support.redis_sentinel import Gate, build_log_server, gate_fixture  # noqa: F401
 from tests.support.redis_server import RedisServer
 from tests.support.refreshes import threads_named
@@ -140,11 +139,6 @@ def probed_until_up(health: RedisHealth, before: Collection[threading.Thread]) -
     thread = the_probe_thread(before)
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive() and health.up
-
-
-def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "reachlimit" and r.levelno == logging.WARNING and text in r.getMessage()]
 
 
 # -- unit: the probe thread ------------------------------------------------------------------
@@ -239,9 +233,9 @@ def test_the_first_successful_probe_marks_redis_up_and_ends_the_thread(
     assert health.available()
     assert probe.calls() == 3  # two failures, then the success: no probe after it
     assert ended(before)
-    back = warnings_with(reachlimit_log, "answers again")
+    back = warnings_about_redis(reachlimit_log, "answers again")
     assert len(back) == 1 and "redis://:***@h:1/0" in back[0]
-    assert len(warnings_with(reachlimit_log, "is unavailable")) == 1
+    assert len(warnings_about_redis(reachlimit_log, "is unavailable")) == 1
     assert health.figures()["outages"] == 1
     health.close()
 
@@ -506,7 +500,7 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
         wait_until("up on the probe's word", lambda: health.up)
         health.failed(redis.ResponseError("OOM command not allowed"))  # the first call fails
         assert health.figures()["outages"] == 1  # the same outage
-        assert len(warnings_with(reachlimit_log, "failed again")) == 1
+        assert len(warnings_about_redis(reachlimit_log, "failed again")) == 1
         clock.now = 0.01 + 0.01  # the pause was doubled: not due yet
         reads = clock.calls
         wait_until("the thread reading the clock", lambda: clock.calls >= reads + 2,
@@ -518,7 +512,7 @@ def test_a_failure_before_any_call_worked_after_a_probe_is_the_same_outage(
         health.succeeded(health.failures)  # a call works: the probe's word was good
         health.failed(redis.ConnectionError("reset"))  # a new outage now
         assert health.figures()["outages"] == 2
-        assert len(warnings_with(reachlimit_log, "is unavailable")) == 2
+        assert len(warnings_about_redis(reachlimit_log, "is unavailable")) == 2
         clock.now = 0.03 + 0.01  # its backoff begins again at the first pause
         wait_until("the new outage's first probe", lambda: probe.calls() == 3)
         assert probe.times_now()[-1] == pytest.approx(0.04)
@@ -623,8 +617,9 @@ def test_a_limiter_whose_redis_came_back_is_on_redis_without_any_acquire(
     wait_until("the health up again, with no call made", lambda: s.health.up)
     assert s.limiter.stats().backend == "redis"
     # The probe thread logs it just after it marks Redis up (outside the health's lock).
-    wait_until("Redis back, logged", lambda: warnings_with(reachlimit_log, "answers again") != [])
-    assert len(warnings_with(reachlimit_log, "answers again")) == 1
+    wait_until("Redis back, logged",
+               lambda: warnings_about_redis(reachlimit_log, "answers again") != [])
+    assert len(warnings_about_redis(reachlimit_log, "answers again")) == 1
     wait_until("the probe thread ended", lambda: ended(before))
     for _ in range(5):  # every acquire from now on is Redis's
         s.limiter.acquire().release()

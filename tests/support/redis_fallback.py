@@ -3,11 +3,13 @@
 (one process's worth of client, health, shared and local limiters behind a
 ``ResilientLimiter``, the health probing Redis on that client as the extension's does), the
 ``make_stack`` fixture (stacks closed at teardown), the ``server`` fixture (the module's
-``live_redis``), the ``runner`` fixture (a ``ThreadRunner`` joined at teardown), and the
-bounds the tests assert with (``TIMEOUT``, ``SLACK``)."""
+``live_redis``), the ``runner`` fixture (a ``ThreadRunner`` joined at teardown), the
+bounds the tests assert with (``TIMEOUT``, ``SLACK``) and ``warnings_about_redis`` (what the
+library warned of, read from the test's captured log)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +28,14 @@ from tests.support.threads import ThreadRunner
 TIMEOUT = 0.5  # the socket timeout connect() uses by default
 #: Added to every asserted upper bound: scheduling on a loaded 2-core machine, never a speed.
 SLACK = 2.0
+
+
+def warnings_about_redis(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    """The messages of the ``reachlimit`` logger's warnings captured so far that say ``text``."""
+    return [
+        r.getMessage() for r in caplog.records
+        if r.name == "reachlimit" and r.levelno == logging.WARNING and text in r.getMessage()
+    ]
 
 
 @pytest.fixture(name="server")
