@@ -22,7 +22,7 @@ from werkzeug.test import EnvironBuilder
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
-from tests.support.flask_ext import held_leader_and_followers
+from tests.support.flask_ext import HeldView
 from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
@@ -273,26 +273,13 @@ def test_a_budgets_decorator_is_refused_with_429_and_retry_after() -> None:
 
 
 def test_a_herd_on_a_decorated_view_builds_once(threads: ThreadRunner) -> None:
-    rl = ReachLimit()
-    app = Flask("herd")
-    rl.init_app(app)
-    go, building = threading.Event(), threading.Event()
-    runs: list[int] = []
-
-    @app.get("/slow")
-    @rl.cached()
-    def slow() -> Any:
-        runs.append(1)
-        building.set()
-        assert go.wait(JOIN_TIMEOUT)
-        return {"ok": True}
-
-    leader, followers = held_leader_and_followers(threads, app, rl, "/slow", building, 5)
-    go.set()
+    view = HeldView(lambda run: {"ok": True}, "/slow")
+    leader, followers = view.leader_and_followers(threads, 5)
+    view.go.set()
     for outcome in [leader, *followers]:
         outcome.wait_done(JOIN_TIMEOUT)
         assert outcome.error is None and outcome.value.get_json() == {"ok": True}
-    assert runs == [1]
+    assert view.runs == [1]
     statuses = sorted(o.value.headers["Cache-Status"] for o in [leader, *followers])
     assert statuses == ["reachlimit; fwd=uri-miss; collapsed"] * 5 + [
         "reachlimit; fwd=uri-miss; stored"
@@ -413,27 +400,15 @@ def test_a_value_outside_the_rule_names_the_views_module_and_the_key_in_a_tuple_
 
 
 def test_a_follower_whose_second_round_finds_nothing_is_a_404(threads: ThreadRunner) -> None:
-    app = Flask("second-round")
-    rl = ReachLimit(app)
-    go, building = threading.Event(), threading.Event()
-    runs: list[int] = []
-
-    @app.get("/r")
-    @rl.cached()
-    def r() -> Any:
-        runs.append(1)
-        if len(runs) > 1:
-            return NOT_FOUND  # the thing went away after the first answer
-        building.set()
-        assert go.wait(JOIN_TIMEOUT)
-        return "made", 201  # answered, and never shared with the follower
-
-    leader, (follower,) = held_leader_and_followers(threads, app, rl, "/r", building, 1)
-    go.set()
+    # The first run answers, and never shares it with the follower; then the thing went
+    # away: the follower's own run finds nothing.
+    view = HeldView(lambda run: ("made", 201) if run == 1 else NOT_FOUND, "/r")
+    leader, (follower,) = view.leader_and_followers(threads, 1)
+    view.go.set()
     leader.wait_done()
     follower.wait_done()
     assert (leader.value.status_code, follower.value.status_code) == (201, 404)
-    assert runs == [1, 1]
+    assert view.runs == [1, 1]
 
 
 def test_requests_that_build_answers_of_their_own_never_share_one(threads: ThreadRunner) -> None:

@@ -13,7 +13,6 @@ before the leader is let go; the first level's copy on Redis is awaited, never s
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +24,7 @@ from reachlimit import NOT_FOUND, TTLCache
 from reachlimit._cached import MAGIC, SHARED_ROUNDS
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
-from tests.support.flask_ext import held_leader_and_followers, one_view_app
+from tests.support.flask_ext import HeldView, one_view_app
 from tests.support.redis_server import RedisServer
 from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
@@ -173,25 +172,16 @@ def test_an_uncached_answer_is_never_shared_with_a_concurrent_follower(
 ) -> None:
     """A follower held behind a leader whose answer may not be shared (a cookie, a 201, a
     404) goes round and runs its own view: each request answers its own."""
-    app = Flask("unshared")
-    rl = ReachLimit(app)
-    go, building = threading.Event(), threading.Event()
-    runs: list[int] = []
 
-    @app.get("/mine")
-    @rl.cached()
-    def mine() -> Any:
-        runs.append(1)
-        run = len(runs)
-        building.set()
-        assert go.wait(JOIN_TIMEOUT)
+    def mine(run: int) -> Response:
         response = Response(f"run {run}", status=status, mimetype="text/plain")
         if status == 200:
             response.set_cookie("session", f"s{run}")
         return response
 
-    leader, (follower,) = held_leader_and_followers(threads, app, rl, "/mine", building, 1)
-    go.set()
+    view = HeldView(mine, "/mine")
+    leader, (follower,) = view.leader_and_followers(threads, 1)
+    view.go.set()
     leader.wait_done(JOIN_TIMEOUT)
     follower.wait_done(JOIN_TIMEOUT)
     assert leader.error is None and follower.error is None
@@ -200,7 +190,7 @@ def test_an_uncached_answer_is_never_shared_with_a_concurrent_follower(
     if status == 200:
         assert leader.value.headers["Set-Cookie"].startswith("session=s1")
         assert follower.value.headers["Set-Cookie"].startswith("session=s2")
-    assert runs == [1, 1]
+    assert view.runs == [1, 1]
     assert follower.value.headers["Cache-Status"] == "reachlimit; fwd=uri-miss"
 
 

@@ -3,8 +3,8 @@ base of ``App`` (``tests/support/fair_app.py``, ``tests/test_flask_stale.py``,
 ``tests/test_refresh_gone.py``) and ``Harness`` (``tests/test_flask_ext.py``); the ``apps``
 fixture (the apps a test makes, their extension closed at teardown), ``NumberedBuilds``
 (the builds of a test's apps, numbered in one sequence), ``one_view_app`` (an app with one
-``@rl.cached()`` view) and ``held_leader_and_followers`` (requests of one decorated view
-following a leader the test holds).
+``@rl.cached()`` view) and ``HeldView`` (an app with one such view whose run the test holds,
+and requests of it following a leader held there).
 """
 
 from __future__ import annotations
@@ -18,7 +18,13 @@ from flask import Flask
 
 from reachlimit import ColdLimiter, ColdPath
 from reachlimit.flask import ReachLimit
-from tests.support.threads import Outcome, ThreadRunner, leader_and_followers, start_call
+from tests.support.threads import (
+    JOIN_TIMEOUT,
+    Outcome,
+    ThreadRunner,
+    leader_and_followers,
+    start_call,
+)
 
 
 class ExtensionReads:
@@ -92,20 +98,45 @@ def one_view_app(
     return app, rl, runs
 
 
-def held_leader_and_followers(
-    threads: ThreadRunner, app: Flask, rl: ReachLimit, url: str, held: threading.Event,
-    count: int,
-) -> tuple[Outcome, list[Outcome]]:
-    """A leader's request of ``url`` and, once its view is held (``held`` set), ``count``
-    followers' of the same URL: returned once all of them follow it in the extension's
-    singleflight."""
-    with app.test_request_context():
-        flight: Any = rl.path.flight
+class HeldView:
+    """An app whose one view, ``@rl.cached()`` at ``path``, is held: each run is recorded in
+    ``runs`` (a 1 a run), sets ``building`` and waits for ``go`` (``JOIN_TIMEOUT`` at the
+    most, or the request fails), then answers ``answer(run)`` (``run``: 1 for the first, 2
+    for the next, ...; in the request, so it may read ``request``). The test sets ``go`` to
+    let the held run answer; a run that starts after that goes straight on."""
 
-    def start(name: str) -> Outcome:
-        outcome: Outcome = start_call(threads, lambda: app.test_client().get(url), name=name)
-        return outcome
+    def __init__(self, answer: Callable[[int], Any], path: str = "/v") -> None:
+        self.app = Flask("held-view")
+        self.rl = ReachLimit(self.app)
+        self.path = path
+        self.runs: list[int] = []
+        self.building, self.go = threading.Event(), threading.Event()
 
-    return leader_and_followers(
-        start, held, count, lambda: sum(c.followers for c in flight._calls.values())
-    )
+        @self.app.get(path, endpoint=path.strip("/"))
+        @self.rl.cached()
+        def view() -> Any:
+            self.runs.append(1)
+            run = len(self.runs)
+            self.building.set()
+            assert self.go.wait(JOIN_TIMEOUT)
+            return answer(run)
+
+    def leader_and_followers(
+        self, threads: ThreadRunner, count: int
+    ) -> tuple[Outcome, list[Outcome]]:
+        """A leader's request of the view and, once its run is held, ``count`` followers'
+        of the same URL: returned once all of them follow it in the extension's
+        singleflight."""
+        with self.app.test_request_context():
+            flight: Any = self.rl.path.flight
+
+        def start(name: str) -> Outcome:
+            outcome: Outcome = start_call(
+                threads, lambda: self.app.test_client().get(self.path), name=name
+            )
+            return outcome
+
+        return leader_and_followers(
+            start, self.building, count,
+            lambda: sum(c.followers for c in flight._calls.values()),
+        )
