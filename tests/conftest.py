@@ -46,7 +46,7 @@ pytest_plugins = (
     "tests.support.redis_clients",  # make_client, client, live_redis
     "tests.support.redis_limiters",  # make_limiter, factory
     "tests.support.redis_procs",  # start_workers
-    "tests.support.redis_fallback",  # make_stack, server, runner
+    "tests.support.redis_fallback",  # make_stack, server, redis_app, runner
     "tests.support.fair_app",  # make
     "tests.support.browser",  # live_server, slot, browser, page
     "tests.support.mesh",  # mesh

@@ -4,13 +4,9 @@ after it is back says both again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from flask import Flask
 
-from reachlimit.flask import ReachLimit
-from tests.apps.slow_app import create_app
 from tests.support.redis_clients import restart_if_stopped
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
@@ -18,17 +14,10 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-def app(live_redis: RedisServer) -> Iterator[Flask]:
-    made = create_app(REACHLIMIT_REDIS_URL=live_redis.url())
-    yield made
-    ReachLimit().close(made)
-
-
 def test_the_first_health_answer_after_redis_died_agrees_with_itself(
-    app: Flask, live_redis: RedisServer
+    redis_app: Flask, live_redis: RedisServer
 ) -> None:
-    client = app.test_client()
+    client = redis_app.test_client()
     assert client.get("/report/a").status_code == 200
     health = client.get("/health").get_json()
     assert (health["reach"]["degraded"], health["redis"]["up"]) == (False, True)

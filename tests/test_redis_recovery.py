@@ -52,7 +52,6 @@ from reachlimit.redis import (
     connect,
 )
 from tests.apps.build_log_app import at_once_along
-from tests.apps.slow_app import create_app
 from tests.support.clients import Herd, Reply, check_refusal
 from tests.support.clock import FakeClock
 from tests.support.gunicorn_server import GunicornServer, serving
@@ -696,26 +695,19 @@ def test_a_cluster_node_stopped_and_started_again_is_noticed_by_the_probe(
         client.close()
 
 
-@pytest.fixture
-def app(live_redis: RedisServer) -> Iterator[Flask]:
-    made = create_app(REACHLIMIT_REDIS_URL=live_redis.url())
-    yield made
-    ReachLimit().close(made)
-
-
 def test_the_extensions_close_stops_the_probe_thread(
-    app: Flask, live_redis: RedisServer
+    redis_app: Flask, live_redis: RedisServer
 ) -> None:
-    client = app.test_client()
+    client = redis_app.test_client()
     assert client.get("/report/a").status_code == 200
     before = probe_threads()
     live_redis.stop()
     assert client.get("/report/b").status_code == 200  # the fallback's
-    health = app.extensions["reachlimit"].redis
+    health = redis_app.extensions["reachlimit"].redis
     assert isinstance(health, RedisHealth) and not health.up
     thread = the_probe_thread(before)
     assert thread.is_alive()
-    ReachLimit().close(app)
+    ReachLimit().close(redis_app)
     assert not thread.is_alive() and health.closed
 
 

@@ -1,9 +1,11 @@
 """The wiring of the Redis fallback tests (``tests/test_redis_fallback.py``,
-``tests/test_redis_fallback_cache.py`` and ``tests/test_redis_recovery.py``): :class:`Stack`
-(one process's worth of client, health, shared and local limiters behind a
-``ResilientLimiter``, the health probing Redis on that client as the extension's does), the
-``make_stack`` fixture (stacks closed at teardown), the ``server`` fixture (the module's
-``live_redis``), the ``runner`` fixture (a ``ThreadRunner`` joined at teardown), the
+``tests/test_redis_fallback_cache.py``, ``tests/test_redis_recovery.py`` and
+``tests/test_redis_health.py``): :class:`Stack` (one process's worth of client, health,
+shared and local limiters behind a ``ResilientLimiter``, the health probing Redis on that
+client as the extension's does), the ``make_stack`` fixture (stacks closed at teardown), the
+``server`` fixture (the module's ``live_redis``), the ``redis_app`` fixture (the same wiring
+made by the Flask extension: an app of ``tests/apps/slow_app.py`` on ``live_redis``), the
+``runner`` fixture (a ``ThreadRunner`` joined at teardown), the
 bounds the tests assert with (``TIMEOUT``, ``SLACK``) and ``warnings_about_redis`` (what the
 library warned of, read from the test's captured log)."""
 
@@ -14,14 +16,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from flask import Flask
 
 from reachlimit import ColdLimiter
+from reachlimit.flask import ReachLimit
 from reachlimit.redis import (
     RedisColdLimiter,
     RedisHealth,
     ResilientLimiter,
     connect,
 )
+from tests.apps.slow_app import create_app
 from tests.support.redis_server import RedisServer
 from tests.support.threads import ThreadRunner
 
@@ -41,6 +46,15 @@ def warnings_about_redis(caplog: pytest.LogCaptureFixture, text: str) -> list[st
 @pytest.fixture(name="server")
 def server_fixture(live_redis: RedisServer) -> RedisServer:
     return live_redis
+
+
+@pytest.fixture
+def redis_app(live_redis: RedisServer) -> Iterator[Flask]:
+    """An app of ``tests/apps/slow_app.py`` on the module's ``live_redis`` (which the test may
+    stop), its extension closed at teardown."""
+    made = create_app(REACHLIMIT_REDIS_URL=live_redis.url())
+    yield made
+    ReachLimit().close(made)
 
 
 @pytest.fixture(name="runner")
