@@ -33,9 +33,13 @@ pytestmark = pytest.mark.timeout(30)
         # a user without a password, then a port: nothing to hide, shown as written
         ("redis://user@host:6379/0", "redis://user@host:6379/0"),
         ("redis://user@host/0", "redis://user@host/0"),
+        ("redis://user@host", "redis://user@host"),
         # an unencoded '@' or ':' in the password: all of it is hidden
         ("redis://u:p@ss@host/0", "redis://u:***@host/0"),
         ("redis://u:pa:ss@host/0", "redis://u:***@host/0"),
+        # an unencoded / ? # in the password ends urlsplit's netloc early: masked all the same
+        ("redis://:s3cr/et+pw==@redis.internal:6379/0", "redis://:***@redis.internal:6379/0"),
+        ("redis://u:a?b#c@h/0", "redis://u:***@h/0"),
         # '://' again later in the URL (a value of the query): the password is still found
         ("redis://u:pw@host/0?client_name=a://b", "redis://u:***@host/0?client_name=a://b"),
         # only the secret query value is hidden; the others, blank ones included, stay
@@ -46,11 +50,17 @@ pytestmark = pytest.mark.timeout(30)
         # no user-info, a port: nothing to hide, the port's ':' is no password
         ("redis://host:6379/0", "redis://host:6379/0"),
         ("redis://[::1]:6379/0", "redis://[::1]:6379/0"),
+        ("rediss://host:6380/2", "rediss://host:6380/2"),
         # a password without a user, IPv6 hosts, a port after the user-info
         ("rediss://:pw@host:6380/1", "rediss://:***@host:6380/1"),
+        ("redis://:pw@host:6379", "redis://:***@host:6379"),
+        ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
         ("redis://u:pw@[::1]:6379/0", "redis://u:***@[::1]:6379/0"),
         # percent-encoding in the password: hidden whole, as written
         ("redis://u:p%40ss@h/0", "redis://u:***@h/0"),
+        ("redis://u:p%40ss@h", "redis://u:***@h"),
+        # a Unix socket's URL: its password hidden, its path and query shown
+        ("unix://:pw@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1"),
         # an '@' in the scheme's place is no user-info
         ("re@dis://host:6379/0", "re@dis://host:6379/0"),
         # several sentinels or nodes: one user-info, masked once, every host shown
@@ -63,6 +73,10 @@ pytestmark = pytest.mark.timeout(30)
         (
             "redis://h/0?PASSWORD=a&sentinel_password=b&ssl_password=c&ssl_keyfile=k",
             "redis://h/0?PASSWORD=***&sentinel_password=***&ssl_password=***&ssl_keyfile=k",
+        ),
+        (
+            "rediss://h/0?ssl_keyfile=k.pem&ssl_password=pp",
+            "rediss://h/0?ssl_keyfile=k.pem&ssl_password=***",
         ),
     ],
 )
