@@ -235,19 +235,29 @@ def test_a_forked_child_announces_as_a_member_of_its_own(
 # -- the share -------------------------------------------------------------------------------
 
 
-def every_stack_knows(stacks: list[Stack], n: int) -> None:
-    """Start each stack's announcing (its first call) and wait until each knows N = n."""
-    for s in stacks:
-        s.limiter.stats()
-    wait_until(f"every stack counting {n} processes",
-               lambda: all(s.limiter.processes == n for s in stacks))
+@pytest.fixture
+def known_stacks(
+    server: RedisServer, make_stack: Callable[..., Stack]
+) -> Callable[..., list[Stack]]:
+    """``known_stacks(n, active=2, queue=8)``: ``n`` stacks on one budget of the module's
+    Redis (``n`` processes' worth), returned once each has made its first call (which starts
+    its announcing) and knows N = n."""
+
+    def make(n: int, active: int = 2, queue: int = 8) -> list[Stack]:
+        stacks = [make_stack(server.url(), active=active, queue=queue) for _ in range(n)]
+        for s in stacks:
+            s.limiter.stats()
+        wait_until(f"every stack counting {n} processes",
+                   lambda: all(s.limiter.processes == n for s in stacks))
+        return stacks
+
+    return make
 
 
 def test_four_processes_each_admit_a_quarter_of_the_budget_while_redis_is_down(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
-    stacks = [make_stack(server.url(), active=2, queue=8) for _ in range(4)]
-    every_stack_knows(stacks, 4)
+    stacks = known_stacks(4)
     assert stacks[0].limiter.share() == (1, 2)
     server.stop()
     for s in stacks:
@@ -276,12 +286,11 @@ def test_four_processes_each_admit_a_quarter_of_the_budget_while_redis_is_down(
 
 
 def test_a_shared_build_running_when_redis_goes_counts_in_its_process_share(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
     # The outage's start: a process holding shared grants when Redis goes must not add its
     # whole share on top of them (without that the service ran active + N shares at once).
-    stacks = [make_stack(server.url(), active=4, queue=8) for _ in range(2)]
-    every_stack_knows(stacks, 2)
+    stacks = known_stacks(2, active=4)
     holder, other = stacks
     shared = [holder.limiter.acquire() for _ in range(2)]  # 2 of Redis's 4, both here
     assert holder.local.stats().active == 2  # counted as running here (not as acquired)
@@ -308,14 +317,13 @@ def test_a_shared_build_running_when_redis_goes_counts_in_its_process_share(
 
 
 def test_the_fallbacks_builds_still_running_when_redis_comes_back_count_there(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
     # The outage's end: Redis, back (restarted empty), must not admit its whole budget
     # beside the builds the fallbacks admitted that still run (without that the service ran
     # active + N shares at once). Each process tells Redis about them before it marks
     # Redis up, so once both are up Redis counts both builds and admits nobody beside them.
-    stacks = [make_stack(server.url(), active=2, queue=8) for _ in range(2)]
-    every_stack_knows(stacks, 2)
+    stacks = known_stacks(2)
     port = server.port
     server.stop()
     running = [s.limiter.acquire() for s in stacks]  # each fallback's share: 1 build
@@ -340,12 +348,11 @@ def test_the_fallbacks_builds_still_running_when_redis_comes_back_count_there(
 
 
 def test_a_fallback_waiter_admitted_after_redis_came_back_counts_there(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
     # A waiter queued in the fallback when Redis came back keeps its place there; the grant
     # it is handed then is told to Redis at once.
-    alone = make_stack(server.url(), active=1, queue=2)
-    every_stack_knows([alone], 1)
+    (alone,) = known_stacks(1, active=1, queue=2)
     port = server.port
     server.stop()
     first = alone.limiter.acquire()
@@ -363,10 +370,10 @@ def test_a_fallback_waiter_admitted_after_redis_came_back_counts_there(
 
 
 def test_one_process_alone_keeps_the_whole_budget(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, make_stack: Callable[..., Stack],
+    known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
-    alone = make_stack(server.url(), active=2, queue=8)
-    every_stack_knows([alone], 1)
+    (alone,) = known_stacks(1)
     member = alone.limiter.members
     assert member is not None
     wait_until("it announced", lambda: member.id in ids_in_redis(alone.client,
@@ -395,10 +402,9 @@ def test_one_process_alone_keeps_the_whole_budget(
 
 
 def test_an_outage_with_fewer_processes_than_the_last_gives_a_larger_share(
-    server: RedisServer, make_stack: Callable[..., Stack]
+    server: RedisServer, known_stacks: Callable[..., list[Stack]]
 ) -> None:
-    stays, goes = (make_stack(server.url(), active=2, queue=8) for _ in range(2))
-    every_stack_knows([stays, goes], 2)
+    stays, goes = known_stacks(2)
     port = server.port
     server.stop()
     stats = stays.limiter.stats()
@@ -421,15 +427,14 @@ def reservations(client: Any, name: str = "fb", prefix: str = "reachlimit") -> l
 
 
 def test_redis_back_admits_nobody_beside_a_process_still_on_its_fallback(
-    server: RedisServer, make_stack: Callable[..., Stack], runner: ThreadRunner
+    server: RedisServer, known_stacks: Callable[..., list[Stack]], runner: ThreadRunner
 ) -> None:
     # The outage's end, when the processes learn at different moments that Redis is back
     # (the soak saw them 50-175 ms apart after a restart): the first one back reserves the
     # share of the other, which may still run it on its fallback, so that Redis does not
     # admit its whole budget beside it. The other process is held on its fallback here (its
     # health has no probe thread any more) until the test brings it back.
-    back, behind = stacks = [make_stack(server.url(), active=2, queue=8) for _ in range(2)]
-    every_stack_knows(stacks, 2)
+    back, behind = known_stacks(2)
     back.limiter.RESERVE = 60.0  # long enough for any machine: it ends by the recovery below
     behind.health.close()
     port = server.port
