@@ -50,6 +50,7 @@ from tests.support.redis_limiters import (
     STAY,
     LimiterScript,
     doorbell,
+    first_of_two_promoted,
     server_ms,
 )
 from tests.support.redis_server import RedisServer
@@ -376,11 +377,7 @@ def test_every_key_carries_the_hash_tag(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(name="tagged", prefix="svc", active=1, queue=2, wait=60.0)
-    ghosts = LimiterScript(client, lim)
-    holder = lim.acquire()
-    assert ghosts.acquire("w1")[0] == QUEUED
-    assert ghosts.acquire("w2")[0] == QUEUED
-    holder.release()  # w1 promoted: its doorbell exists
+    first_of_two_promoted(client, lim)  # w1 promoted: its doorbell exists
     # The prefix's registry of limiter names is one key of its own (no script touches it).
     assert client.smembers("svc:budgets") == {b"tagged"}
     keys = [k.decode() for k in client.keys("*") if k != b"svc:budgets"]

@@ -44,6 +44,7 @@ from tests.support.redis_limiters import (
     STAY,
     LimiterScript,
     doorbell,
+    first_of_two_promoted,
     server_ms,
     state_of,
 )
@@ -339,11 +340,7 @@ def test_cancel_racing_promotion_passes_the_slot_on(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=60.0)
-    ghosts = LimiterScript(client, lim)
-    holder = lim.acquire()
-    assert ghosts.acquire("w1")[0] == QUEUED
-    assert ghosts.acquire("w2")[0] == QUEUED
-    holder.release()  # hands the slot to w1 before w1 looks again
+    ghosts = first_of_two_promoted(client, lim)  # the slot is w1's before w1 looks again
     holders_key = lim.keys[0]
     assert client.zscore(holders_key, "w1") is not None
     assert client.llen(doorbell(lim, "w1")) == 1  # w1's doorbell rang
@@ -364,12 +361,9 @@ def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=0.05)
-    ghosts = LimiterScript(client, lim)
-    holder = lim.acquire()
-    start = server_ms(client)
-    assert ghosts.acquire("promoted")[0] == QUEUED
-    assert ghosts.acquire("late")[0] == QUEUED
-    holder.release()  # "promoted" gets the slot; "late" stays queued
+    # "promoted" gets the slot; "late" stays queued.
+    ghosts = first_of_two_promoted(client, lim, "promoted", "late")
+    start = server_ms(client)  # after both were queued: their deadlines are before it
     wait_until("both deadlines passed", lambda: server_ms(client) > start + 100)
     assert ghosts.poll("late", STAY)[0] == POLL_TIMEOUT
     assert ghosts.poll("promoted", STAY)[0] == POLL_GRANTED
