@@ -22,7 +22,7 @@ from werkzeug.test import EnvironBuilder
 from reachlimit import NOT_FOUND, TTLCache
 from reachlimit.flask import ReachLimit
 from tests.support.clock import FakeClock
-from tests.support.flask_ext import HeldView
+from tests.support.flask_ext import HeldView, one_view_app
 from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner, start_call
 from tests.support.waiting import wait_until
@@ -129,14 +129,7 @@ def test_the_key_takes_the_query_as_sent_so_two_spellings_are_two_entries() -> N
 
 def test_repeated_names_keep_their_order_in_the_key() -> None:
     """Sorted by name only: ?tag=a&tag=b and ?tag=b&tag=a ask different things of getlist."""
-    app = Flask("tags")
-    rl = ReachLimit(app)
-
-    @app.get("/tags")
-    @rl.cached()
-    def tags() -> Any:
-        return {"tags": request.args.getlist("tag")}
-
+    app, _, _ = one_view_app(lambda: {"tags": request.args.getlist("tag")}, "/tags")
     client = app.test_client()
     assert client.get("/tags?tag=a&tag=b&x=1").get_json() == {"tags": ["a", "b"]}
     assert client.get("/tags?tag=b&tag=a&x=1").get_json() == {"tags": ["b", "a"]}

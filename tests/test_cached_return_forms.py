@@ -195,35 +195,19 @@ def test_an_uncached_answer_is_never_shared_with_a_concurrent_follower(
 
 
 def test_not_found_alone_is_still_a_404_shared_and_never_cached() -> None:
-    app = Flask("nf")
-    rl = ReachLimit(app)
-    runs: list[int] = []
-
-    @app.get("/nf")
-    @rl.cached
-    def nf() -> Any:
-        runs.append(1)
-        return NOT_FOUND
-
+    app, _, runs = one_view_app(lambda: NOT_FOUND, "/nf")
     assert [app.test_client().get("/nf").status_code for _ in range(2)] == [404, 404]
     assert runs == [1, 1]
 
 
 def test_hop_by_hop_headers_content_length_and_our_cache_status_are_not_replayed() -> None:
-    app = Flask("hops")
-    rl = ReachLimit(app)
-
-    @app.get("/hops")
-    @rl.cached()
-    def hops() -> Any:
-        return Response("body", headers=[
-            ("X-Mine", "kept"), ("Connection", "close, X-Private"), ("X-Private", "p"),
-            ("Keep-Alive", "timeout=5"), ("Proxy-Authenticate", "Basic"), ("TE", "trailers"),
-            ("Trailer", "X-Sum"), ("Upgrade", "h2c"), ("Content-Length", "999"),
-            ("Cache-Status", "upstream; hit, reachlimit; hit; ttl=9"),
-            ("Link", "</a>; rel=preload"), ("Link", "</b>; rel=preload"),
-        ])
-
+    app, _, _ = one_view_app(lambda: Response("body", headers=[
+        ("X-Mine", "kept"), ("Connection", "close, X-Private"), ("X-Private", "p"),
+        ("Keep-Alive", "timeout=5"), ("Proxy-Authenticate", "Basic"), ("TE", "trailers"),
+        ("Trailer", "X-Sum"), ("Upgrade", "h2c"), ("Content-Length", "999"),
+        ("Cache-Status", "upstream; hit, reachlimit; hit; ttl=9"),
+        ("Link", "</a>; rel=preload"), ("Link", "</b>; rel=preload"),
+    ]), "/hops")
     first = app.test_client().get("/hops")
     assert first.headers["X-Private"] == "p"  # the request that built it: as returned
     hit = app.test_client().get("/hops")
