@@ -50,7 +50,6 @@ from tests.support.redis_limiters import (
     STAY,
     LimiterScript,
     doorbell,
-    first_of_two_promoted,
     server_ms,
 )
 from tests.support.redis_server import RedisServer
@@ -377,7 +376,7 @@ def test_every_key_carries_the_hash_tag(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(name="tagged", prefix="svc", active=1, queue=2, wait=60.0)
-    first_of_two_promoted(client, lim)  # w1 promoted: its doorbell exists
+    LimiterScript.first_of_two_promoted(client, lim)  # w1 promoted: its doorbell exists
     # The prefix's registry of limiter names is one key of its own (no script touches it).
     assert client.smembers("svc:budgets") == {b"tagged"}
     keys = [k.decode() for k in client.keys("*") if k != b"svc:budgets"]

@@ -44,7 +44,6 @@ from tests.support.redis_limiters import (
     STAY,
     LimiterScript,
     doorbell,
-    first_of_two_promoted,
     server_ms,
     state_of,
 )
@@ -340,7 +339,8 @@ def test_cancel_racing_promotion_passes_the_slot_on(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=60.0)
-    ghosts = first_of_two_promoted(client, lim)  # the slot is w1's before w1 looks again
+    # The slot is w1's before w1 looks again.
+    ghosts = LimiterScript.first_of_two_promoted(client, lim)
     holders_key = lim.keys[0]
     assert client.zscore(holders_key, "w1") is not None
     assert client.llen(doorbell(lim, "w1")) == 1  # w1's doorbell rang
@@ -362,7 +362,7 @@ def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
 ) -> None:
     lim = make_limiter(active=1, queue=2, wait=0.05)
     # "promoted" gets the slot; "late" stays queued.
-    ghosts = first_of_two_promoted(client, lim, "promoted", "late")
+    ghosts = LimiterScript.first_of_two_promoted(client, lim, "promoted", "late")
     start = server_ms(client)  # after both were queued: their deadlines are before it
     wait_until("both deadlines passed", lambda: server_ms(client) > start + 100)
     assert ghosts.poll("late", STAY)[0] == POLL_TIMEOUT

@@ -6,8 +6,8 @@ teardown), the ``factory`` fixture built on it (``factory(cls)``: a factory with
 ``ColdLimiter``'s signature for the checks of ``tests/support/limiter_checks.py`` and
 ``tests/support/fairness.py``, each limiter on a fresh name), the scripts' answer codes
 (``GRANTED``, ``QUEUED``, ``FULL``, ``POLL_*``) and what a poll tells Redis (``STAY``,
-``GIVE_UP``), :class:`LimiterScript` (the limiter's script run by the test itself: ghosts),
-``first_of_two_promoted`` (two ghosts queued behind a grant, the first handed its slot),
+``GIVE_UP``), :class:`LimiterScript` (the limiter's script run by the test itself: ghosts; its
+``first_of_two_promoted``, two of them queued behind a grant, the first handed its slot),
 ``doorbell`` (a waiter's doorbell key), ``server_ms`` (Redis's own clock in ms), ``state_of``
 (every key matching a pattern with its full content) and ``burst_accounted`` (a shared
 budget's figures once every request of a burst is counted there). The fixtures are
@@ -65,6 +65,20 @@ class LimiterScript:
         )
         self._script = client.register_script(script_text(lim))
 
+    @classmethod
+    def first_of_two_promoted(
+        cls, client: redis.Redis, lim: RedisColdLimiter, first: str = "w1", second: str = "w2"
+    ) -> LimiterScript:
+        """The ghosts of ``lim`` (one slot, two queue places or more) in this state: a grant
+        of ``lim``'s own held, ``first`` and ``second`` queued behind it, then that grant
+        released: ``first`` is handed the slot (its doorbell rung), ``second`` still waits."""
+        ghosts = cls(client, lim)
+        holder = lim.acquire()
+        assert ghosts.acquire(first)[0] == QUEUED
+        assert ghosts.acquire(second)[0] == QUEUED
+        holder.release()
+        return ghosts
+
     def run(self, op: str, *args: str | int) -> Any:
         """One operation of the script with its own arguments (after the figures)."""
         return self._script(keys=self.keys, args=[op, self.figures, *args])
@@ -91,20 +105,6 @@ class LimiterScript:
     def renew(self, *tokens: str) -> list[str]:
         """A renewal of ``tokens``' leases: the tokens Redis no longer holds."""
         return [t.decode() if isinstance(t, bytes) else str(t) for t in self.run("renew", *tokens)]
-
-
-def first_of_two_promoted(
-    client: redis.Redis, lim: RedisColdLimiter, first: str = "w1", second: str = "w2"
-) -> LimiterScript:
-    """On ``lim`` (one slot, two queue places or more): a grant of its own held, the ghosts
-    ``first`` and ``second`` queued behind it, then that grant released: ``first`` is handed
-    the slot (its doorbell rung) and ``second`` still waits. Returns the ghosts' script."""
-    ghosts = LimiterScript(client, lim)
-    holder = lim.acquire()
-    assert ghosts.acquire(first)[0] == QUEUED
-    assert ghosts.acquire(second)[0] == QUEUED
-    holder.release()
-    return ghosts
 
 
 @pytest.fixture(name="make_limiter")
