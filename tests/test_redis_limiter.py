@@ -356,7 +356,7 @@ def test_cancel_racing_promotion_passes_the_slot_on(
 
 
 # Kept apart from tests/test_redis_leases.py:test_grants_are_renewed_while_held because only
-# the opening (a limiter, a grant, Redis's time) is alike; what each waits for and checks is not.
+# the opening (a limiter, Redis's time, a wait for it to pass) is alike; what each checks is not.
 def test_promotion_before_the_waiter_saw_its_deadline_is_kept(
     client: CountingRedis, make_limiter: Callable[..., RedisColdLimiter]
 ) -> None:
