@@ -6,10 +6,10 @@ the piece asserted to be there exactly once, in the script and in its ``.lua`` f
 one ``RedisCache`` in place of the script it registered (``lua/cache.lua``: every operation
 of the cache in one file); ``settings.lua``, which ``record_settings`` registers at each
 start, is put in place of ``lua.SETTINGS`` instead. Each check passes with the real scripts
-and fails, with the message it names, with the mutant of its row. Another ``RedisCache`` of
-the same name, with a first level of its own, stands for another process. The mutants only
-a Redis Cluster runs (``index`` and ``drain``: the set and the clear when entries spread over
-slots) are in ``tests/test_redis_cluster_mutants.py``, with these checks.
+and fails, with the message it names, with each mutant that names it. Another
+``RedisCache`` of the same name, with a first level of its own, stands for another process.
+The mutants only a Redis Cluster runs (``index`` and ``drain``: the set and the clear when
+entries spread over slots) are in ``tests/test_redis_cluster_mutants.py``, with these checks.
 
 ==================  =============================================  ==============================
 script (section)    mutant                                         the check that catches it
@@ -41,7 +41,7 @@ import pytest
 import redis
 
 from reachlimit.redis import RedisCache
-from tests.support.redis_mutants import Case, case, caught_in_lua, check_id, in_file
+from tests.support.redis_mutants import Mutant, caught_alike, check_id, checks, in_file, rows
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -111,73 +111,48 @@ def check_the_newest_start_sets_the_cache(make: MakeCache, client: redis.Redis) 
     )
 
 
-SET_WITHOUT_EXPIRY = in_file(
+SET_WITHOUT_EXPIRY = Mutant(in_file(
     "cache", ("redis.call('SET', KEYS[3], value, 'PX', lives)", "redis.call('SET', KEYS[3], value)")
-)
-HEADER_DROPPED = in_file(
+), check_an_entry_expires_in_redis, "an entry without its expiry")
+HEADER_DROPPED = Mutant(in_file(
     "cache", ("  if stale > 0 then value = 't' .. ARGV[7] .. ',' .. stale .. ';' .. value end\n",
               "")
+), check_an_entry_carries_its_build_time_and_window, "an entry lost its header")
+LIVES_WITHOUT_STALE = Mutant(in_file("cache", ("local lives = ttl + stale", "local lives = ttl")),
+                             check_a_stale_window_lengthens_an_entrys_life,
+                             "the stale window was cut out")
+#: The index never evicts; the evicted entries are not deleted.
+NO_EVICTION, EVICTED_KEPT = caught_alike(
+    check_the_size_bound_evicts_the_oldest, "the size bound kept the oldest entry",
+    in_file("cache", ("local over = redis.call('ZCARD', index) - size", "local over = 0")),
+    in_file("cache", ("  redis.call('DEL', entries .. old)\n", "")),
 )
-LIVES_WITHOUT_STALE = in_file("cache", ("local lives = ttl + stale", "local lives = ttl"))
-NO_EVICTION = in_file("cache", ("local over = redis.call('ZCARD', index) - size",
-                                "local over = 0"))
-EVICTED_KEPT = in_file("cache", ("  redis.call('DEL', entries .. old)\n", ""))
-CLEAR_KEEPS_ENTRIES = in_file(
+CLEAR_KEEPS_ENTRIES = Mutant(in_file(
     "cache", ("deleted = deleted + redis.call('DEL', entries .. digest)", "deleted = deleted + 1")
-)
-SETTINGS_RECORD_NOTHING = in_file(
-    "settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")
-)
-
-CHECKS = (
-    check_an_entry_expires_in_redis,
-    check_an_entry_carries_its_build_time_and_window,
-    check_a_stale_window_lengthens_an_entrys_life,
-    check_the_size_bound_evicts_the_oldest,
-    check_clear_empties_the_cache_for_every_process,
-    check_the_newest_start_sets_the_cache,
+), check_clear_empties_the_cache_for_every_process, "an entry survived clear")
+#: ``record_settings`` registers ``lua.SETTINGS`` at each start: the test puts the mutant there.
+SETTINGS_RECORD_NOTHING = Mutant(
+    in_file("settings", ("redis.call('HSET', KEYS[1], 'by', unpack(ARGV))\n", "")),
+    check_the_newest_start_sets_the_cache, "an older process ignores the newest start",
+    in_lua="SETTINGS",
 )
 
 
 def real_cache(client: Any) -> MakeCache:
     """``make(**kwargs)``: a RedisCache on ``client`` (the real scripts, or a mutant's once
-    a ``Case`` installs it)."""
+    a ``Mutant`` installs it)."""
     return lambda **kwargs: RedisCache(client, **kwargs)
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=check_id)
+@pytest.mark.parametrize("check", checks(globals()), ids=check_id)
 def test_each_check_passes_with_the_real_scripts(
     check: Callable[[MakeCache, redis.Redis], None], client: redis.Redis
 ) -> None:
     check(real_cache(client), client)
 
 
-@pytest.mark.parametrize(
-    "row",
-    [
-        case("set-without-expiry", SET_WITHOUT_EXPIRY, check_an_entry_expires_in_redis,
-             "an entry without its expiry"),
-        case("header-dropped", HEADER_DROPPED, check_an_entry_carries_its_build_time_and_window,
-             "an entry lost its header"),
-        case("lives-without-stale", LIVES_WITHOUT_STALE,
-             check_a_stale_window_lengthens_an_entrys_life, "the stale window was cut out"),
-        case("no-eviction", NO_EVICTION, check_the_size_bound_evicts_the_oldest,
-             "the size bound kept the oldest entry"),
-        case("evicted-kept", EVICTED_KEPT, check_the_size_bound_evicts_the_oldest,
-             "the size bound kept the oldest entry"),
-        case("clear-keeps-entries", CLEAR_KEEPS_ENTRIES,
-             check_clear_empties_the_cache_for_every_process, "an entry survived clear"),
-    ],
-)
+@pytest.mark.parametrize("row", rows(globals()))
 def test_a_cache_with_a_broken_script_fails_the_check_for_it(
-    row: Case, client: redis.Redis
+    row: Mutant, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    row.caught(real_cache(client), client)
-
-
-def test_a_start_that_records_nothing_fails_the_check_for_it(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    caught_in_lua(monkeypatch, "SETTINGS", SETTINGS_RECORD_NOTHING,  # read at each start
-                  "an older process ignores the newest start",
-                  check_the_newest_start_sets_the_cache, real_cache(client), client)
+    row.caught(real_cache(client), client, monkeypatch=monkeypatch)

@@ -8,7 +8,7 @@ nodes: the set and the clear are then operations of their own (``index`` and ``d
 ``lua/cache.lua``) followed by commands on the entries' nodes. A mutant is the real script
 text with one piece replaced (``tests/support/redis_mutants.py``: the piece asserted to be
 there exactly once), put on the object in place of the script it registered; each check
-passes with the real scripts and fails with the mutant of its row.
+passes with the real scripts and fails with each mutant that names it.
 
 ==================  =============================================  ==============================
 script (section)    mutant                                         the check that catches it
@@ -41,7 +41,7 @@ import redis
 from reachlimit.redis import RedisColdLimiter
 from tests.support.limiter_checks import check_gate_place_returned_after_timeout
 from tests.support.redis_cluster import redis_cluster_fixture  # noqa: F401 (a fixture)
-from tests.support.redis_mutants import Case, case, check_id, in_file
+from tests.support.redis_mutants import Mutant, caught_alike, check_id, checks, in_file, rows
 from tests.support.threads import ThreadRunner
 from tests.test_redis_cache_mutants import (
     MakeCache,
@@ -61,14 +61,18 @@ TAG_LOSES_BRACE = mutant(
     in_file("limiter", ("local tag = string.sub(holders, 1, -8)",
                         "local tag = string.sub(holders, 2, -8)")),
 )
-SPREAD_WRONG_DIGEST = in_file("cache", ("local digest = ARGV[5]", "local digest = ARGV[4]"))
-TAIL_DROPS_EVICTED = in_file(
-    "cache", ("  for _, old in ipairs(evicted) do reply[#reply + 1] = old end\n", "")
+#: The digest indexed is the size argument; the digests evicted are not answered.
+SPREAD_WRONG_DIGEST, TAIL_DROPS_EVICTED = caught_alike(
+    check_the_size_bound_evicts_the_oldest, "the size bound kept the oldest entry",
+    in_file("cache", ("local digest = ARGV[5]", "local digest = ARGV[4]")),
+    in_file(
+        "cache", ("  for _, old in ipairs(evicted) do reply[#reply + 1] = old end\n", "")
+    ),
 )
-DRAIN_ANSWERS_NOTHING = in_file("cache", ("return digests", "return {}"))
+DRAIN_ANSWERS_NOTHING = Mutant(in_file("cache", ("return digests", "return {}")),
+                               check_clear_empties_the_cache_for_every_process,
+                               "an entry survived clear")
 
-CACHE_CHECKS = (check_the_size_bound_evicts_the_oldest,
-                check_clear_empties_the_cache_for_every_process)
 
 
 def test_the_limiter_check_passes_on_a_cluster(
@@ -84,25 +88,15 @@ def test_a_tag_without_its_brace_fails_every_script_that_builds_a_key(
         check_gate_place_returned_after_timeout(factory(TAG_LOSES_BRACE), threads)
 
 
-@pytest.mark.parametrize("check", CACHE_CHECKS, ids=check_id)
+@pytest.mark.parametrize("check", checks(globals()), ids=check_id)
 def test_each_cache_check_passes_on_a_cluster(
     check: Callable[[MakeCache, Any], None], client: Any
 ) -> None:
     check(real_cache(client), client)
 
 
-@pytest.mark.parametrize(
-    "row",
-    [
-        case("spread-wrong-digest", SPREAD_WRONG_DIGEST, check_the_size_bound_evicts_the_oldest,
-             "the size bound kept the oldest entry"),
-        case("tail-drops-evicted", TAIL_DROPS_EVICTED, check_the_size_bound_evicts_the_oldest,
-             "the size bound kept the oldest entry"),
-        case("drain-answers-nothing", DRAIN_ANSWERS_NOTHING,
-             check_clear_empties_the_cache_for_every_process, "an entry survived clear"),
-    ],
-)
+@pytest.mark.parametrize("row", rows(globals()))
 def test_a_cluster_cache_with_a_broken_script_fails_the_check_for_it(
-    row: Case, client: Any
+    row: Mutant, client: Any
 ) -> None:
     row.caught(real_cache(client), client)

@@ -4,10 +4,11 @@ script has a mutant.
 A mutant is the real script text with one piece replaced (``tests/support/redis_mutants.py``:
 the piece asserted to be there exactly once, in the script and in its ``.lua`` file), put on
 every flight object a check makes in place of the script it registered (``lua/flight.lua``:
-every operation in one file). Each check passes with the real script and fails, with the
-message it names, with the mutant of its row. Several flight objects on one Redis and name
-stand for several processes (the ``make_flight`` fixture of ``tests/test_redis_flight.py``:
-each with a client of its own).
+every operation in one file), or, for ``release_claims``, which registers it at each call,
+in place of ``lua.FLIGHT``. Each check passes with the real script and fails, with the
+message it names, with each mutant that names it. Several flight objects on one Redis and
+name stand for several processes (the ``make_flight`` fixture of
+``tests/test_redis_flight.py``: each with a client of its own).
 
 ==================  =============================================  ==============================
 section             mutant                                         the check that catches it
@@ -40,7 +41,7 @@ import redis
 
 from reachlimit.redis import RedisSingleFlight, owner_prefix, release_claims
 from tests import test_redis_flight
-from tests.support.redis_mutants import Case, case, caught_in_lua, check_id, in_file
+from tests.support.redis_mutants import Mutant, caught_alike, check_id, checks, in_file, rows
 from tests.support.threads import Outcome, ThreadRunner, start_call
 from tests.support.waiting import wait_until
 from tests.test_redis_flight import KEY, Gate, MakeFlight, renewed, start_leading, waiters
@@ -139,38 +140,41 @@ def check_a_dead_owners_claim_is_dropped(
         assert release_claims(client, owner_prefix()) == 0  # nothing left to drop
 
 
-JOIN_ALWAYS_CLAIMS = in_file("flight", (
-    "  local current = read_claim()\n  if current then\n    local n = flight_of(current)\n"
-    "    local out = outcome(n)\n",
-    "  local current = read_claim()\n  if false then\n    local n = flight_of(current)\n"
-    "    local out = outcome(n)\n",
-))
-CHECK_OVERLOOKS_OUTCOME = in_file(
-    "flight", ("  local out = outcome(mine)\n  if out then return {2, mine, out} end\n",
-               "  local out\n")
+#: Every join claims a new flight; a follower's check overlooks its own flight's outcome.
+JOIN_ALWAYS_CLAIMS, CHECK_OVERLOOKS_OUTCOME = caught_alike(
+    check_one_build_across_processes, "built twice",
+    in_file("flight", (
+        "  local current = read_claim()\n  if current then\n    local n = flight_of(current)\n"
+        "    local out = outcome(n)\n",
+        "  local current = read_claim()\n  if false then\n    local n = flight_of(current)\n"
+        "    local out = outcome(n)\n",
+    )),
+    in_file(
+        "flight", ("  local out = outcome(mine)\n  if out then return {2, mine, out} end\n",
+                   "  local out\n")
+    ),
 )
-CLAIM_WITHOUT_LEASE = in_file(
+CLAIM_WITHOUT_LEASE = Mutant(in_file(
     "flight", ("redis.call('SET', lead, n .. ':' .. token, 'PX', lease)",
                "redis.call('SET', lead, n .. ':' .. token)")
-)
-PUBLISH_KEEPS_CLAIM = in_file(
+), check_a_claim_ends_with_its_lease, "a claim without its lease")
+PUBLISH_KEEPS_CLAIM = Mutant(in_file(
     "flight", ("  if redis.call('GET', lead) == n .. ':' .. token then "
                "redis.call('DEL', lead) end\n", "")
+), check_a_call_after_a_flight_ended_leads_anew, "a finished flight's claim outlived it")
+RENEW_DOES_NOT_EXTEND = Mutant(in_file("flight", ("    redis.call('PEXPIRE', lead, lease)\n", "")),
+                               check_a_renewed_claim_outlives_its_lease,
+                               "the claim ended while its leader ran")
+#: ``release_claims`` registers ``lua.FLIGHT`` when called: the test puts the mutant there
+#: (the flights the check makes run it too: it changes the drop only).
+DROP_KEEPS_CLAIM = Mutant(
+    in_file("flight", ("    redis.call('DEL', lead)\n    return 1\n", "    return 1\n")),
+    check_a_dead_owners_claim_is_dropped, "a dead owner's claim outlived release_claims",
+    in_lua="FLIGHT",
 )
-RENEW_DOES_NOT_EXTEND = in_file("flight", ("    redis.call('PEXPIRE', lead, lease)\n", ""))
-DROP_KEEPS_CLAIM = in_file("flight", ("    redis.call('DEL', lead)\n    return 1\n",
-                                      "    return 1\n"))
-
-CHECKS = (
-    check_one_build_across_processes,
-    check_a_claim_ends_with_its_lease,
-    check_a_call_after_a_flight_ended_leads_anew,
-    check_a_renewed_claim_outlives_its_lease,
-    check_a_dead_owners_claim_is_dropped,
-)
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=check_id)
+@pytest.mark.parametrize("check", checks(globals()), ids=check_id)
 def test_each_check_passes_with_the_real_scripts(
     check: Callable[..., None], make_flight: MakeFlight, client: redis.Redis,
     threads: ThreadRunner,
@@ -178,34 +182,9 @@ def test_each_check_passes_with_the_real_scripts(
     check(make_flight, client, threads)
 
 
-@pytest.mark.parametrize(
-    "row",
-    [
-        case("join-always-claims", JOIN_ALWAYS_CLAIMS, check_one_build_across_processes,
-             "built twice"),
-        case("check-overlooks-outcome", CHECK_OVERLOOKS_OUTCOME,
-             check_one_build_across_processes, "built twice"),
-        case("claim-without-lease", CLAIM_WITHOUT_LEASE, check_a_claim_ends_with_its_lease,
-             "a claim without its lease"),
-        case("publish-keeps-claim", PUBLISH_KEEPS_CLAIM,
-             check_a_call_after_a_flight_ended_leads_anew,
-             "a finished flight's claim outlived it"),
-        case("renew-does-not-extend", RENEW_DOES_NOT_EXTEND,
-             check_a_renewed_claim_outlives_its_lease, "the claim ended while its leader ran"),
-    ],
-)
+@pytest.mark.parametrize("row", rows(globals()))
 def test_a_flight_with_a_broken_script_fails_the_check_for_it(
-    row: Case, make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner
-) -> None:
-    row.caught(make_flight, client, threads)
-
-
-def test_a_release_claims_that_keeps_the_claim_fails_its_check(
-    make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner,
+    row: Mutant, make_flight: MakeFlight, client: redis.Redis, threads: ThreadRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # release_claims registers the script when called: the mutant is put in its place (the
-    # flights the check makes run it too: it changes the drop only).
-    caught_in_lua(monkeypatch, "FLIGHT", DROP_KEEPS_CLAIM,
-                  "a dead owner's claim outlived release_claims",
-                  check_a_dead_owners_claim_is_dropped, make_flight, client, threads)
+    row.caught(make_flight, client, threads, monkeypatch=monkeypatch)

@@ -4,20 +4,23 @@ Each check passes with the real script (the ``lead`` operation of
 ``reachlimit/redis/lua/limiter.lua``) and fails, for the reason it names, with a mutant: the
 real text with one piece replaced, the piece asserted to be there exactly once (so a change
 of the real script fails here loudly instead of quietly testing the unchanged code). A mutant
-is installed on the app's ``RedisColdLimiter`` in place of its script.
+is installed on the app's ``RedisColdLimiter`` in place of its script; each ``Mutant`` names
+the check that catches it, and the tests are named by that check.
 
 Mutants:
 
-* its answer claims the flight for a refused leader too (followers in other processes would
-  follow a flight whose outcome nobody publishes, until its lease ends);
-* it does not read the cache (an entry another process has just stored is built again);
-* its answer never claims (a same-key request of another process leads a second build).
+* its answer claims the flight for a refused leader too (``REFUSED_LEADER_CLAIMS``: followers
+  in other processes would follow a flight whose outcome nobody publishes, until its lease
+  ends);
+* it does not read the cache (``NO_RECHECK``: an entry another process has just stored is
+  built again);
+* its answer never claims (``NEVER_CLAIMS``: a same-key request of another process leads a
+  second build).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,8 +36,7 @@ from tests.support.redis_lead import (
     make_app,
     watcher_fixture,  # noqa: F401 (the watcher fixture)
 )
-from tests.support.redis_mutants import assert_caught, in_file
-from tests.support.redis_mutants import install as install_mutant
+from tests.support.redis_mutants import Mutant, assert_caught, check_id, in_file, install, mutants
 from tests.support.redis_server import (
     RedisServer,
     redis_server_fixture,  # noqa: F401 (the redis_server fixture)
@@ -48,26 +50,6 @@ def shared_limiter(app: Flask) -> RedisColdLimiter:
     remote = app.extensions["reachlimit"].path.limiter.remote
     assert isinstance(remote, RedisColdLimiter)
     return remote
-
-
-def install(app: Flask, old: str, new: str) -> None:
-    """The app's limiter script with ``old`` replaced by ``new``."""
-    install_mutant(shared_limiter(app), [(old, new)])
-
-
-_CLAIM_ONLY_ADMITTED = "    if status == 1 or status == 2 then"
-_READ = "  if entry then return {3, entry, redis.call('PTTL', KEYS[2])} end"
-
-#: (old, new) of each mutant, and the check it must fail.
-MUTANTS = dict(zip(
-    ("refused_leader_claims", "no_recheck", "never_claims"),
-    in_file(
-        "limiter",
-        (_CLAIM_ONLY_ADMITTED, "    if true then"),
-        (_READ, "  entry = nil"),
-    ) + ((_CLAIM_ONLY_ADMITTED, "    if false then"),),
-    strict=True,
-))
 
 
 def check_refusal_leaves_no_flight(app: Flask, watcher: redis.Redis, server: RedisServer) -> None:
@@ -131,31 +113,31 @@ def check_one_build_across_apps(app: Flask, watcher: redis.Redis, server: RedisS
         close_app(other)
 
 
-Check = Callable[[Flask, redis.Redis, RedisServer], None]
-#: Each check, the mutant it must catch, and what its failure says.
-CHECKS: dict[str, tuple[Check, str, str]] = {
-    "refusal_leaves_no_flight": (
-        check_refusal_leaves_no_flight, "refused_leader_claims", "claimed a flight"
-    ),
-    "lead_rechecks_the_cache": (
-        check_lead_rechecks_the_cache, "no_recheck", "built though it was cached"
-    ),
-    "one_build_across_apps": (check_one_build_across_apps, "never_claims", "built twice"),
-}
+_CLAIM_ONLY_ADMITTED = "    if status == 1 or status == 2 then"
+_READ = "  if entry then return {3, entry, redis.call('PTTL', KEYS[2])} end"
+
+REFUSED_LEADER_CLAIMS = Mutant(in_file("limiter", (_CLAIM_ONLY_ADMITTED, "    if true then")),
+                               check_refusal_leaves_no_flight, "claimed a flight")
+NO_RECHECK = Mutant(in_file("limiter", (_READ, "  entry = nil")),
+                    check_lead_rechecks_the_cache, "built though it was cached")
+NEVER_CLAIMS = Mutant(in_file("limiter", (_CLAIM_ONLY_ADMITTED, "    if false then")),
+                      check_one_build_across_apps, "built twice")
+
+#: Each mutant by the name of the check that catches it (the tests' ids).
+BY_CHECK = {check_id(m.check): m for m in mutants(globals()).values()}
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
+@pytest.mark.parametrize("name", sorted(BY_CHECK))
 def test_check_passes_with_the_real_script(
     name: str, app: Flask, watcher: redis.Redis, redis_server: RedisServer
 ) -> None:
-    check, _, _ = CHECKS[name]
-    check(app, watcher, redis_server)
+    BY_CHECK[name].check(app, watcher, redis_server)
 
 
-@pytest.mark.parametrize("name", sorted(CHECKS))
+@pytest.mark.parametrize("name", sorted(BY_CHECK))
 def test_check_fails_with_its_mutant(
     name: str, app: Flask, watcher: redis.Redis, redis_server: RedisServer
 ) -> None:
-    check, mutant, failure = CHECKS[name]
-    install(app, *MUTANTS[mutant])
-    assert_caught(failure, check, app, watcher, redis_server)
+    row = BY_CHECK[name]
+    install(shared_limiter(app), row.changes)
+    assert_caught(row.reason, row.check, app, watcher, redis_server)

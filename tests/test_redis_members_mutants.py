@@ -7,8 +7,8 @@ announce, and the parent of a process that died removes all of its members at on
 (``tests/support/redis_mutants.py``: the piece asserted to be there exactly once), put on a
 ``Members`` object in place of its script, or in place of ``lua.MEMBERS`` for
 ``release_owner``, which registers it at each call. Each check passes with the real script
-and fails, with the message it names, with the mutant of its row. Two ``Members`` objects
-with other owners stand for two processes.
+and fails, with the message it names, with each mutant that names it. Two ``Members``
+objects with other owners stand for two processes.
 
 ==================  =============================================  ==============================
 script              mutant                                         the check that catches it
@@ -37,7 +37,7 @@ from reachlimit.redis import release_owner
 from reachlimit.redis._common import limiter_keys, members_key
 from reachlimit.redis._members import Members
 from tests.support.redis_limiters import server_ms
-from tests.support.redis_mutants import assert_caught, caught_in_lua, check_id, in_file, installing
+from tests.support.redis_mutants import Mutant, check_id, checks, in_file, rows
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -111,22 +111,23 @@ def check_an_announce_on_redis_ends_its_reservation(
     assert left == [f"#{other.id}#1"], f"an announce on Redis kept its reservation: {left}"
 
 
-ENDED_KEPT = in_file(
+ENDED_KEPT = Mutant(in_file(
     "members", ("redis.call('ZREMRANGEBYSCORE', members, '-inf', now)", "local _ = now")
+), check_a_silent_member_drops_out, "a silent member is still counted")
+#: ``release_owner`` registers ``lua.MEMBERS`` at each call (and so does each ``Members`` made
+#: meanwhile): the test puts the mutant there.
+LEAVE_EXACT_ONLY = Mutant(
+    in_file("members", ("if string.sub(id, 1, n) == who then", "if id == who then")),
+    check_release_owner_removes_a_dead_owners_members,
+    "a dead owner's members outlived release_owner",
+    in_lua="MEMBERS",
 )
-LEAVE_EXACT_ONLY = in_file(
-    "members", ("if string.sub(id, 1, n) == who then", "if id == who then")
-)
-RESERVATION_KEPT = in_file(
+RESERVATION_KEPT = Mutant(in_file(
     "members", ("then redis.call('ZREM', KEYS[2], holder) end", "then local _ = holder end")
-)
+), check_an_announce_on_redis_ends_its_reservation, "an announce on Redis kept its reservation")
 
 
-@pytest.mark.parametrize(
-    "check", [check_a_silent_member_drops_out, check_release_owner_removes_a_dead_owners_members,
-              check_an_announce_on_redis_ends_its_reservation],
-    ids=check_id,
-)
+@pytest.mark.parametrize("check", checks(globals()), ids=check_id)
 def test_each_check_passes_with_the_real_script(
     check: Callable[[MakeMembers, redis.Redis], None], make_members: MakeMembers,
     client: redis.Redis,
@@ -134,25 +135,9 @@ def test_each_check_passes_with_the_real_script(
     check(make_members, client)
 
 
-def test_a_script_that_keeps_ended_members_fails_the_check_for_it(
-    make_members: MakeMembers, client: redis.Redis
+@pytest.mark.parametrize("row", rows(globals()))
+def test_a_broken_members_script_fails_the_check_for_it(
+    row: Mutant, make_members: MakeMembers, client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert_caught("a silent member is still counted", check_a_silent_member_drops_out,
-                  installing(make_members, ENDED_KEPT), client)
-
-
-def test_a_leave_by_exact_id_only_fails_the_check_for_it(
-    make_members: MakeMembers, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # release_owner registers lua.MEMBERS at each call (and so does each Members made now).
-    caught_in_lua(monkeypatch, "MEMBERS", LEAVE_EXACT_ONLY,
-                  "a dead owner's members outlived release_owner",
-                  check_release_owner_removes_a_dead_owners_members, make_members, client)
-
-
-def test_a_script_that_keeps_a_reservation_fails_the_check_for_it(
-    make_members: MakeMembers, client: redis.Redis
-) -> None:
-    assert_caught("an announce on Redis kept its reservation",
-                  check_an_announce_on_redis_ends_its_reservation,
-                  installing(make_members, RESERVATION_KEPT), client)
+    row.caught(make_members, client, monkeypatch=monkeypatch)

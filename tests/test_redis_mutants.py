@@ -8,7 +8,8 @@ one file, ``lua/limiter.lua``, every operation in it: a piece found once there b
 one operation's section, or to the steps several share, and its mutant breaks only that.
 
 Each check passes on ``RedisColdLimiter`` and fails, for the reason it names (its message),
-on the mutant of its row. The first table's checks are those of
+on each mutant that names it, where the mutant is defined (a ``Mutant``: the rows of the
+module's parametrized tests are made of those). The first table's checks are those of
 ``tests/support/limiter_checks.py`` (each mutant there also passes the checks of the paths it
 left intact); the second's are this module's. The cold lead's mutants are in
 ``tests/test_redis_lead_mutants.py``, fair admission's in
@@ -114,14 +115,13 @@ from tests.support.redis_clients import LostReply
 from tests.support.redis_limiters import GRANTED, QUEUED, LimiterScript, server_ms
 from tests.support.redis_mutants import (
     MUTATED,
-    Case,
     Change,
-    assert_caught,
-    case,
-    caught_in_lua,
+    Mutant,
+    caught_alike,
     check_id,
     in_file,
     mutant_class,
+    rows,
 )
 from tests.support.threads import ThreadRunner
 from tests.support.waiting import wait_until
@@ -134,39 +134,6 @@ def mutant(changes: tuple[Change, ...]) -> type[RedisColdLimiter]:
     is made on every limiter made, before it is used, on the text that limiter registered
     (the same for every limiter: each reads its settings from Redis)."""
     return mutant_class(RedisColdLimiter, changes)
-
-
-#: The poll's timeout branch, without the line that gives the place back.
-TIMEOUT_KEEPS_PLACE = mutant(
-    in_file("limiter", ("  if remaining <= 0 then\n    forget_waiter(token)\n",
-                        "  if remaining <= 0 then\n")),
-)
-#: The poll's give-up branch (cancelled, or an error), keeping the place.
-GIVE_UP_KEEPS_PLACE = mutant(
-    in_file("limiter", ("  if leaving ~= 0 then\n    forget_waiter(token)\n",
-                        "  if leaving ~= 0 then\n")),
-)
-#: Promotion that forgets to take the promoted waiter out of the queue (every operation
-#: runs the general steps and may promote): the next waiter in turn of a queue with one
-#: client (the checks' anonymous one) is the oldest ticket.
-PROMOTION_KEEPS_PLACE = mutant(
-    in_file("limiter", (
-        "  if first then forget_waiter(first) end\n",
-        "  if first then\n    redis.call('ZREM', alive, first)\n"
-        "    redis.call('HDEL', deadlines, first)\n  end\n",
-    )),
-)
-#: A release that answers as if it freed the slot, and frees nothing: on its common path
-#: (a slot free besides) and on the general one.
-RELEASE_KEEPS_SLOT = mutant(
-    in_file(
-        "limiter",
-        ("    return redis.call('ZREM', holders, token)",
-         "    return redis.call('ZSCORE', holders, token) and 1 or 0"),
-        ("  local mine = redis.call('ZREM', holders, token)",
-         "  local mine = redis.call('ZSCORE', holders, token) and 1 or 0"),
-    ),
-)
 
 
 ALL_CHECKS = (
@@ -185,55 +152,64 @@ def test_the_checks_pass_on_the_real_redis_limiter(
         check(factory(RedisColdLimiter), threads)
 
 
+def place_mutant(
+    check: Callable[..., None],
+    reason: str,
+    *changes: Change,
+    left_out: tuple[Callable[..., None], ...] = (),
+) -> Mutant:
+    """A mutant of ``limiter.lua`` that forgets a place: it fails ``check`` with ``reason``
+    and passes every other one of ALL_CHECKS, in that order, but ``left_out``."""
+    intact = tuple(c for c in ALL_CHECKS if c is not check and c not in left_out)
+    return Mutant(in_file("limiter", *changes), check, reason, intact=intact)
+
+
 TIMEOUT, CANCEL, PROMOTION = (
     check_gate_place_returned_after_timeout,
     check_gate_place_returned_after_cancel,
     check_gate_place_returned_after_promotion,
 )
 
-
-def place_case(
-    cls: type[RedisColdLimiter],
-    check: Callable[..., None],
-    reason: str,
-    name: str,
-    left_out: tuple[Callable[..., None], ...] = (),
-) -> Any:
-    """A row of the table below: the mutant, the check it must fail with ``reason``, and the
-    checks it must pass: every other one of ALL_CHECKS, in that order, but ``left_out``."""
-    intact = tuple(c for c in ALL_CHECKS if c is not check and c not in left_out)
-    return pytest.param(cls, check, reason, intact, id=name)
-
-
-@pytest.mark.parametrize(
-    ("cls", "check", "reason", "intact"),
-    [
-        place_case(TIMEOUT_KEEPS_PLACE, TIMEOUT, "gate place not returned after timeout",
-                   "timeout-keeps-place"),
-        place_case(GIVE_UP_KEEPS_PLACE, CANCEL, "gate place not returned after cancel",
-                   "give-up-keeps-place"),
-        place_case(PROMOTION_KEEPS_PLACE, PROMOTION, "gate place not returned after promotion",
-                   "promotion-keeps-place"),
-        # No release at all: the promotion check would only wait for a hand-off that never
-        # comes, so it is left out; the others never need a holder to leave.
-        place_case(RELEASE_KEEPS_SLOT, check_slots_come_back, "slot not returned after release",
-                   "release-keeps-slot", left_out=(PROMOTION,)),
-    ],
+#: The poll's timeout branch, without the line that gives the place back.
+TIMEOUT_KEEPS_PLACE = place_mutant(
+    TIMEOUT, "gate place not returned after timeout",
+    ("  if remaining <= 0 then\n    forget_waiter(token)\n", "  if remaining <= 0 then\n"),
 )
+#: The poll's give-up branch (cancelled, or an error), keeping the place.
+GIVE_UP_KEEPS_PLACE = place_mutant(
+    CANCEL, "gate place not returned after cancel",
+    ("  if leaving ~= 0 then\n    forget_waiter(token)\n", "  if leaving ~= 0 then\n"),
+)
+#: Promotion that forgets to take the promoted waiter out of the queue (every operation
+#: runs the general steps and may promote): the next waiter in turn of a queue with one
+#: client (the checks' anonymous one) is the oldest ticket.
+PROMOTION_KEEPS_PLACE = place_mutant(
+    PROMOTION, "gate place not returned after promotion",
+    ("  if first then forget_waiter(first) end\n",
+     "  if first then\n    redis.call('ZREM', alive, first)\n"
+     "    redis.call('HDEL', deadlines, first)\n  end\n"),
+)
+#: A release that answers as if it freed the slot, and frees nothing: on its common path
+#: (a slot free besides) and on the general one. With no release at all, the promotion check
+#: would only wait for a hand-off that never comes, so it is left out; the others never need
+#: a holder to leave.
+RELEASE_KEEPS_SLOT = place_mutant(
+    check_slots_come_back, "slot not returned after release",
+    ("    return redis.call('ZREM', holders, token)",
+     "    return redis.call('ZSCORE', holders, token) and 1 or 0"),
+    ("  local mine = redis.call('ZREM', holders, token)",
+     "  local mine = redis.call('ZSCORE', holders, token) and 1 or 0"),
+    left_out=(PROMOTION,),
+)
+
+
+@pytest.mark.parametrize("row", rows(globals(), ALL_CHECKS))
 def test_a_redis_limiter_that_forgets_a_place_fails_the_check_for_it(
-    cls: type[RedisColdLimiter],
-    check: Callable[..., None],
-    reason: str,
-    intact: tuple[Callable[..., None], ...],
-    factory: Callable[[type[RedisColdLimiter]], Any],
-    threads: ThreadRunner,
+    row: Mutant, factory: Callable[[type[RedisColdLimiter]], Any], threads: ThreadRunner
 ) -> None:
     """The mutant fails the check named for its fault, with that check's message, and passes
     the checks of the paths it left intact (so it is caught for the right reason)."""
-    make = factory(cls)
-    assert_caught(reason, check, make, threads)
-    for other in intact:
-        other(make, threads)
+    row.caught(factory(RedisColdLimiter), threads)
 
 
 # -- every other limiter script: a mutant each, and the check that catches it -----------------
@@ -499,63 +475,6 @@ def check_release_owner_frees_a_dead_owners_places(
     assert_exact_capacity(lim)
 
 
-FAST_PATH_OVERBOOKS = in_file("limiter", (
-    "      if held >= capacity then\n        full = true",
-    "      if held > capacity then\n        full = true",
-))
-HELD_NOT_COUNTED = in_file("limiter", (
-    "    held = redis.call('ZCARD', holders)\n    if held == 0 or",
-    "    held = 0\n    if held == 0 or",
-))
-QUEUE_UNBOUNDED = in_file("limiter", ("  if queued >= queue_cap then\n", "  if false then\n"))
-NEVER_LATE = in_file(
-    "limiter", ("if deadline and now < deadline and deadline < start then", "if false then")
-)
-NO_ESTIMATE = in_file("limiter", ("if #times >= 4 then", "if #times >= 17 then"))
-CLOCK_IN_SECONDS = in_file(
-    "limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)", "tonumber(t[1])")
-)
-REFUSAL_COUNTS_THE_DEAD = in_file("limiter", (
-    "  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap\n",
-    "  if full and redis.call('ZCARD', tag .. 'alive') >= queue_cap\n",
-))
-GIVE_UP_KEEPS_SLOT = in_file("limiter", (
-    "if redis.call('ZREM', holders, lost) == 1 then",
-    "if redis.call('ZSCORE', holders, lost) then",
-))
-RECORD_WRITES_NOTHING = in_file(
-    "limiter", ("  redis.call('DEL', settings)\n  redis.call('HSET', settings, 'by', ARGV[3])\n",
-                "")
-)
-SETTINGS_NOT_READ = in_file("limiter", (
-    "local recorded = redis.call('HMGET', settings,",
-    "local recorded = {} or redis.call('HMGET', settings,",
-))
-STATS_SWAPPED = in_file("limiter", ("return {held, queued,", "return {queued, held,"))
-RENEW_DOES_NOT_EXTEND = in_file("limiter", (
-    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n"
-    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
-    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
-))
-FALLBACK_BUILDS_HOLD_NOTHING = in_file("limiter", (
-    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n      added = added + 1\n",
-    "      added = added + 1\n",
-))
-RECOVERY_RESERVES_NOTHING = in_file("limiter", (
-    "          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i)"
-    " end\n", "",
-))
-REAP_KEEPS_DEAD_WAITERS = in_file("limiter", (
-    "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
-    "    for _, waiter in ipairs(dead) do\n",
-))
-#: ``release_owner`` registers ``lua.LIMITER`` at each call, so the test puts this mutant
-#: there (the limiters the check makes run it too: it changes release_owner only).
-RELEASE_OWNER_KEEPS_SLOT = in_file("limiter", (
-    "      redis.call('ZREM', holders, holder)\n      redis.call('HDEL', since, holder)\n",
-    "      redis.call('HDEL', since, holder)\n",
-))
-
 MORE_CHECKS = (
     check_fallback_builds_hold_their_slots,
     check_a_recovery_reserves_the_other_processes_shares,
@@ -579,59 +498,91 @@ def test_each_check_passes_on_the_real_redis_limiter(
     check(make_limiter, client, threads)
 
 
-LATE_LEADER = check_a_taught_budget_refuses_a_late_leader
 NEWEST_START = check_every_process_follows_the_newest_start
 
-
-@pytest.mark.parametrize(
-    "row",
-    [
-        case("fast-path-overbooks", FAST_PATH_OVERBOOKS, check_no_more_grants_than_slots,
-             "slot double counted"),
-        case("held-not-counted", HELD_NOT_COUNTED, check_no_more_grants_than_slots,
-             "slot double counted"),
-        case("queue-unbounded", QUEUE_UNBOUNDED, check_a_full_queue_stays_full,
-             "queue bound broken"),
-        case("never-late", NEVER_LATE, LATE_LEADER, "no refusal by the estimate"),
-        case("no-estimate", NO_ESTIMATE, LATE_LEADER, "no refusal by the estimate"),
-        case("clock-in-seconds", CLOCK_IN_SECONDS, LATE_LEADER, "no refusal by the estimate"),
-        case("refusal-counts-the-dead", REFUSAL_COUNTS_THE_DEAD,
-             check_a_dead_waiters_place_comes_back,
-             "a dead waiter kept its place"),
-        case("give-up-keeps-slot", GIVE_UP_KEEPS_SLOT, check_a_lost_release_frees_its_slot,
-             "a lost release kept its slot"),
-        case("record-writes-nothing", RECORD_WRITES_NOTHING, NEWEST_START,
-             "the newest has active=1"),
-        case("settings-not-read", SETTINGS_NOT_READ, NEWEST_START, "the first has active=1"),
-        case("stats-swapped", STATS_SWAPPED, check_the_figures_count_holders_and_waiters,
-             "the figures are wrong"),
-        case("renew-does-not-extend", RENEW_DOES_NOT_EXTEND,
-             check_a_renewed_grant_outlives_its_lease,
-             "a renewed grant lost its lease"),
-        case("fallback-builds-hold-nothing", FALLBACK_BUILDS_HOLD_NOTHING,
-             check_fallback_builds_hold_their_slots,
-             "a fallback build holds no slot"),
-        case("recovery-reserves-nothing", RECOVERY_RESERVES_NOTHING,
-             check_a_recovery_reserves_the_other_processes_shares,
-             "a recovery reserved nothing"),
-        case("reap-keeps-dead-waiters", REAP_KEEPS_DEAD_WAITERS,
-             check_a_dead_waiters_place_comes_back,
-             "a dead waiter kept its place"),
-    ],
+#: The fast path grants with every slot held; the slots held are not counted (``held`` is 0).
+FAST_PATH_OVERBOOKS, HELD_NOT_COUNTED = caught_alike(
+    check_no_more_grants_than_slots, "slot double counted",
+    in_file("limiter", (
+        "      if held >= capacity then\n        full = true",
+        "      if held > capacity then\n        full = true",
+    )),
+    in_file("limiter", (
+        "    held = redis.call('ZCARD', holders)\n    if held == 0 or",
+        "    held = 0\n    if held == 0 or",
+    )),
 )
+QUEUE_UNBOUNDED = Mutant(in_file("limiter", ("  if queued >= queue_cap then\n",
+                                              "  if false then\n")),
+                         check_a_full_queue_stays_full, "queue bound broken")
+#: No waiter is ever late; the estimate is never made; Redis's clock is read in seconds.
+NEVER_LATE, NO_ESTIMATE, CLOCK_IN_SECONDS = caught_alike(
+    check_a_taught_budget_refuses_a_late_leader, "no refusal by the estimate",
+    in_file(
+        "limiter", ("if deadline and now < deadline and deadline < start then", "if false then")
+    ),
+    in_file("limiter", ("if #times >= 4 then", "if #times >= 17 then")),
+    in_file(
+        "limiter", ("tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)", "tonumber(t[1])")
+    ),
+)
+#: The refusal counts the waiters whose presence ended; the reap leaves them in the queue.
+REFUSAL_COUNTS_THE_DEAD, REAP_KEEPS_DEAD_WAITERS = caught_alike(
+    check_a_dead_waiters_place_comes_back, "a dead waiter kept its place",
+    in_file("limiter", (
+        "  if full and redis.call('ZCOUNT', tag .. 'alive', '(' .. now, '+inf') >= queue_cap\n",
+        "  if full and redis.call('ZCARD', tag .. 'alive') >= queue_cap\n",
+    )),
+    in_file("limiter", (
+        "    for _, waiter in ipairs(dead) do\n      forget_waiter(waiter)\n",
+        "    for _, waiter in ipairs(dead) do\n",
+    )),
+)
+GIVE_UP_KEEPS_SLOT = Mutant(in_file("limiter", (
+    "if redis.call('ZREM', holders, lost) == 1 then",
+    "if redis.call('ZSCORE', holders, lost) then",
+)), check_a_lost_release_frees_its_slot, "a lost release kept its slot")
+RECORD_WRITES_NOTHING = Mutant(in_file(
+    "limiter", ("  redis.call('DEL', settings)\n  redis.call('HSET', settings, 'by', ARGV[3])\n",
+                "")
+), NEWEST_START, "the newest has active=1")
+SETTINGS_NOT_READ = Mutant(in_file("limiter", (
+    "local recorded = redis.call('HMGET', settings,",
+    "local recorded = {} or redis.call('HMGET', settings,",
+)), NEWEST_START, "the first has active=1")
+STATS_SWAPPED = Mutant(in_file("limiter", ("return {held, queued,", "return {queued, held,")),
+                       check_the_figures_count_holders_and_waiters, "the figures are wrong")
+RENEW_DOES_NOT_EXTEND = Mutant(in_file("limiter", (
+    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n"
+    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n",
+    "    if redis.call('ZSCORE', holders, ARGV[i]) then\n",
+)), check_a_renewed_grant_outlives_its_lease, "a renewed grant lost its lease")
+FALLBACK_BUILDS_HOLD_NOTHING = Mutant(in_file("limiter", (
+    "      redis.call('ZADD', holders, now + lease_ms, ARGV[i])\n      added = added + 1\n",
+    "      added = added + 1\n",
+)), check_fallback_builds_hold_their_slots, "a fallback build holds no slot")
+RECOVERY_RESERVES_NOTHING = Mutant(in_file("limiter", (
+    "          for i = 1, share do redis.call('ZADD', holders, ends, '#' .. id .. '#' .. i)"
+    " end\n", "",
+)), check_a_recovery_reserves_the_other_processes_shares, "a recovery reserved nothing")
+#: ``release_owner`` registers ``lua.LIMITER`` at each call, so the test puts this mutant
+#: there (the limiters the check makes run it too: it changes release_owner only).
+RELEASE_OWNER_KEEPS_SLOT = Mutant(
+    in_file("limiter", (
+        "      redis.call('ZREM', holders, holder)\n      redis.call('HDEL', since, holder)\n",
+        "      redis.call('HDEL', since, holder)\n",
+    )),
+    check_release_owner_frees_a_dead_owners_places, "a dead owner's places outlived release_owner",
+    in_lua="LIMITER",
+)
+
+
+@pytest.mark.parametrize("row", rows(globals(), MORE_CHECKS))
 def test_a_redis_limiter_with_a_broken_script_fails_the_check_for_it(
-    row: Case, make_limiter: Make, client: redis.Redis, threads: ThreadRunner
-) -> None:
-    row.caught(make_limiter, client, threads)
-
-
-def test_a_release_owner_that_keeps_the_dead_owners_slot_fails_its_check(
-    make_limiter: Make, client: redis.Redis, threads: ThreadRunner,
+    row: Mutant, make_limiter: Make, client: redis.Redis, threads: ThreadRunner,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    caught_in_lua(monkeypatch, "LIMITER", RELEASE_OWNER_KEEPS_SLOT,
-                  "a dead owner's places outlived release_owner",
-                  check_release_owner_frees_a_dead_owners_places, make_limiter, client, threads)
+    row.caught(make_limiter, client, threads, monkeypatch=monkeypatch)
 
 
 #: Where the mutants of each ``.lua`` file are (this module's are built at its import).

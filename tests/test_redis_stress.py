@@ -45,7 +45,7 @@ from tests.support import stress
 from tests.support.redis_clients import script_operation
 from tests.support.redis_limiters import GIVE_UP, LimiterScript, doorbell
 from tests.support.redis_server import RedisServer
-from tests.test_redis_mutants import PROMOTION_KEEPS_PLACE
+from tests.test_redis_mutants import PROMOTION_KEEPS_PLACE, mutant
 
 pytestmark = [pytest.mark.redis, *stress.MARKS]
 
@@ -242,7 +242,7 @@ def test_the_redis_invariants_see_a_forgotten_or_doubled_place(client: redis.Red
     class Patient(RedisColdLimiter):
         PRESENCE = 60.0  # the ghost waiters below are not dropped, however slow the machine
 
-    class PatientBroken(PROMOTION_KEEPS_PLACE):  # type: ignore[misc, valid-type]
+    class PatientBroken(mutant(PROMOTION_KEEPS_PLACE.changes)):  # type: ignore[misc]
         PRESENCE = 60.0
 
     real = Patient(client, "inv-real", 1, 2, wait=60.0)

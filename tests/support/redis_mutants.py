@@ -22,18 +22,23 @@ it). ``mutant_class(base, changes)`` does it for every object a class makes (the
 limiters through a factory).
 
 Every mutant test has the same shape: a check, a function of ``make`` (what makes the objects
-under test) and the test's fixtures, passes with the real scripts and fails, saying what its
-row says, with the mutant. ``case(id, changes, check, reason)`` is such a row (a ``Case``,
-as a ``pytest.param``); ``Case.caught(make, *args)`` runs its check on objects ``make``
-makes running the mutant (``installing``). A mutant of a script a function registers at
-each call (``release_owner``, ``release_claims``, a start's settings) is put in ``lua`` for
-the test instead (``caught_in_lua``); ``assert_caught`` checks a failure.
+under test) and the test's fixtures, passes with the real scripts and fails, saying what it
+is said to, with the mutant. A :class:`Mutant` carries that where it is defined: its changes,
+the check that must catch it and what the check's failure says (and, where a test asks it,
+the checks it must still pass); ``caught_alike`` makes several that one check catches with
+one failure. ``Mutant.caught(make, *args)`` runs its check on objects ``make`` makes running
+the mutant (``installing``); a mutant of a script a function registers at each call
+(``release_owner``, ``release_claims``, a start's settings) names the ``lua`` attribute it is
+put in for the test instead (``in_lua``: the test passes its ``monkeypatch``).
+``rows(globals())`` makes a module's mutants the rows of its parametrized test, each with the
+id of its name (``FAST_PATH_OVERBOOKS``: ``fast-path-overbooks``), and ``checks(globals())``
+the checks they name, each to pass with the real scripts; ``assert_caught`` checks a failure.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -126,40 +131,75 @@ def assert_caught(reason: str, check: Callable[..., None], *args: Any) -> None:
         check(*args)
 
 
-def caught_in_lua(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    changes: Iterable[Change],
-    reason: str,
-    check: Callable[..., None],
-    *args: Any,
-) -> None:
-    """``lua.<name>`` replaced by its mutant for the test (the text a function registers at
-    each call; every object made meanwhile runs it too): ``check(*args)`` fails for
-    ``reason``."""
-    monkeypatch.setattr(lua, name, broken(getattr(lua, name), changes, name))
-    assert_caught(reason, check, *args)
-
-
 def check_id(check: Callable[..., None]) -> str:
     """A check's id in a parametrized test: its name without ``check_``."""
     return check.__name__.removeprefix("check_")
 
 
 @dataclass(frozen=True)
-class Case:
-    """A row of a mutant table: the mutant (its changes), the check that must catch it, and
-    what the check's failure says."""
+class Mutant:
+    """A mutant (its changes), the check that must catch it and what the check's failure
+    says: each stated once, where the mutant is defined. ``in_lua`` names the attribute of
+    ``lua`` the mutant is put in for the test, where a function registers the script at each
+    call; ``intact`` are checks it must pass (the rest of it is right: it is caught for its
+    own fault)."""
 
     changes: tuple[Change, ...]
     check: Callable[..., None]
     reason: str
+    in_lua: str | None = None
+    intact: tuple[Callable[..., None], ...] = ()
 
-    def caught(self, make: Callable[..., Any], *args: Any) -> None:
-        """The check, on objects ``make`` makes running the mutant, fails for ``reason``."""
-        assert_caught(self.reason, self.check, installing(make, self.changes), *args)
+    def caught(
+        self, make: Callable[..., Any], *args: Any, monkeypatch: pytest.MonkeyPatch | None = None
+    ) -> None:
+        """The check, on objects ``make`` makes running the mutant (or with ``lua.<in_lua>``
+        replaced by it, every object made meanwhile running it too), fails for ``reason``;
+        each of ``intact`` passes on them."""
+        if self.in_lua is None:
+            make = installing(make, self.changes)
+        else:
+            assert monkeypatch is not None, f"a mutant of lua.{self.in_lua} needs monkeypatch"
+            text = broken(getattr(lua, self.in_lua), self.changes, self.in_lua)
+            monkeypatch.setattr(lua, self.in_lua, text)
+        assert_caught(self.reason, self.check, make, *args)
+        for check in self.intact:
+            check(make, *args)
 
 
-def case(id: str, changes: tuple[Change, ...], check: Callable[..., None], reason: str) -> Any:
-    """A :class:`Case` as a ``pytest.param`` with ``id``."""
-    return pytest.param(Case(changes, check, reason), id=id)
+def caught_alike(
+    check: Callable[..., None], reason: str, *changes: tuple[Change, ...]
+) -> tuple[Mutant, ...]:
+    """A :class:`Mutant` of each of ``changes``, all caught by ``check`` with the same
+    failure (``reason``): the check and its failure stated once for them all."""
+    return tuple(Mutant(c, check, reason) for c in changes)
+
+
+def mutants(namespace: Mapping[str, object]) -> dict[str, Mutant]:
+    """Every :class:`Mutant` of ``namespace`` (a module's ``globals()``), in the order they
+    were defined, by id: its name in lower case, with hyphens (``FAST_PATH_OVERBOOKS``:
+    ``fast-path-overbooks``)."""
+    return {
+        name.lower().replace("_", "-"): value
+        for name, value in namespace.items()
+        if isinstance(value, Mutant)
+    }
+
+
+def checks(namespace: Mapping[str, object]) -> list[Callable[..., None]]:
+    """Every check the mutants of ``namespace`` name, once each, in the order they are first
+    named: the checks that must pass with the real scripts."""
+    return list(dict.fromkeys(m.check for m in mutants(namespace).values()))
+
+
+def rows(
+    namespace: Mapping[str, object], checks: Iterable[Callable[..., None]] | None = None
+) -> list[Any]:
+    """The mutants of ``namespace`` (:func:`mutants`; only those one of ``checks`` catches,
+    where given) as the rows of a parametrized test, each a ``pytest.param`` with its id."""
+    among = None if checks is None else tuple(checks)
+    return [
+        pytest.param(m, id=id)
+        for id, m in mutants(namespace).items()
+        if among is None or m.check in among
+    ]
