@@ -38,10 +38,13 @@ class Busy(ReachLimitError):
 
     @property
     def reason(self) -> str:
+        """Why it refused: ``QUEUE_FULL``, ``TIMEOUT``, ``DISPLACED``, ``DEADLINE`` or
+        ``UNAVAILABLE`` (their values; the class says what each means)."""
         return self.args[0]
 
     @property
     def retry_after(self) -> int:
+        """Whole seconds: what the 429's ``Retry-After`` says."""
         return self.args[1]
 
     def __str__(self) -> str:
@@ -67,10 +70,12 @@ class LeaderFailed(ReachLimitError):
 
     @property
     def type_name(self) -> str:
+        """The qualified name of the leader's exception type (``"KeyError"``), no module."""
         return self.args[0]
 
     @property
     def message(self) -> str:
+        """``str()`` of the leader's exception, cut to a bounded length."""
         return self.args[1]
 
     def __str__(self) -> str:
@@ -87,10 +92,13 @@ class Unavailable(ReachLimitError):
 
     @property
     def where(self) -> str:
+        """The shared backend's address (a Redis URL), any password masked."""
         return self.args[0]
 
     @property
     def reason(self) -> str:
+        """What failed: the Redis client's error in one line, its type and message, any
+        secret of the URL replaced by ``***``."""
         return self.args[1]
 
     def __str__(self) -> str:

@@ -113,16 +113,22 @@ class LimiterFigures:
 
     @property
     def capacity_active(self) -> int:
+        """``active``: the most builds admitted at once."""
         return self._capacity
 
     @property
     def capacity_queue(self) -> int:
+        """``queue``: the most leaders waiting for a slot at once (0: none wait, a leader that
+        finds every slot held is refused at once)."""
         return self._queue_capacity
 
     @property
     def wait(self) -> float:
+        """The longest a queued leader waits for a slot, in seconds."""
         return self._wait
 
     @property
     def retry_after(self) -> int:
+        """The whole seconds every refusal (``Busy``) tells a client to wait before trying
+        again, unless the refusal knows better (a late one: when its place could start)."""
         return self._retry_after

@@ -67,9 +67,9 @@ def test_what_forget_refuses_names_the_view_and_what_is_wrong() -> None:
             views["day"].forget(day="mon", b=2, a=1)
         with pytest.raises(TypeError, match="query must be a str, bytes or a mapping, got int"):
             views["day"].forget(3, day="mon")
-        with pytest.raises(TypeError, match=r"the key of view tests\.test_cached_return_forms\."
-                           r".*by_item returned a float as the cache key"):
-            views["by_item"].forget(item=_Lower(1.5))
+        with pytest.raises(TypeError, match=r"the key of view tests\.test_cached_decorator\."
+                           r".*by_id returned a float as the cache key"):
+            views["by_id"].forget(item=_Lower(1.5))
 
 
 class _Lower:

@@ -29,6 +29,7 @@ from tests.support.redis_server import RedisServer
 from tests.support.refreshes import refreshing
 from tests.support.threads import JOIN_TIMEOUT, ThreadRunner
 from tests.support.waiting import wait_until
+from tests.test_cached_decorator import make as decorated_views_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -260,17 +261,11 @@ def test_a_streamed_response_is_a_type_error_naming_the_view_and_nothing_is_cach
 
 
 def test_a_view_returning_none_is_a_type_error_naming_it() -> None:
-    app = Flask("none")
-    app.testing = True
-    rl = ReachLimit(app)
-
-    @app.get("/none")
-    @rl.cached()
-    def nothing() -> Any:
-        return None
-
-    with pytest.raises(TypeError, match=r"view .*nothing returned None"):
+    app, _, runs = one_view_app(lambda: None, "/none")
+    app.testing = True  # the error reaches the test, as Flask's own for a view's None
+    with pytest.raises(TypeError, match=r"view tests\.support\.flask_ext\..*view returned None"):
         app.test_client().get("/none")
+    assert runs == [1]
 
 
 # -- a refresh keeps the same rules -----------------------------------------------------------
@@ -439,15 +434,10 @@ def test_the_only_positional_argument_is_the_view() -> None:
 
 
 def forget_app() -> tuple[Flask, ReachLimit, list[str], dict[str, Any]]:
-    app = Flask("forget")
-    rl = ReachLimit(app)
-    runs: list[str] = []
-
-    @app.get("/item/<item>")
-    @rl.cached(key=lambda item: item.lower())
-    def by_item(item: str) -> Any:
-        runs.append(f"item {item}")
-        return {"item": item}
+    """The decorator tests' app (its ``/by-id/<item>`` view has a key function, the key the
+    item lower-cased) with a view of the default keys and one view at two endpoints; the
+    views to forget entries of, by name."""
+    app, rl, runs = decorated_views_app()
 
     @app.get("/day/<day>")
     @rl.cached
@@ -463,19 +453,19 @@ def forget_app() -> tuple[Flask, ReachLimit, list[str], dict[str, Any]]:
     shared = rl.cached(both)
     app.add_url_rule("/one/<int:n>", endpoint="one", view_func=shared)
     app.add_url_rule("/two/<int:n>", endpoint="two", view_func=shared)
-    return app, rl, runs, {"by_item": by_item, "day": day, "both": shared}
+    return app, rl, runs, {"by_id": app.view_functions["by_id"], "day": day, "both": shared}
 
 
 def test_forget_a_key_views_entry_then_it_is_built_again() -> None:
     app, _, runs, views = forget_app()
     client = app.test_client()
-    client.get("/item/ABC")
-    assert client.get("/item/abc").headers["Cache-Status"].startswith("reachlimit; hit")
+    client.get("/by-id/ABC")
+    assert client.get("/by-id/abc").headers["Cache-Status"].startswith("reachlimit; hit")
     with app.app_context():  # no request needed
-        assert views["by_item"].forget(item="Abc") is True
-        assert views["by_item"].forget(item="Abc") is False
-    assert client.get("/item/abc").headers["Cache-Status"].endswith("stored")
-    assert runs == ["item ABC", "item abc"]
+        assert views["by_id"].forget(item="Abc") is True
+        assert views["by_id"].forget(item="Abc") is False
+    assert client.get("/by-id/abc").headers["Cache-Status"].endswith("stored")
+    assert runs == ["by-id ABC", "by-id abc"]
 
 
 def test_forget_a_default_keys_entry_by_path_and_query() -> None:
@@ -515,7 +505,7 @@ def test_forget_refuses_what_no_request_would_use() -> None:
     app, rl, _, views = forget_app()
     with app.app_context():
         with pytest.raises(TypeError, match="has a key=: its entries are not by query"):
-            views["by_item"].forget("a=1", item="x")
+            views["by_id"].forget("a=1", item="x")
         with pytest.raises(TypeError, match=r"extra is not an argument of the URL rule"):
             views["day"].forget(day="mon", extra=1)
         with pytest.raises(TypeError, match="query must be a str, bytes or a mapping"):

@@ -43,8 +43,6 @@ from tests.support.fair_app import (
 )
 from tests.support.limiter import slots_held
 
-# Kept apart from tests/test_flask_fair.py:its fair_app import because both files use the
-# whole harness, and each file names what it uses.
 pytestmark = pytest.mark.timeout(60)
 
 

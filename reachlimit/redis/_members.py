@@ -126,6 +126,7 @@ class Members(Daemon):
 
     @property
     def key(self) -> str:
+        """The budget's members key in Redis, ``T:members`` (``lua/members.lua``)."""
         return self._key
 
     def start(self) -> None:
