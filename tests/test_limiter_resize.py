@@ -112,6 +112,13 @@ def refused(lim: ColdLimiter) -> str:
     return info.value.reason
 
 
+def assert_all_back(lim: ColdLimiter) -> None:
+    """Every slot and every queue place given back: exactly ``capacity_active`` slots can be
+    taken (none lost, none double counted) and no gate place is taken."""
+    assert_exact_capacity(lim)
+    assert gate_size(lim) == 0
+
+
 def test_growing_promotes_the_oldest_waiters_at_once(threads: ThreadRunner) -> None:
     lim = ColdLimiter(1, 4, clock=FakeClock())
     holder = lim.acquire()
@@ -134,8 +141,7 @@ def test_growing_promotes_the_oldest_waiters_at_once(threads: ThreadRunner) -> N
     for attempt, _ in queued[:2]:
         attempt.release()
     holder.release()
-    assert_exact_capacity(lim)
-    assert gate_size(lim) == 0
+    assert_all_back(lim)
 
 
 def test_shrinking_evicts_nobody_and_hands_slots_over_only_below_the_new_size(
@@ -172,8 +178,7 @@ def test_shrinking_evicts_nobody_and_hands_slots_over_only_below_the_new_size(
     second.release()
     s = lim.stats()
     assert (s.active, s.queued, s.acquired, s.cancelled, s.rejected_full) == (0, 0, 5, 1, 3)
-    assert_exact_capacity(lim)
-    assert gate_size(lim) == 0
+    assert_all_back(lim)
 
 
 def test_an_occupied_slot_counts_as_running_and_is_given_back_as_a_grant_is(
@@ -200,8 +205,7 @@ def test_an_occupied_slot_counts_as_running_and_is_given_back_as_a_grant_is(
     threads.join_all()
     s = lim.stats()
     assert (s.active, s.queued, s.acquired) == (0, 0, 2)
-    assert_exact_capacity(lim)
-    assert gate_size(lim) == 0
+    assert_all_back(lim)
 
 
 def test_no_queue_keeps_the_waiters_queued_and_takes_none(threads: ThreadRunner) -> None:
