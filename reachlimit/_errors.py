@@ -44,7 +44,8 @@ class Busy(ReachLimitError):
 
     @property
     def retry_after(self) -> int:
-        """Whole seconds: what the 429's ``Retry-After`` says."""
+        """Whole seconds: what the refusal's ``Retry-After`` says (a 429; a 503 when
+        ``unavailable``)."""
         return self.args[1]
 
     def __str__(self) -> str:
