@@ -89,7 +89,8 @@ def soak_row(r: dict[str, Any]) -> str:
     burst = r["burst"]
     missed = [c["check"] for c in r["checks"] if not c["met"]]
     return (
-        f"| seed {r['seed']}, {r['load_s'] / 60:.1f} min | {len(r['faults'])}: "
+        f"| {'Sentinel, ' if r['config'].get('sentinel') else ''}seed {r['seed']}, "
+        f"{r['load_s'] / 60:.1f} min | {len(r['faults'])}: "
         + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items()))
         + f" | {st.get('200', 0)} / {st.get('429', 0)} / {st.get('500', 0)} / "
         f"{st.get('error', 0)} | {a['p50_ms']:.1f} / {a['p99_ms']:.0f} / {a['max_ms']:.0f} "
