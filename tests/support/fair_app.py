@@ -1,9 +1,9 @@
 """The harness of the Flask fair-admission tests (``tests/test_flask_fair.py``, Retry-After
 too): :class:`App` (a Flask app with the extension whose builds block on an Event of their
 own key, :class:`Builds`, so which slot frees when is the test's decision), the ``make``
-fixture (apps whose builds are all let go, and every request finished
-and idle, at teardown), ``response``/``refusal``/``fill``, the clients' addresses and the
-refusal sentences."""
+fixture (apps whose builds are all let go, and every request finished and idle, at
+teardown), ``response``/``refusal``/``fill``, the clients' addresses and the refusal
+sentences."""
 
 from __future__ import annotations
 
